@@ -1,0 +1,1 @@
+"""Everything that touches the world: model calls, tools, the session store."""

@@ -1,0 +1,22 @@
+"""Everything a worker registers, built from one set of settings."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from activities.model_call import ModelCallActivity
+from activities.providers import ModelProvider
+from activities.store import SessionStore
+from activities.store_activities import StoreActivities
+from activities.tool_call import ToolCallActivity
+from activities.tools import ToolRegistry
+from turnkeeper.config import Settings
+
+
+def build_activities(settings: Settings, store: SessionStore, provider: ModelProvider,
+                     registry: ToolRegistry) -> list[Callable[..., Any]]:
+    model = ModelCallActivity(settings, store, provider, registry)
+    tools = ToolCallActivity(settings, store, registry)
+    writes = StoreActivities(settings, store)
+    return [model.model_call, tools.tool_call, writes.begin_turn, writes.record_tool_result,
+            writes.update_turn, writes.finish_turn, writes.append_events]

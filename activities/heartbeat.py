@@ -1,0 +1,31 @@
+"""Heartbeats from a background task, so a dead worker is noticed within seconds
+even while the activity awaits a slow model or tool."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from temporalio import activity
+
+DEFAULT_INTERVAL_S = 2.0
+
+
+@contextlib.asynccontextmanager
+async def heartbeating() -> AsyncIterator[None]:
+    timeout = activity.info().heartbeat_timeout
+    # Half the timeout: one late beat still lands in time.
+    interval = timeout.total_seconds() / 2 if timeout else DEFAULT_INTERVAL_S
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,65 @@
+"""The model activity: commit the new user rows, load the committed history from
+the store, call the provider, record the assistant row. The history never
+passes through the workflow, so workflow histories stay small."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.heartbeat import heartbeating
+from activities.providers import ModelProvider, ProviderError
+from activities.store import SessionStore
+from activities.tools import ToolRegistry
+from turnkeeper import activity_io as io
+from turnkeeper.config import Settings
+from turnkeeper.models import ModelReply
+
+
+class ModelCallActivity:
+    def __init__(self, settings: Settings, store: SessionStore, provider: ModelProvider,
+                 registry: ToolRegistry) -> None:
+        self._settings = settings
+        self._store = store
+        self._provider = provider
+        self._registry = registry
+
+    @activity.defn(name=io.MODEL_CALL)
+    async def model_call(self, inp: io.ModelCallInput) -> io.ModelCallResult:
+        async with heartbeating():
+            committed: list[str] = []
+            if inp.new_messages:
+                committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)
+            history = await self._store.history(inp.chat_id)
+            call_index = sum(1 for m in history if m.role == "assistant")
+            tools = self._registry.specs(self._settings.tools)
+            try:
+                reply = await _unless_shutdown(self._provider.complete(history, tools, call_index=call_index))
+            except ProviderError as err:
+                # The provider's own retries are spent: the user decides what happens next.
+                kind = "transient" if err.retryable else "permanent"
+                raise ApplicationError(f"model provider failed ({kind}): {err}",
+                                       type=io.MODEL_FAILED_ERROR, non_retryable=True) from None
+            await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
+                                               final=reply.is_final and inp.closes_turn)
+            return io.ModelCallResult(reply=reply, committed_ids=committed)
+
+
+async def _unless_shutdown(call: "asyncio.Future[ModelReply] | object") -> ModelReply:
+    """Run the provider call, abandoning it if the worker shuts down: nothing
+    happened outside yet, so the workflow can give the call to the next worker."""
+    task = asyncio.ensure_future(call)  # type: ignore[arg-type]
+    shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
+    try:
+        await asyncio.wait({task, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        shutdown.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise ApplicationError("the worker is shutting down; the model call goes to the next worker",
+                           type=io.WORKER_SHUTDOWN_ERROR, non_retryable=True)

@@ -1,0 +1,146 @@
+"""The model provider interface, its errors, and `load_provider`.
+
+A provider turns the committed history plus the enabled tools into one
+`ModelReply`. Providers are used from activities only (they do I/O).
+"""
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
+
+ACCEPTED_SPECS = "'demo', 'scripted:<path to a JSON file>' or 'openai:<model>'"
+
+# Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
+PLACEHOLDER_API_KEY = "not-needed"
+
+
+class ProviderError(Exception):
+    """A model call failed. `retryable` says whether trying again may help."""
+
+    retryable: bool = False
+
+    def __init__(
+        self, message: str, *, retryable: bool | None = None, status_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+        self.status_code = status_code
+
+
+class RetryableProviderError(ProviderError):
+    """Transient: rate limit, 5xx, connection error, timeout."""
+
+    retryable = True
+
+
+class PermanentProviderError(ProviderError):
+    """Trying again will not help: auth, bad request, unknown model, malformed output, ..."""
+
+    retryable = False
+
+
+class ModelProvider(ABC):
+    """One model behind one method. `call_index` is the number of assistant rows
+    already in `history`; providers that invent tool call ids derive them from it."""
+
+    name: str
+
+    @abstractmethod
+    async def complete(
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+    ) -> ModelReply: ...
+
+    async def aclose(self) -> None:
+        """Release resources (HTTP clients); the default has none."""
+        return None
+
+
+def fallback_tool_call_id(call_index: int, i: int) -> str:
+    return f"call_{call_index}_{i}"
+
+
+def used_tool_call_ids(history: Iterable[ChatMessage]) -> set[str]:
+    return {c.id for m in history for c in (m.tool_calls or ())}
+
+
+def ensure_tool_call_ids(
+    calls: list[ToolCall], history: Iterable[ChatMessage], *, call_index: int
+) -> list[ToolCall]:
+    """Give every call a non-empty id unique within the chat.
+
+    Ids are the store's keys for tool results, so an empty id or one a server
+    reuses (some local servers do) is replaced by a deterministic fallback.
+    """
+    taken = used_tool_call_ids(history)
+    out: list[ToolCall] = []
+    for i, call in enumerate(calls):
+        new_id = call.id
+        if not new_id or new_id in taken:
+            new_id = fallback_tool_call_id(call_index, i)
+            n = 1
+            while new_id in taken:
+                new_id = f"{fallback_tool_call_id(call_index, i)}_{n}"
+                n += 1
+        taken.add(new_id)
+        out.append(call if new_id == call.id else call.model_copy(update={"id": new_id}))
+    return out
+
+
+def load_script(path: str | Path) -> list[dict[str, object]]:
+    """Read and validate a scripted-model file (see `scripted.validate_script`)."""
+    from activities.providers.scripted import validate_script
+
+    p = Path(path).expanduser()
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"scripted model file not found: {p}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read scripted model file {p}: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"scripted model file {p} is not valid JSON: {e}") from None
+    try:
+        return validate_script(data)
+    except ValueError as e:
+        raise ValueError(f"scripted model file {p}: {e}") from None
+
+
+def load_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelProvider:
+    """Build the provider named by `spec` (the TURNKEEPER_MODEL value).
+
+    `demo`, `scripted:<path>` (the file is read and validated once, now) or
+    `openai:<model>` (OPENAI_BASE_URL and OPENAI_API_KEY come from `env`).
+    """
+    # Imported here: the provider modules import this one.
+    from activities.providers.demo import DemoProvider
+    from activities.providers.openai_chat import OpenAIChatProvider
+    from activities.providers.scripted import ScriptedProvider
+
+    env = os.environ if env is None else env
+    spec = (spec or "").strip()
+    kind, sep, arg = spec.partition(":")
+    arg = arg.strip()
+    if spec == "demo":
+        return DemoProvider()
+    if sep and kind == "scripted":
+        if not arg:
+            raise ValueError(f"model spec {spec!r} is missing the script path; expected {ACCEPTED_SPECS}")
+        return ScriptedProvider(load_script(arg))
+    if sep and kind == "openai":
+        if not arg:
+            raise ValueError(f"model spec {spec!r} is missing the model name; expected {ACCEPTED_SPECS}")
+        return OpenAIChatProvider(
+            arg,
+            base_url=env.get("OPENAI_BASE_URL") or None,
+            api_key=env.get("OPENAI_API_KEY") or None,
+        )
+    raise ValueError(f"unknown model spec {spec!r}; expected {ACCEPTED_SPECS}")

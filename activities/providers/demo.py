@@ -1,0 +1,88 @@
+"""An offline, deterministic stand-in for a model, so a newcomer can watch a tool
+call run as an activity without an API key.
+
+It looks only at the last history row:
+- a tool row: a final answer summarising the tool results of this turn;
+- a user row `write <path>: <content>`, `read <path>`, `list` / `ls [path]`:
+  a call to write_file / read_file / list_dir (if that tool is enabled);
+- anything else: a friendly echo with a hint.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from activities.providers.base import ModelProvider, fallback_tool_call_id
+from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
+
+HINT = 'Try "write notes.txt: hello", "read notes.txt" or "list".'
+MAX_RESULT_CHARS = 500
+
+_WRITE = re.compile(r"^write\s+(?P<path>[^:\n]+?)\s*:[ \t]?(?P<content>.*)\Z", re.I | re.S)
+_READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
+_LIST = re.compile(r"^(?:list|ls)(?:\s+(?P<path>\S.*?))?\s*\Z", re.I | re.S)
+
+
+def _parse_command(text: str) -> tuple[str, dict[str, str]] | None:
+    text = text.strip()
+    if m := _WRITE.match(text):
+        return "write_file", {"path": m["path"], "content": m["content"]}
+    if m := _READ.match(text):
+        return "read_file", {"path": m["path"]}
+    if m := _LIST.match(text):
+        return "list_dir", {"path": m["path"] or "."}
+    return None
+
+
+def _summarise_tool_results(history: list[ChatMessage]) -> str:
+    last_user = max((i for i, m in enumerate(history) if m.role == "user"), default=-1)
+    names = {c.id: c.name for m in history for c in (m.tool_calls or ())}
+    lines: list[str] = []
+    failed = False
+    for m in history[last_user + 1 :]:
+        if m.role != "tool":
+            continue
+        name = m.name or names.get(m.tool_call_id or "", "tool")
+        content = (m.content or "").strip()
+        failed = failed or content.lower().startswith("error")
+        if len(content) > MAX_RESULT_CHARS:
+            content = content[:MAX_RESULT_CHARS] + "…"
+        lines.append(f"{name}: {content}")
+    lead = "That did not work." if failed else "Done."
+    return f"{lead} " + "\n".join(lines)
+
+
+class DemoProvider(ModelProvider):
+    name = "demo"
+
+    async def complete(
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+    ) -> ModelReply:
+        if not history:
+            return ModelReply(text=f"Hello! I am the offline demo model. {HINT}")
+        last = history[-1]
+        if last.role == "tool":
+            return ModelReply(text=_summarise_tool_results(history))
+        if last.role != "user":
+            return ModelReply(text=f"I am the offline demo model. {HINT}")
+
+        text = last.content or ""
+        command = _parse_command(text)
+        if command is None:
+            return ModelReply(text=f'You said: "{text.strip()}". I am the offline demo model. {HINT}')
+        tool_name, arguments = command
+        enabled = [t.name for t in tools]
+        if tool_name not in enabled:
+            listing = ", ".join(enabled) if enabled else "none"
+            return ModelReply(
+                text=f"The {tool_name} tool is not enabled, so I can't do that. Enabled tools: {listing}."
+            )
+        return ModelReply(
+            tool_calls=[
+                ToolCall(
+                    id=fallback_tool_call_id(call_index, 0),
+                    name=tool_name,
+                    arguments=json.dumps(arguments),
+                )
+            ]
+        )

@@ -1,0 +1,63 @@
+"""The session store: the committed transcript, per-chat event log and turns."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from activities.store.base import (
+    INTERRUPTED_TOOL_TEXT,
+    INTERRUPTED_TURN_TEXT,
+    SUPERSEDED_TEXT,
+    BeginTurn,
+    CorruptRowError,
+    SessionStore,
+    StoreError,
+    TurnUpdate,
+)
+from activities.store.sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from turnkeeper.config import Settings
+
+__all__ = [
+    "INTERRUPTED_TOOL_TEXT",
+    "INTERRUPTED_TURN_TEXT",
+    "SUPERSEDED_TEXT",
+    "BeginTurn",
+    "CorruptRowError",
+    "SQLiteStore",
+    "SessionStore",
+    "StoreError",
+    "TurnUpdate",
+    "open_store",
+]
+
+_SQLITE_PREFIX = "sqlite:///"
+
+
+def open_store(settings: Settings) -> SessionStore:
+    """The store `settings` selects, not yet opened (call `await store.open()`).
+
+    No `database_url`: SQLite at `settings.sqlite_path`. `sqlite:///PATH`: SQLite
+    at PATH (`sqlite:////abs/path` for an absolute one).
+    """
+    url = settings.database_url
+    if url is None:
+        return SQLiteStore(settings.sqlite_path)
+    if url.startswith(_SQLITE_PREFIX):
+        path = url[len(_SQLITE_PREFIX):]
+        if not path:
+            raise StoreError(f"TURNKEEPER_DATABASE_URL {url!r} names no file; use sqlite:///path/to/sessions.db")
+        return SQLiteStore(Path(path))
+    # Name only the scheme: the rest of a server URL may hold a password.
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
+        raise StoreError(
+            "PostgreSQL store is not available yet: unset TURNKEEPER_DATABASE_URL "
+            "or use sqlite:///path/to/sessions.db"
+        )
+    shown = f"scheme {scheme!r}" if scheme else "a value without a scheme"
+    raise StoreError(
+        f"TURNKEEPER_DATABASE_URL has {shown}; supported: sqlite:///path "
+        "(PostgreSQL is planned)"
+    )

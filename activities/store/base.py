@@ -1,0 +1,150 @@
+"""The session store interface: committed transcript, per-chat event log, turns.
+
+Every write is idempotent (keyed by message id, (turn, step), tool call id or
+idempotency key) because activities that call it may be retried; a retried
+write never adds a row or an event twice. Each method is one transaction: the
+rows and the events that announce them are written together or not at all.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from pydantic import BaseModel, Field
+
+from turnkeeper.models import (  # noqa: F401  (the texts are re-exported)
+    INTERRUPTED_TOOL_TEXT,
+    INTERRUPTED_TURN_TEXT,
+    SUPERSEDED_TEXT,
+    ChatMessage,
+    Event,
+    ModelReply,
+    NewEvent,
+    Reason,
+    ToolCall,
+    TurnRecord,
+    TurnStatus,
+    UserMessage,
+)
+
+
+class StoreError(RuntimeError):
+    """The store cannot serve the request (bad rows, unreachable database)."""
+
+
+class CorruptRowError(StoreError):
+    """A stored row does not decode; the message names the chat and the row."""
+
+
+class BeginTurn(BaseModel):
+    turn: int | None = None
+    """The new turn's number; None when every message was already committed (no turn)."""
+    duplicate_ids: list[str] = Field(default_factory=list)
+    """Message ids among those offered that the chat already holds."""
+    closed_turn: int | None = None
+    """An earlier turn that was still open and has now been closed as superseded."""
+
+
+class TurnUpdate(BaseModel):
+    """A turn's new status; written with `recovery_state` + `session_updated` events."""
+
+    status: TurnStatus
+    reason: Reason | None = None
+    recovery_id: str | None = None
+    can_continue: bool = True
+    attempts: int = 0
+
+
+class SessionStore(ABC):
+    """Implementations: `SQLiteStore` (default), PostgreSQL (later)."""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and create or migrate the schema. Safe to call more than once."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    # -- turns ---------------------------------------------------------------
+    @abstractmethod
+    async def begin_turn(self, chat_id: str, run_id: str, message_ids: list[str]) -> BeginTurn:
+        """Open the chat's next turn for the run `run_id`.
+
+        In one transaction:
+        1. `duplicate_ids` = those of `message_ids` the chat already holds. If no
+           id is left, return `BeginTurn(turn=None, duplicate_ids=...)` and write nothing.
+        2. If an earlier turn of the chat is still open (running, awaiting_user,
+           resuming): give each of its assistant tool calls without a tool row an
+           interrupted tool row (`INTERRUPTED_TOOL_TEXT`, event `tool_interrupted`),
+           append one assistant row `SUPERSEDED_TEXT`, set that turn to
+           recovered/superseded and append `recovery_state` then `session_updated`
+           (`{"scope": "thread"}`). Report it as `closed_turn`.
+        3. Insert turn max+1 as running with `run_id`; event `turn_started`.
+        Idempotent: a turn already opened by the same `run_id` is returned as is.
+        """
+
+    @abstractmethod
+    async def update_turn(self, chat_id: str, turn: int, update: TurnUpdate) -> None:
+        """Persist a status change, then announce it: `recovery_state` (status,
+        reason, recovery_id, can_continue, attempts, turn) and `session_updated`
+        (`{"scope": "thread"}`) in the same transaction. No-op (no events) when the
+        row already holds exactly this state."""
+
+    @abstractmethod
+    async def get_turn(self, chat_id: str, turn: int | None = None) -> TurnRecord | None:
+        """One turn row; the chat's latest when `turn` is None."""
+
+    @abstractmethod
+    async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
+        """Turns whose status is running, awaiting_user or resuming (indexed)."""
+
+    @abstractmethod
+    async def list_chats(self, status: TurnStatus | None = None, limit: int = 1000) -> list[TurnRecord]:
+        """The latest turn of each chat, newest first, optionally by status."""
+
+    # -- transcript ------------------------------------------------------------
+    @abstractmethod
+    async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
+        """Append user rows in order, skipping ids the chat already holds; one
+        `user_message` event (turn, message_id, text, sender) per new row.
+        Returns the ids committed by this call."""
+
+    @abstractmethod
+    async def record_assistant(self, chat_id: str, turn: int, step: int, reply: ModelReply,
+                               final: bool) -> None:
+        """Write the assistant row of model call `step` (0-based within the turn),
+        replacing one already written for the same (turn, step) — a model call
+        re-run after an interruption supersedes the lost one. Event
+        `assistant_message` (turn, step, text, tool_calls). With `final`, close the
+        turn as completed and append `turn_end` (turn, status) in the same
+        transaction."""
+
+    @abstractmethod
+    async def tool_started(self, chat_id: str, turn: int, call: ToolCall, idempotency_key: str) -> bool:
+        """Record that a tool call is about to act (event `tool_started`). Returns
+        False when the key was recorded before: the call has run already."""
+
+    @abstractmethod
+    async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,
+                                 content: str, status: str) -> bool:
+        """Append the tool row answering `tool_call_id` unless one exists; event
+        `tool_finished` (status done/error) or `tool_interrupted` (status
+        interrupted). Returns whether a row was written."""
+
+    @abstractmethod
+    async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
+                          closing_text: str | None = None) -> None:
+        """Close a turn with a terminal status: optionally append an assistant row
+        `closing_text`, then as `update_turn`, then `turn_end`."""
+
+    @abstractmethod
+    async def history(self, chat_id: str) -> list[ChatMessage]:
+        """The committed transcript in order. Raises `CorruptRowError` naming the
+        row when one does not decode."""
+
+    # -- events ----------------------------------------------------------------
+    @abstractmethod
+    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None: ...
+
+    @abstractmethod
+    async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """Events with seq > after_seq, in order."""

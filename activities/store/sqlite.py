@@ -1,0 +1,607 @@
+"""`SessionStore` on SQLite (standard library `sqlite3`).
+
+All database work runs on one dedicated thread owned by the store, so the
+event loop never blocks on disk or on a lock held by another process (worker
+and CLI open the same file). Each public method is one transaction; writes use
+`BEGIN IMMEDIATE` so the read-then-write logic inside (next seq, next turn,
+"does this row exist yet") cannot race with another process.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from pydantic import ValidationError
+
+from activities.store.base import (
+    INTERRUPTED_TOOL_TEXT,
+    SUPERSEDED_TEXT,
+    BeginTurn,
+    CorruptRowError,
+    SessionStore,
+    StoreError,
+    TurnUpdate,
+)
+from turnkeeper.models import (
+    OPEN_STATUSES,
+    ChatMessage,
+    Event,
+    ModelReply,
+    NewEvent,
+    Reason,
+    ToolCall,
+    TurnRecord,
+    TurnStatus,
+    UserMessage,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 10.0
+TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
+_OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
+
+# One statement per item: executescript() would commit our open transaction.
+_SCHEMA: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS turns (
+        chat_id      TEXT    NOT NULL,
+        turn         INTEGER NOT NULL,
+        run_id       TEXT,
+        status       TEXT    NOT NULL,
+        reason       TEXT,
+        recovery_id  TEXT,
+        can_continue INTEGER NOT NULL DEFAULT 1,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        started_at   TEXT    NOT NULL,
+        updated_at   TEXT    NOT NULL,
+        -- the turn begin_turn closed as superseded, so a retried begin_turn answers the same
+        closed_turn  INTEGER,
+        -- 1 once `turn_end` was written: it is announced once per turn
+        ended        INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (chat_id, turn)
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS turns_status ON turns (status)
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS turns_run ON turns (chat_id, run_id)
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS messages (
+        id           INTEGER PRIMARY KEY AUTOINCREMENT,  -- transcript order
+        chat_id      TEXT    NOT NULL,
+        turn         INTEGER NOT NULL,
+        role         TEXT    NOT NULL,
+        message_id   TEXT,     -- user rows: the client's idempotency key
+        step         INTEGER,  -- assistant rows of a model call; NULL for superseded/closing rows
+        tool_call_id TEXT,     -- tool rows
+        body         TEXT    NOT NULL  -- ChatMessage as JSON
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS messages_chat_turn ON messages (chat_id, turn)
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_user
+        ON messages (chat_id, message_id) WHERE message_id IS NOT NULL
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_step
+        ON messages (chat_id, turn, step) WHERE step IS NOT NULL
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_tool
+        ON messages (chat_id, tool_call_id) WHERE tool_call_id IS NOT NULL
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS events (
+        chat_id    TEXT    NOT NULL,
+        seq        INTEGER NOT NULL,
+        type       TEXT    NOT NULL,
+        payload    TEXT    NOT NULL,  -- JSON object
+        created_at TEXT    NOT NULL,
+        PRIMARY KEY (chat_id, seq)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS tool_runs (
+        idempotency_key TEXT PRIMARY KEY,
+        chat_id         TEXT    NOT NULL,
+        turn            INTEGER NOT NULL,
+        tool_call_id    TEXT    NOT NULL,
+        started_at      TEXT    NOT NULL
+    )
+    """,
+)
+
+
+def _now() -> str:
+    # Fixed precision and offset keep the strings sortable as text (list_chats orders by them).
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _body(message: ChatMessage) -> str:
+    return message.model_dump_json(exclude_none=True)
+
+
+def _value(enum: TurnStatus | Reason | None) -> str | None:
+    return None if enum is None else enum.value
+
+
+def _decode_message(chat_id: str, row: sqlite3.Row) -> ChatMessage:
+    try:
+        return ChatMessage.model_validate(json.loads(row["body"]))
+    except (TypeError, ValueError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
+        raise CorruptRowError(
+            f"chat {chat_id!r}: message row id={row['id']} does not decode: {_short(exc)}"
+        ) from exc
+
+
+def _decode_turn(row: sqlite3.Row) -> TurnRecord:
+    fields = {k: row[k] for k in (
+        "chat_id", "turn", "run_id", "status", "reason", "recovery_id",
+        "can_continue", "attempts", "started_at", "updated_at",
+    )}
+    try:
+        return TurnRecord.model_validate(fields)
+    except ValidationError as exc:
+        raise CorruptRowError(
+            f"chat {row['chat_id']!r}: turn row turn={row['turn']} does not decode: {_short(exc)}"
+        ) from exc
+
+
+def _decode_event(row: sqlite3.Row) -> Event:
+    try:
+        payload = json.loads(row["payload"])
+        return Event.model_validate({
+            "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
+            "payload": payload, "created_at": row["created_at"],
+        })
+    except (TypeError, ValueError) as exc:
+        raise CorruptRowError(
+            f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {_short(exc)}"
+        ) from exc
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return f"{loc}: {first['msg']}" if loc else first["msg"]
+    return str(exc)
+
+
+class SQLiteStore(SessionStore):
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    async def open(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turnkeeper-sqlite")
+        await self._call(self._open_sync)
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None  # refuse new calls from here on
+        if executor is None:
+            return
+        # Queued jobs run first (FIFO), so the connection closes after them.
+        await asyncio.get_running_loop().run_in_executor(executor, self._close_sync)
+        executor.shutdown(wait=True)
+
+    def _open_sync(self) -> None:
+        if self._conn is None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(
+                    str(self.path), timeout=BUSY_TIMEOUT_S, isolation_level=None,  # we issue BEGIN ourselves
+                    check_same_thread=False,
+                )
+            except (OSError, sqlite3.Error) as exc:
+                raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+            conn.row_factory = sqlite3.Row
+            try:
+                # busy_timeout first: switching to WAL needs a lock another process may hold.
+                conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            except sqlite3.Error as exc:
+                conn.close()
+                raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+            self._conn = conn
+        self._tx(True, self._schema_tx)
+
+    def _schema_tx(self, conn: sqlite3.Connection) -> None:
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row["value"]) > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {row['value']}, newer than this turnkeeper "
+                f"understands ({SCHEMA_VERSION}); upgrade turnkeeper"
+            )
+        # Older versions would be migrated here; version 1 is the first.
+
+    def _close_sync(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- plumbing ------------------------------------------------------------------
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise StoreError("the store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args))
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` in a write transaction on the store thread."""
+        return await self._call(self._tx, True, lambda conn: fn(conn, *args))
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` in a read transaction on the store thread."""
+        return await self._call(self._tx, False, lambda conn: fn(conn, *args))
+
+    def _tx(self, write: bool, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` in one transaction on the store thread; sqlite errors become StoreError."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError("the store is not open")
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                result = fn(conn)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+
+    @staticmethod
+    def _emit(conn: sqlite3.Connection, chat_id: str, type_: str, payload: dict[str, Any], now: str) -> None:
+        # Safe without a sequence table: BEGIN IMMEDIATE holds the write lock.
+        seq = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = ?", (chat_id,)
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES (?, ?, ?, ?, ?)",
+            (chat_id, seq, type_, _json(payload), now),
+        )
+
+    @staticmethod
+    def _turn_row(conn: sqlite3.Connection, chat_id: str, turn: int) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM turns WHERE chat_id = ? AND turn = ?", (chat_id, turn)).fetchone()
+        if row is None:
+            raise StoreError(f"chat {chat_id!r} has no turn {turn}")
+        return row
+
+    @staticmethod
+    def _insert_message(conn: sqlite3.Connection, chat_id: str, turn: int, message: ChatMessage, *,
+                        message_id: str | None = None, step: int | None = None) -> bool:
+        """Insert a transcript row unless its key (message id, step, tool call id) exists."""
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, turn, message.role, message_id, step, message.tool_call_id, _body(message)),
+        )
+        return cur.rowcount == 1
+
+    def _set_turn(self, conn: sqlite3.Connection, chat_id: str, turn: int, update: TurnUpdate,
+                  now: str) -> bool:
+        """Write `update` and announce it; False (nothing written) when already in that state."""
+        current = _decode_turn(self._turn_row(conn, chat_id, turn))
+        if (current.status, current.reason, current.recovery_id, current.can_continue, current.attempts) == (
+            update.status, update.reason, update.recovery_id, update.can_continue, update.attempts
+        ):
+            return False
+        conn.execute(
+            "UPDATE turns SET status = ?, reason = ?, recovery_id = ?, can_continue = ?, attempts = ?,"
+            " updated_at = ? WHERE chat_id = ? AND turn = ?",
+            (update.status.value, _value(update.reason), update.recovery_id, int(update.can_continue),
+             update.attempts, now, chat_id, turn),
+        )
+        self._emit(conn, chat_id, "recovery_state", {
+            "turn": turn,
+            "status": update.status.value,
+            "reason": _value(update.reason),
+            "recovery_id": update.recovery_id,
+            "can_continue": update.can_continue,
+            "attempts": update.attempts,
+        }, now)
+        self._emit(conn, chat_id, "session_updated", {"scope": "thread"}, now)
+        return True
+
+    @staticmethod
+    def _held_ids(conn: sqlite3.Connection, chat_id: str, message_ids: list[str],
+                  except_turn: int | None = None) -> list[str]:
+        held: list[str] = []
+        for message_id in dict.fromkeys(message_ids):  # unique, in the order offered
+            row = conn.execute(
+                "SELECT turn FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
+            ).fetchone()
+            if row is not None and row["turn"] != except_turn:
+                held.append(message_id)
+        return held
+
+    # -- turns -----------------------------------------------------------------------
+    async def begin_turn(self, chat_id: str, run_id: str, message_ids: list[str]) -> BeginTurn:
+        return await self._write(self._begin_turn_tx, chat_id, run_id, list(message_ids))
+
+    def _begin_turn_tx(self, conn: sqlite3.Connection, chat_id: str, run_id: str,
+                       message_ids: list[str]) -> BeginTurn:
+        # Checked first: by the time the activity retries, this run may have committed
+        # its messages, and they must not then count as duplicates.
+        existing = conn.execute(
+            "SELECT turn, closed_turn FROM turns WHERE chat_id = ? AND run_id = ?", (chat_id, run_id)
+        ).fetchone()
+        if existing is not None:
+            return BeginTurn(
+                turn=existing["turn"],
+                duplicate_ids=self._held_ids(conn, chat_id, message_ids, except_turn=existing["turn"]),
+                closed_turn=existing["closed_turn"],
+            )
+
+        duplicates = self._held_ids(conn, chat_id, message_ids)
+        if not set(message_ids) - set(duplicates):
+            return BeginTurn(turn=None, duplicate_ids=duplicates)
+
+        now = _now()
+        closed_turn: int | None = None
+        open_rows = conn.execute(
+            f"SELECT * FROM turns WHERE chat_id = ? AND status IN ({','.join('?' * len(_OPEN_VALUES))})"
+            " ORDER BY turn",
+            (chat_id, *_OPEN_VALUES),
+        ).fetchall()
+        for row in open_rows:  # normally at most one: each begin_turn closes the previous
+            self._supersede(conn, _decode_turn(row), now)
+            closed_turn = row["turn"]
+
+        turn = conn.execute(
+            "SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE chat_id = ?", (chat_id,)
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO turns (chat_id, turn, run_id, status, started_at, updated_at, closed_turn)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, turn, run_id, TurnStatus.RUNNING.value, now, now, closed_turn),
+        )
+        self._emit(conn, chat_id, "turn_started", {"turn": turn, "run_id": run_id}, now)
+        return BeginTurn(turn=turn, duplicate_ids=duplicates, closed_turn=closed_turn)
+
+    def _supersede(self, conn: sqlite3.Connection, record: TurnRecord, now: str) -> None:
+        """Close an open turn so the transcript stays well formed for the model:
+        every tool call gets an answer, and the turn ends with an assistant row."""
+        chat_id, turn = record.chat_id, record.turn
+        rows = conn.execute(
+            "SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? AND role = 'assistant' ORDER BY id",
+            (chat_id, turn),
+        ).fetchall()
+        for row in rows:
+            for call in _decode_message(chat_id, row).tool_calls or []:
+                answered = self._insert_message(conn, chat_id, turn, ChatMessage(
+                    role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
+                ))
+                if answered:
+                    self._emit(conn, chat_id, "tool_interrupted",
+                               {"turn": turn, "tool_call_id": call.id, "name": call.name}, now)
+        self._insert_message(conn, chat_id, turn, ChatMessage(role="assistant", content=SUPERSEDED_TEXT))
+        self._set_turn(conn, chat_id, turn, TurnUpdate(
+            status=TurnStatus.RECOVERED,
+            reason=Reason.SUPERSEDED,
+            recovery_id=record.recovery_id,
+            can_continue=record.can_continue,
+            attempts=record.attempts,
+        ), now)
+
+    async def update_turn(self, chat_id: str, turn: int, update: TurnUpdate) -> None:
+        await self._write(lambda conn: self._set_turn(conn, chat_id, turn, update, _now()))
+
+    async def get_turn(self, chat_id: str, turn: int | None = None) -> TurnRecord | None:
+        return await self._read(self._get_turn_tx, chat_id, turn)
+
+    @staticmethod
+    def _get_turn_tx(conn: sqlite3.Connection, chat_id: str, turn: int | None) -> TurnRecord | None:
+        if turn is None:
+            row = conn.execute(
+                "SELECT * FROM turns WHERE chat_id = ? ORDER BY turn DESC LIMIT 1", (chat_id,)
+            ).fetchone()
+        else:
+            row = conn.execute("SELECT * FROM turns WHERE chat_id = ? AND turn = ?", (chat_id, turn)).fetchone()
+        return None if row is None else _decode_turn(row)
+
+    async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
+        return await self._read(self._open_turns_tx, limit)
+
+    @staticmethod
+    def _open_turns_tx(conn: sqlite3.Connection, limit: int) -> list[TurnRecord]:
+        rows = conn.execute(
+            f"SELECT * FROM turns WHERE status IN ({','.join('?' * len(_OPEN_VALUES))})"
+            " ORDER BY updated_at, chat_id, turn LIMIT ?",
+            (*_OPEN_VALUES, limit),
+        ).fetchall()
+        return [_decode_turn(row) for row in rows]
+
+    async def list_chats(self, status: TurnStatus | None = None, limit: int = 1000) -> list[TurnRecord]:
+        return await self._read(self._list_chats_tx, status, limit)
+
+    @staticmethod
+    def _list_chats_tx(conn: sqlite3.Connection, status: TurnStatus | None, limit: int) -> list[TurnRecord]:
+        # The filter applies to each chat's latest turn, not to any of its turns.
+        rows = conn.execute(
+            "SELECT t.* FROM turns t"
+            " JOIN (SELECT chat_id, MAX(turn) AS turn FROM turns GROUP BY chat_id) latest"
+            "   ON latest.chat_id = t.chat_id AND latest.turn = t.turn"
+            " WHERE ?1 IS NULL OR t.status = ?1"
+            " ORDER BY t.updated_at DESC, t.chat_id LIMIT ?2",
+            (_value(status), limit),
+        ).fetchall()
+        return [_decode_turn(row) for row in rows]
+
+    # -- transcript ----------------------------------------------------------------------
+    async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
+        return await self._write(self._commit_user_tx, chat_id, turn, list(messages))
+
+    def _commit_user_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int,
+                        messages: list[UserMessage]) -> list[str]:
+        now = _now()
+        committed: list[str] = []
+        for message in messages:
+            if self._insert_message(conn, chat_id, turn, ChatMessage(role="user", content=message.text),
+                                    message_id=message.message_id):
+                committed.append(message.message_id)
+                self._emit(conn, chat_id, "user_message", {
+                    "turn": turn, "message_id": message.message_id,
+                    "text": message.text, "sender": message.sender,
+                }, now)
+        return committed
+
+    async def record_assistant(self, chat_id: str, turn: int, step: int, reply: ModelReply,
+                               final: bool) -> None:
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        await self._write(self._record_assistant_tx, chat_id, turn, step, reply, final)
+
+    def _record_assistant_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, step: int,
+                             reply: ModelReply, final: bool) -> None:
+        now = _now()
+        message = ChatMessage(role="assistant", content=reply.text, tool_calls=reply.tool_calls or None)
+        row = conn.execute(
+            "SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? AND step = ?", (chat_id, turn, step)
+        ).fetchone()
+        if row is None:
+            changed = self._insert_message(conn, chat_id, turn, message, step=step)
+        else:
+            try:
+                changed = _decode_message(chat_id, row) != message
+            except CorruptRowError:
+                changed = True  # an undecodable row is exactly what a rewrite should repair
+            if changed:
+                # UPDATE in place: the row keeps its id, hence its place in the transcript.
+                conn.execute("UPDATE messages SET body = ? WHERE id = ?", (_body(message), row["id"]))
+        if changed:
+            self._emit(conn, chat_id, "assistant_message", {
+                "turn": turn, "step": step, "text": reply.text,
+                "tool_calls": [call.model_dump() for call in reply.tool_calls],
+            }, now)
+        if final:
+            current = self._turn_row(conn, chat_id, turn)
+            # Only an open turn completes: a late answer never reopens a closed one.
+            if current["status"] in _OPEN_VALUES and not current["ended"]:
+                conn.execute(
+                    "UPDATE turns SET status = ?, reason = NULL, updated_at = ? WHERE chat_id = ? AND turn = ?",
+                    (TurnStatus.COMPLETED.value, now, chat_id, turn),
+                )
+                self._end_turn(conn, chat_id, turn, {"turn": turn, "status": TurnStatus.COMPLETED.value}, now)
+
+    def _end_turn(self, conn: sqlite3.Connection, chat_id: str, turn: int, payload: dict[str, Any],
+                  now: str) -> None:
+        conn.execute("UPDATE turns SET ended = 1 WHERE chat_id = ? AND turn = ?", (chat_id, turn))
+        self._emit(conn, chat_id, "turn_end", payload, now)
+
+    async def tool_started(self, chat_id: str, turn: int, call: ToolCall, idempotency_key: str) -> bool:
+        return await self._write(self._tool_started_tx, chat_id, turn, call, idempotency_key)
+
+    def _tool_started_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, call: ToolCall,
+                         idempotency_key: str) -> bool:
+        now = _now()
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO tool_runs (idempotency_key, chat_id, turn, tool_call_id, started_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (idempotency_key, chat_id, turn, call.id, now),
+        )
+        if cur.rowcount != 1:
+            return False
+        self._emit(conn, chat_id, "tool_started", {
+            "turn": turn, "tool_call_id": call.id, "name": call.name, "idempotency_key": idempotency_key,
+        }, now)
+        return True
+
+    async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,
+                                 content: str, status: str) -> bool:
+        if status not in TOOL_RESULT_STATUSES:
+            raise ValueError(f"tool result status must be one of {sorted(TOOL_RESULT_STATUSES)}, got {status!r}")
+        return await self._write(self._tool_result_tx, chat_id, turn, tool_call_id, name, content, status)
+
+    def _tool_result_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, tool_call_id: str,
+                        name: str, content: str, status: str) -> bool:
+        now = _now()
+        message = ChatMessage(role="tool", content=content, tool_call_id=tool_call_id, name=name)
+        if not self._insert_message(conn, chat_id, turn, message):
+            return False
+        if status == "interrupted":
+            self._emit(conn, chat_id, "tool_interrupted",
+                       {"turn": turn, "tool_call_id": tool_call_id, "name": name}, now)
+        else:
+            self._emit(conn, chat_id, "tool_finished",
+                       {"turn": turn, "tool_call_id": tool_call_id, "name": name, "status": status}, now)
+        return True
+
+    async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
+                          closing_text: str | None = None) -> None:
+        if update.status in OPEN_STATUSES:
+            raise ValueError(f"finish_turn needs a terminal status, got {update.status.value!r}")
+        await self._write(self._finish_turn_tx, chat_id, turn, update, closing_text)
+
+    def _finish_turn_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, update: TurnUpdate,
+                        closing_text: str | None) -> None:
+        now = _now()
+        ended = bool(self._turn_row(conn, chat_id, turn)["ended"])
+        # A closing row has no key of its own; `ended` keeps a retried call from adding it twice.
+        if closing_text is not None and not ended:
+            self._insert_message(conn, chat_id, turn, ChatMessage(role="assistant", content=closing_text))
+        self._set_turn(conn, chat_id, turn, update, now)
+        if not ended:
+            self._end_turn(conn, chat_id, turn, {
+                "turn": turn, "status": update.status.value, "reason": _value(update.reason),
+            }, now)
+
+    async def history(self, chat_id: str) -> list[ChatMessage]:
+        return await self._read(self._history_tx, chat_id)
+
+    @staticmethod
+    def _history_tx(conn: sqlite3.Connection, chat_id: str) -> list[ChatMessage]:
+        rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
+        return [_decode_message(chat_id, row) for row in rows]
+
+    # -- events ------------------------------------------------------------------------------
+    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
+        await self._write(self._append_events_tx, chat_id, list(events))
+
+    def _append_events_tx(self, conn: sqlite3.Connection, chat_id: str, events: list[NewEvent]) -> None:
+        now = _now()
+        for event in events:
+            self._emit(conn, chat_id, event.type, event.payload, now)
+
+    async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        return await self._read(self._events_tx, chat_id, after_seq, limit)
+
+    @staticmethod
+    def _events_tx(conn: sqlite3.Connection, chat_id: str, after_seq: int, limit: int) -> list[Event]:
+        rows = conn.execute(
+            "SELECT * FROM events WHERE chat_id = ? AND seq > ? ORDER BY seq LIMIT ?", (chat_id, after_seq, limit)
+        ).fetchall()
+        return [_decode_event(row) for row in rows]

@@ -1,0 +1,53 @@
+"""Store writes the workflow asks for directly. They run as local activities:
+idempotent, cheap, and no extra round trip to the server."""
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.store import SessionStore, TurnUpdate
+from turnkeeper import activity_io as io
+from turnkeeper.config import Settings
+
+
+class StoreActivities:
+    def __init__(self, settings: Settings, store: SessionStore) -> None:
+        self._settings = settings
+        self._store = store
+
+    @activity.defn(name=io.BEGIN_TURN)
+    async def begin_turn(self, inp: io.BeginTurnInput) -> io.BeginTurnResult:
+        begun = await self._store.begin_turn(inp.chat_id, inp.run_id, inp.message_ids)
+        latest = begun.turn
+        if latest is None:
+            record = await self._store.get_turn(inp.chat_id)
+            latest = record.turn if record else 0
+        s = self._settings
+        return io.BeginTurnResult(
+            turn=begun.turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids, closed_turn=begun.closed_turn,
+            settings=io.TurnSettings(max_message_bytes=s.max_message_bytes,
+                                     model_timeout_s=s.model_timeout, tool_timeout_s=s.tool_timeout,
+                                     resume_window_s=s.resume_window))
+
+    @activity.defn(name=io.RECORD_TOOL_RESULT)
+    async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:
+        await self._store.record_tool_result(inp.chat_id, inp.turn, inp.tool_call_id, inp.name,
+                                             inp.content, inp.status)
+
+    @activity.defn(name=io.UPDATE_TURN)
+    async def update_turn(self, inp: io.UpdateTurnInput) -> None:
+        await self._store.update_turn(inp.chat_id, inp.turn, _update(inp))
+
+    @activity.defn(name=io.FINISH_TURN)
+    async def finish_turn(self, inp: io.UpdateTurnInput) -> None:
+        if inp.commit_messages:
+            await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.commit_messages)
+        await self._store.finish_turn(inp.chat_id, inp.turn, _update(inp), closing_text=inp.closing_text)
+
+    @activity.defn(name=io.APPEND_EVENTS)
+    async def append_events(self, inp: io.AppendEventsInput) -> None:
+        await self._store.append_events(inp.chat_id, inp.events)
+
+
+def _update(inp: io.UpdateTurnInput) -> TurnUpdate:
+    return TurnUpdate(status=inp.status, reason=inp.reason, recovery_id=inp.recovery_id,
+                      can_continue=inp.can_continue, attempts=inp.attempts)

@@ -1,0 +1,42 @@
+"""The tool activity: one call of one tool, never retried.
+
+`tool_started` is written under the call's idempotency key before the tool
+acts, so the store can always tell a tool that may have acted from one that
+never started."""
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.store import SessionStore
+from activities.tools import ToolContext, ToolRegistry
+from turnkeeper import activity_io as io
+from turnkeeper.config import Settings
+
+ALREADY_STARTED_TEXT = ("Error: this tool call was started before and may have acted; "
+                        "it is not run again.")
+
+
+class ToolCallActivity:
+    def __init__(self, settings: Settings, store: SessionStore, registry: ToolRegistry) -> None:
+        self._settings = settings
+        self._store = store
+        self._registry = registry
+
+    @activity.defn(name=io.TOOL_CALL)
+    async def tool_call(self, inp: io.ToolCallInput) -> io.ToolCallResult:
+        call = inp.call
+        async with heartbeating():
+            if not await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key):
+                status, content = "error", ALREADY_STARTED_TEXT
+            else:
+                ctx = ToolContext(
+                    workspace=self._settings.workspace, chat_id=inp.chat_id, turn=inp.turn,
+                    tool_call_id=call.id, idempotency_key=inp.idempotency_key,
+                    exec_timeout=float(self._settings.exec_timeout), heartbeat=activity.heartbeat)
+                outcome = await self._registry.run(
+                    call.name, call.arguments, ctx, enabled=self._settings.tools,
+                    max_output_bytes=self._settings.max_tool_output_bytes)
+                status, content = outcome.status, outcome.content
+            await self._store.record_tool_result(inp.chat_id, inp.turn, call.id, call.name, content, status)
+            return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content)

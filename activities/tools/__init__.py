@@ -1,0 +1,28 @@
+"""The tool layer: `@tool` functions, their registry, and the built-in tools."""
+from __future__ import annotations
+
+from .registry import (
+    ToolContext,
+    ToolLoadError,
+    ToolOutcome,
+    ToolRegistry,
+    default_registry,
+    load_tool_modules,
+    tool,
+)
+from .workspace import WorkspaceEscape, resolve_in_workspace
+
+# Imported for its side effect: registers the built-ins into the default registry.
+from . import builtin as _builtin  # noqa: E402,F401  (after registry: builtin imports it)
+
+__all__ = [
+    "ToolContext",
+    "ToolLoadError",
+    "ToolOutcome",
+    "ToolRegistry",
+    "WorkspaceEscape",
+    "default_registry",
+    "load_tool_modules",
+    "resolve_in_workspace",
+    "tool",
+]

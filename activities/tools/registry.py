@@ -1,0 +1,395 @@
+"""Tool registration, JSON schemas from signatures, and safe execution.
+
+A tool is a plain (sync or async) function; `@tool` derives the schema the model
+sees from its type hints and registers it. `ToolRegistry.run` turns everything a
+model can get wrong (unknown name, bad JSON, bad arguments, a raising tool) into
+an error outcome the model can read, so a tool call never fails the activity.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, Literal, TypeVar, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from turnkeeper.models import EffectClass, ToolSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+EffectLike = EffectClass | Literal["read", "idempotent", "write"]
+
+# The name pattern OpenAI-style function calling accepts.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Per-call facts a tool may ask for by annotating a parameter `ToolContext`."""
+
+    workspace: Path
+    chat_id: str
+    turn: int
+    tool_call_id: str
+    idempotency_key: str  # "<chat_id>/<turn>/<tool_call_id>": stable across retries of the call
+    exec_timeout: float
+    heartbeat: Callable[[], None] | None = None
+
+    @classmethod
+    def for_call(
+        cls,
+        *,
+        workspace: Path,
+        chat_id: str,
+        turn: int,
+        tool_call_id: str,
+        exec_timeout: float,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> ToolContext:
+        return cls(
+            workspace=workspace,
+            chat_id=chat_id,
+            turn=turn,
+            tool_call_id=tool_call_id,
+            idempotency_key=f"{chat_id}/{turn}/{tool_call_id}",
+            exec_timeout=exec_timeout,
+            heartbeat=heartbeat,
+        )
+
+
+class ToolOutcome(BaseModel):
+    """What a tool call produced; `content` is what the model reads."""
+
+    status: Literal["done", "error"]
+    content: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.status == "error"
+
+
+class ToolLoadError(ImportError):
+    """A configured tool module could not be imported."""
+
+
+@dataclass(frozen=True)
+class RegisteredTool:
+    name: str
+    description: str
+    effect: EffectClass
+    fn: Callable[..., Any]
+    args_model: type[BaseModel]
+    # (model field, parameter name): fields are aliased so any parameter name works.
+    params: tuple[tuple[str, str], ...]
+    ctx_params: tuple[str, ...]
+    parameters_schema: dict[str, Any]
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters_schema, effect=self.effect)
+
+
+class ToolRegistry:
+    """Named tools; which of them a model may call is decided per call by `enabled`."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, RegisteredTool] = {}
+
+    # --- registration -----------------------------------------------------------
+
+    def register(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        description: str | None = None,
+        effect: EffectLike = EffectClass.WRITE,
+    ) -> RegisteredTool:
+        entry = _build(fn, name=name, description=description, effect=effect)
+        existing = self._tools.get(entry.name)
+        if existing is not None and _origin(existing.fn) != _origin(fn):
+            # Same origin means the module was reloaded; anything else is a clash.
+            raise ValueError(f"tool {entry.name!r} is already registered by {_origin(existing.fn)}")
+        self._tools[entry.name] = entry
+        return entry
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self, *, name: str | None = None, description: str | None = None, effect: EffectLike = EffectClass.WRITE
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        effect: EffectLike = EffectClass.WRITE,
+    ) -> F | Callable[[F], F]:
+        """Decorator registering into this registry; returns the function unchanged."""
+
+        def decorate(f: F) -> F:
+            self.register(f, name=name, description=description, effect=effect)
+            return f
+
+        return decorate(fn) if fn is not None else decorate
+
+    # --- lookup -------------------------------------------------------------------
+
+    def get(self, name: str) -> RegisteredTool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def specs(self, enabled: Iterable[str]) -> list[ToolSpec]:
+        """Specs of the enabled tools, in `enabled` order; unknown names are skipped."""
+        return [self._tools[n].spec for n in _known(self._tools, enabled)]
+
+    # --- execution ----------------------------------------------------------------
+
+    async def run(
+        self,
+        name: str,
+        arguments_json: str,
+        ctx: ToolContext,
+        *,
+        enabled: Collection[str],
+        max_output_bytes: int,
+    ) -> ToolOutcome:
+        """Run one tool call. Never raises for anything the model got wrong (or a
+        tool raising); cancellation still propagates."""
+        entry = self._tools.get(name) if name in enabled else None
+        if entry is None:
+            available = ", ".join(_known(self._tools, enabled)) or "(none)"
+            return _error(f"Error: unknown tool {name!r}. Available tools: {available}", max_output_bytes)
+
+        # Models send "" for argument-less calls often enough to accept it.
+        raw = arguments_json if arguments_json and arguments_json.strip() else "{}"
+        try:
+            arguments = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError) as e:
+            return _error(f"Error: malformed arguments for {name!r}: {e}", max_output_bytes)
+        if not isinstance(arguments, dict):
+            kind = _JSON_KINDS.get(type(arguments), type(arguments).__name__)
+            return _error(f"Error: malformed arguments for {name!r}: expected a JSON object, got {kind}", max_output_bytes)
+
+        try:
+            validated = entry.args_model.model_validate(arguments)
+        except ValidationError as e:
+            return _error(f"Error: invalid arguments for {name!r}: {_describe(e)}", max_output_bytes)
+
+        is_async = inspect.iscoroutinefunction(entry.fn)
+        if not is_async and ctx.heartbeat is not None:
+            ctx = _loop_heartbeat(ctx, ctx.heartbeat)
+        kwargs: dict[str, Any] = {param: getattr(validated, field) for field, param in entry.params}
+        kwargs.update((param, ctx) for param in entry.ctx_params)
+        try:
+            if is_async:
+                result = await entry.fn(**kwargs)
+            else:
+                # Sync tools run in a thread so they never stall the worker's event loop.
+                result = await asyncio.to_thread(entry.fn, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception as e:
+            message = str(e)
+            text = f"Error: {type(e).__name__}: {message}" if message else f"Error: {type(e).__name__}"
+            return _error(text, max_output_bytes)
+        return ToolOutcome(status="done", content=truncate_output(_render(result), max_output_bytes))
+
+
+_DEFAULT = ToolRegistry()
+
+_JSON_KINDS: dict[type, str] = {
+    list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null",
+}
+
+
+def default_registry() -> ToolRegistry:
+    """The registry `@tool` fills, with the built-in tools registered."""
+    from activities.tools import builtin  # noqa: F401  (imported for its registrations)
+
+    return _DEFAULT
+
+
+@overload
+def tool(fn: F, /) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: EffectLike = EffectClass.WRITE,
+    registry: ToolRegistry | None = None,
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    effect: EffectLike = EffectClass.WRITE,
+    registry: ToolRegistry | None = None,
+) -> F | Callable[[F], F]:
+    """Register a function as a tool (bare `@tool` or `@tool(...)`); returns it unchanged.
+
+    Defaults: name = function name, description = first docstring paragraph,
+    effect = write (never assumed safe to repeat). Registers into the default
+    registry unless `registry` is given.
+    """
+    decorate = (registry or _DEFAULT).tool(name=name, description=description, effect=effect)
+    return decorate(fn) if fn is not None else decorate
+
+
+def load_tool_modules(modules: Iterable[str]) -> list[ModuleType]:
+    """Import each module so its `@tool` functions register into the default registry."""
+    loaded: list[ModuleType] = []
+    for module in modules:
+        try:
+            loaded.append(importlib.import_module(module))
+        except Exception as e:
+            raise ToolLoadError(f"cannot load tool module {module!r}: {type(e).__name__}: {e}", name=module) from e
+    return loaded
+
+
+def truncate_output(text: str, max_bytes: int) -> str:
+    """Cap `text` at `max_bytes` UTF-8 bytes on a character boundary, noting the cut."""
+    # Lone surrogates would break encoding later (JSON, the store): replace them now.
+    data = text.encode("utf-8", errors="replace")
+    text = data.decode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    head = data[: max(max_bytes, 0)].decode("utf-8", errors="ignore")
+    shown = len(head.encode("utf-8"))
+    return f"{head}\n[output truncated: {shown} of {len(data)} bytes shown]"
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def _error(text: str, max_bytes: int) -> ToolOutcome:
+    return ToolOutcome(status="error", content=truncate_output(text, max_bytes))
+
+
+def _loop_heartbeat(ctx: ToolContext, beat: Callable[[], None]) -> ToolContext:
+    """A ctx whose heartbeat, called from a sync tool's thread, runs on the event loop
+    (Temporal's `activity.heartbeat` in an async activity must run there)."""
+    loop = asyncio.get_running_loop()
+
+    def threadsafe_beat() -> None:
+        loop.call_soon_threadsafe(beat)
+
+    return dataclasses.replace(ctx, heartbeat=threadsafe_beat)
+
+
+def _known(tools: dict[str, RegisteredTool], enabled: Iterable[str]) -> list[str]:
+    return [n for n in dict.fromkeys(enabled) if n in tools]
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _render(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    if result is None:
+        return ""
+    try:
+        return json.dumps(to_jsonable_python(result), ensure_ascii=False)
+    except Exception:
+        return str(result)
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for err in error.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(parts)
+
+
+def _first_paragraph(fn: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(fn) or ""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+def _build(
+    fn: Callable[..., Any], *, name: str | None, description: str | None, effect: EffectLike
+) -> RegisteredTool:
+    tool_name = name or getattr(fn, "__name__", "")
+    if not _NAME_RE.match(tool_name):
+        raise ValueError(f"invalid tool name {tool_name!r}: use 1-64 letters, digits, '_' or '-'")
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception as e:
+        raise TypeError(f"tool {tool_name!r}: cannot resolve type hints: {e}") from e
+
+    fields: dict[str, Any] = {}
+    params: list[tuple[str, str]] = []
+    ctx_params: list[str] = []
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise TypeError(f"tool {tool_name!r}: parameter {param.name!r} must be passable by keyword")
+        annotation = hints.get(param.name, Any)
+        if annotation is ToolContext:
+            ctx_params.append(param.name)
+            continue
+        field = f"p{len(params)}"
+        default = ... if param.default is param.empty else param.default
+        # Aliases keep parameter names like `json` or `_x` from clashing with BaseModel.
+        fields[field] = (Annotated[annotation, Field(alias=param.name)], default)
+        params.append((field, param.name))
+
+    model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    schema = _strip_titles(model.model_json_schema())
+    schema.setdefault("properties", {})
+    return RegisteredTool(
+        name=tool_name,
+        description=_first_paragraph(fn) if description is None else description,
+        effect=EffectClass(effect),
+        fn=fn,
+        args_model=model,
+        params=tuple(params),
+        ctx_params=tuple(ctx_params),
+        parameters_schema=schema,
+    )
+
+
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_SCHEMA_DATA = frozenset({"default", "const", "enum", "examples", "required"})
+
+
+def _strip_titles(node: Any) -> Any:
+    """Drop pydantic's generated `title`s: noise to the model, tokens on every call."""
+    if isinstance(node, list):
+        return [_strip_titles(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: _strip_titles(v) for k, v in value.items()}  # keys are names, keep them
+        elif key in _SCHEMA_DATA:
+            out[key] = value
+        else:
+            out[key] = _strip_titles(value)
+    return out

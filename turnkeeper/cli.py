@@ -1,0 +1,321 @@
+"""`turnkeeper` command line.
+
+Exit codes: 0 ok, 1 refused (reason on stderr), 2 bad usage, 3 the turn waits
+for its user (`send`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from turnkeeper import client as tk
+from turnkeeper.config import ConfigError, Settings
+from turnkeeper.models import Event, RecoveryAction, TurnState, TurnStatus
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
+POLL_S = 0.1
+NOT_WAITING = "not waiting for confirmation"
+
+
+class Refused(Exception):
+    """The action is refused; the message goes to stderr and the exit code is 1."""
+
+
+# -- helpers ----------------------------------------------------------------
+
+
+async def _client(settings: Settings) -> Client:
+    try:
+        return await tk.connect(settings)
+    except Exception as err:  # noqa: BLE001
+        where = settings.temporal_address or f"127.0.0.1:{settings.dev_server_port}"
+        raise Refused(f"cannot reach Temporal at {where} ({err}); is the worker running? "
+                      "Start it with `turnkeeper worker`.") from None
+
+
+async def _store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light
+    from activities.store import open_store
+
+    store = open_store(settings)
+    await store.open()
+    return store
+
+
+async def _state(client: Client, chat_id: str) -> TurnState:
+    try:
+        return await tk.query_state(client, chat_id)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise Refused(f"no chat {chat_id!r}: nothing was ever sent to it") from None
+        raise
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+def _describe_gate(state: TurnState) -> str:
+    lines = [f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
+             + (f" ({state.reason.value})" if state.reason else "")]
+    if state.status == TurnStatus.AWAITING_USER:
+        lines.append(f"recovery id: {state.recovery_id}")
+        if state.can_continue:
+            lines.append(f"  turnkeeper continue {state.chat_id}   # run the model again from the saved "
+                         "context; interrupted tools are not run again")
+        else:
+            lines.append("  (continue is not possible: the saved context is unavailable)")
+        lines.append(f"  turnkeeper dismiss {state.chat_id}    # close the turn and keep what is known")
+    return "\n".join(lines)
+
+
+# -- commands ---------------------------------------------------------------
+
+
+async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        message = tk.new_message(args.text, settings, message_id=args.message_id)
+    except tk.MessageTooLarge as err:
+        raise Refused(str(err)) from None
+    client = await _client(settings)
+    store = await _store(settings) if not args.no_wait else None
+    after = 0
+    if store is not None:
+        seen = await store.events(args.chat, after_seq=0, limit=1_000_000)
+        after = seen[-1].seq if seen else 0
+    await tk.send_message(client, settings, args.chat, message)
+    if store is None:
+        print(f"sent {message.message_id} to chat {args.chat}")
+        return EXIT_OK
+    try:
+        return await _follow_turn(client, store, args.chat, message.message_id, after, args.timeout)
+    finally:
+        await store.close()
+
+
+async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str, after: int,
+                       timeout: float) -> int:
+    """Show the turn that takes our message: its tools as they run, then its answer."""
+    turn: int | None = None
+    answer: str | None = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for ev in await store.events(chat_id, after_seq=after):
+            after = ev.seq
+            p = ev.payload
+            if ev.type == "message_rejected" and p.get("message_id") == message_id:
+                raise Refused(f"message refused: {p.get('reason')}")
+            if ev.type == "user_message" and p.get("message_id") == message_id:
+                turn = p.get("turn")
+            if turn is None or p.get("turn") != turn:
+                continue
+            if ev.type == "tool_started":
+                print(f"  -> {p.get('name')} started", flush=True)
+            elif ev.type in ("tool_finished", "tool_interrupted"):
+                print(f"  <- {p.get('name')} {p.get('status', 'interrupted')}", flush=True)
+            elif ev.type == "assistant_message" and not p.get("tool_calls"):
+                answer = p.get("text")
+            elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
+                print(_describe_gate(await _state(client, chat_id)))
+                return EXIT_AWAITING
+            elif ev.type == "turn_end":
+                if answer is not None:
+                    print(answer)
+                else:
+                    print(f"turn {turn} ended: {p.get('status')} ({p.get('reason')})")
+                return EXIT_OK
+        await asyncio.sleep(POLL_S)
+    raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
+                  f"see `turnkeeper status {chat_id}`")
+
+
+async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    state = await _state(await _client(settings), args.chat)
+    if args.json:
+        _print_json(state.model_dump(mode="json"))
+        return EXIT_OK
+    print(_describe_gate(state))
+    if state.pending_followups:
+        print(f"pending follow-ups: {', '.join(state.pending_followups)}")
+    for call in state.tool_calls:
+        print(f"  tool {call.name} [{call.id}]: {call.status.value}")
+    return EXIT_OK
+
+
+async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    store = await _store(settings)
+    try:
+        rows = await store.history(args.chat)
+    finally:
+        await store.close()
+    if args.json:
+        _print_json([m.public() for m in rows])
+        return EXIT_OK
+    if not rows:
+        raise Refused(f"no chat {args.chat!r}: nothing was ever committed to it")
+    for m in rows:
+        if m.role == "tool":
+            print(f"[tool {m.name}] {m.content}")
+        elif m.tool_calls:
+            calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+            print(f"[assistant] {m.content or ''} -> {calls}".replace("]  ->", "] ->"))
+        else:
+            print(f"[{m.role}] {m.content}")
+    return EXIT_OK
+
+
+def _event_line(ev: Event) -> str:
+    return json.dumps({"seq": ev.seq, "type": ev.type, "payload": ev.payload,
+                       "created_at": ev.created_at.isoformat()}, ensure_ascii=False)
+
+
+async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    store = await _store(settings)
+    after = args.after
+    try:
+        while True:
+            for ev in await store.events(args.chat, after_seq=after):
+                after = ev.seq
+                if args.json:
+                    print(_event_line(ev), flush=True)
+                else:
+                    print(f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} "
+                          f"{json.dumps(ev.payload, ensure_ascii=False)}", flush=True)
+            if not args.follow:
+                return EXIT_OK
+            await asyncio.sleep(0.25)
+    finally:
+        await store.close()
+
+
+async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    client = await _client(settings)
+    query = f"WorkflowType='{tk.WORKFLOW_TYPE}'"
+    status = TurnStatus.AWAITING_USER.value if args.awaiting else args.status
+    if status:
+        query += f" AND TurnStatus='{status}'"
+    latest: dict[str, Any] = {}
+    async for wf in client.list_workflows(query):
+        known = latest.get(wf.id)
+        if known is None or wf.start_time > known.start_time:
+            latest[wf.id] = wf
+    rows = []
+    for wf in sorted(latest.values(), key=lambda w: w.start_time, reverse=True):
+        sa = wf.search_attributes
+        rows.append({"chat_id": (sa.get("ChatId") or [wf.id.removeprefix("chat-")])[0],
+                     "status": (sa.get("TurnStatus") or [None])[0],
+                     "reason": (sa.get("RecoveryReason") or [None])[0],
+                     "workflow_id": wf.id, "run_id": wf.run_id, "started": wf.start_time.isoformat()})
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    for r in rows:
+        print(f"{r['chat_id']:<24} {r['status'] or '-':<14} {r['reason'] or '':<32} {r['started']}")
+    return EXIT_OK
+
+
+async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
+    client = await _client(settings)
+    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
+    state = await _state(client, args.chat)
+    desc = await handle.describe()
+    if desc.status != WorkflowExecutionStatus.RUNNING or not state.recovery_id:
+        raise Refused(NOT_WAITING)
+    try:
+        new_state = await handle.execute_update(update, RecoveryAction(recovery_id=state.recovery_id),
+                                                result_type=TurnState)
+    except WorkflowUpdateFailedError as err:
+        raise Refused(str(err.cause.message if err.cause else err)) from None
+    except RPCError as err:
+        if "already completed" in str(err):
+            raise Refused(NOT_WAITING) from None
+        raise
+    print(_describe_gate(new_state))
+    return EXIT_OK
+
+
+async def cmd_continue(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, "continue_turn")
+
+
+async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, "dismiss_turn")
+
+
+# -- entry ------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="turnkeeper", description="Durable AI chat turns on Temporal.")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("worker", help="run a worker (starts the embedded dev server when "
+                   "TEMPORAL_ADDRESS is unset)")
+    s = sub.add_parser("send", help="send a message and wait for the answer")
+    s.add_argument("chat")
+    s.add_argument("text")
+    s.add_argument("--no-wait", action="store_true", help="return once the message is durable")
+    s.add_argument("--message-id", help="idempotency key (default: a new uuid)")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    s.set_defaults(func=cmd_send)
+    for name, func, help_ in (("status", cmd_status, "the turn's state"),
+                              ("history", cmd_history, "the committed transcript")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("chat")
+        c.add_argument("--json", action="store_true")
+        c.set_defaults(func=func)
+    e = sub.add_parser("events", help="the chat's event log")
+    e.add_argument("chat")
+    e.add_argument("--follow", "-f", action="store_true")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--after", type=int, default=0, help="only events after this seq")
+    e.set_defaults(func=cmd_events)
+    ls = sub.add_parser("list", help="chats by their latest turn")
+    group = ls.add_mutually_exclusive_group()
+    group.add_argument("--status", choices=[s.value for s in TurnStatus])
+    group.add_argument("--awaiting", action="store_true", help="chats waiting for their user")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+    for name, func, help_ in (("continue", cmd_continue, "Continue an interrupted turn"),
+                              ("dismiss", cmd_dismiss, "Dismiss an interrupted turn")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("chat")
+        c.set_defaults(func=func)
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "worker":
+        import worker
+
+        worker.main()  # exits the process itself
+    try:
+        settings = Settings.from_env()
+        return asyncio.run(args.func(args, settings))
+    except ConfigError as err:
+        print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except Refused as err:
+        print(f"turnkeeper: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    try:
+        code = run(argv)
+    except SystemExit as exit_:  # argparse: bad usage is 2
+        code = exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)

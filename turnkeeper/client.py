@@ -1,0 +1,84 @@
+"""Talking to Temporal from outside a workflow: connect, send, query, decide."""
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+
+from turnkeeper.config import Settings
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, ensure_dev_server
+from turnkeeper.models import TurnState, UserMessage
+
+log = logging.getLogger("turnkeeper.client")
+
+WORKFLOW_TYPE = "ChatTurn"
+
+
+class MessageTooLarge(ValueError):
+    pass
+
+
+def workflow_id(chat_id: str) -> str:
+    return f"chat-{chat_id}"
+
+
+async def connect(settings: Settings, *, start_dev_server: bool = False) -> Client:
+    """With TEMPORAL_ADDRESS set, connect through `temporalio.envconfig` (namespace,
+    TLS and API key come from the TEMPORAL_* variables or a config profile);
+    otherwise use the embedded dev server, starting it when asked."""
+    if settings.temporal_address:
+        config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
+        config["target_host"] = settings.temporal_address
+        config.setdefault("namespace", settings.namespace)
+        return await Client.connect(**config, data_converter=pydantic_data_converter)
+    address = f"127.0.0.1:{settings.dev_server_port}"
+    if start_dev_server:
+        address = await ensure_dev_server(settings)
+    return await Client.connect(address, namespace=settings.namespace,
+                                data_converter=pydantic_data_converter)
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
+    """Register our Keyword search attributes when missing; returns those added."""
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace))
+    missing = [n for n in SEARCH_ATTRIBUTES if n not in listed.custom_attributes]
+    if missing:
+        await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
+            namespace=namespace,
+            search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing}))
+    return missing
+
+
+def new_message(text: str, settings: Settings, message_id: str | None = None,
+                sender: str | None = None) -> UserMessage:
+    size = len(text.encode())
+    if size > settings.max_message_bytes:
+        raise MessageTooLarge(f"message is {size} bytes; the limit is {settings.max_message_bytes} "
+                              "(TURNKEEPER_MAX_MESSAGE_BYTES)")
+    return UserMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
+
+
+async def send_message(client: Client, settings: Settings, chat_id: str,
+                       message: UserMessage) -> WorkflowHandle[Any, Any]:
+    """Signal-with-start: a follow-up to the running turn, or the start of a new one.
+    Once this returns, the message is durable in the workflow's history."""
+    return await client.start_workflow(
+        WORKFLOW_TYPE, {"chat_id": chat_id}, id=workflow_id(chat_id), task_queue=settings.task_queue,
+        start_signal="user_message", start_signal_args=[message],
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        result_type=TurnState,
+    )
+
+
+async def query_state(client: Client, chat_id: str) -> TurnState:
+    handle = client.get_workflow_handle(workflow_id(chat_id))
+    return await handle.query("state", result_type=TurnState)

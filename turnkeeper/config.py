@@ -1,0 +1,96 @@
+"""Configuration from the environment (worker and CLI only, never workflow code)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_TOOLS = ("read_file", "write_file", "list_dir")
+
+
+class ConfigError(ValueError):
+    """A configuration variable holds a value we cannot use."""
+
+
+def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    temporal_address: str | None = None
+    namespace: str = "default"
+    task_queue: str = "turnkeeper"
+    data_dir: Path = Path(".turnkeeper")
+    database_url: str | None = None
+    model: str = "demo"
+    tools: tuple[str, ...] = DEFAULT_TOOLS
+    tool_modules: tuple[str, ...] = ()
+    workspace: Path = Path("workspace")
+    resume_window: int = 60
+    reconcile_every: int = 60
+    max_message_bytes: int = 64 * 1024
+    max_tool_output_bytes: int = 16 * 1024
+    tool_timeout: int = 600
+    exec_timeout: int = 60
+    model_timeout: int = 300
+    shutdown_grace: int = 30
+    dev_server_port: int = 7233
+    dev_ui_port: int = 8233
+    openai_base_url: str | None = None
+    # repr=False: settings get logged; the key must never be.
+    openai_api_key: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        data_dir = Path(env.get("TURNKEEPER_DATA_DIR") or ".turnkeeper").expanduser()
+        workspace = Path(env.get("TURNKEEPER_WORKSPACE") or "workspace").expanduser()
+        return cls(
+            temporal_address=env.get("TEMPORAL_ADDRESS") or None,
+            namespace=env.get("TEMPORAL_NAMESPACE") or "default",
+            task_queue=env.get("TURNKEEPER_TASK_QUEUE") or "turnkeeper",
+            data_dir=data_dir.absolute(),
+            database_url=env.get("TURNKEEPER_DATABASE_URL") or None,
+            model=env.get("TURNKEEPER_MODEL") or "demo",
+            tools=_list(env, "TURNKEEPER_TOOLS", DEFAULT_TOOLS),
+            tool_modules=_list(env, "TURNKEEPER_TOOL_MODULES", ()),
+            workspace=workspace.absolute(),
+            resume_window=_int(env, "TURNKEEPER_RESUME_WINDOW", 60, minimum=1),
+            reconcile_every=_int(env, "TURNKEEPER_RECONCILE_EVERY", 60, minimum=1),
+            max_message_bytes=_int(env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1),
+            max_tool_output_bytes=_int(env, "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, minimum=256),
+            tool_timeout=_int(env, "TURNKEEPER_TOOL_TIMEOUT", 600, minimum=1),
+            exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
+            model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
+            shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
+            dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
+            dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
+            openai_base_url=env.get("OPENAI_BASE_URL") or None,
+            openai_api_key=env.get("OPENAI_API_KEY") or None,
+        )
+
+    def provider_env(self) -> dict[str, str]:
+        """What model providers read, passed explicitly rather than via os.environ."""
+        env = {"OPENAI_BASE_URL": self.openai_base_url, "OPENAI_API_KEY": self.openai_api_key}
+        return {k: v for k, v in env.items() if v}
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "sessions.db"

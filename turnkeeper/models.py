@@ -1,0 +1,203 @@
+"""Data shared by the workflow, the activities, the store and the clients.
+
+Everything here is plain pydantic: no I/O, safe to import from workflow code.
+The shapes marked *contract* are part of the public contract in DESIGN.md.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- rows the system writes into a transcript ------------------------------------
+
+INTERRUPTED_TOOL_TEXT = "Error: the tool was interrupted before it finished; its outcome is unknown."
+UNSTARTED_TOOL_TEXT = "Error: no worker picked this tool call up in time; it did not run."
+INTERRUPTED_TURN_TEXT = "Error: the turn was interrupted before a response was generated."
+SUPERSEDED_TEXT = "The interrupted turn was superseded by a newer message."
+DISMISSED_TEXT = "The interrupted turn was dismissed."
+
+# --- statuses and reasons (contract) -------------------------------------------
+
+
+class TurnStatus(str, Enum):
+    RUNNING = "running"
+    AWAITING_USER = "awaiting_user"
+    RESUMING = "resuming"
+    COMPLETED = "completed"
+    RECOVERED = "recovered"
+    FAILED = "failed"
+
+
+OPEN_STATUSES = frozenset({TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING})
+
+
+class Reason(str, Enum):
+    RESTART_REQUIRES_CONFIRMATION = "restart_requires_confirmation"
+    TOOL_STATE_UNKNOWN = "tool_state_unknown"
+    MODEL_FAILED = "model_failed"
+    INTERRUPTED_WITH_SAVED_CONTEXT = "interrupted_with_saved_context"
+    INTERRUPTED_WITHOUT_CHECKPOINT = "interrupted_without_checkpoint"
+    CHECKPOINT_INVALID = "checkpoint_invalid"
+    CHECKPOINT_UNKNOWN = "checkpoint_unknown"
+    USER_CONFIRMED = "user_confirmed"
+    LOOP_GUARD = "loop_guard"
+    ANSWER_RESTORED = "answer_restored"
+    CONTINUED = "continued"
+    COMMITTED = "committed"
+    DISMISSED = "dismissed"
+    STOPPED = "stopped"
+    SUPERSEDED = "superseded"
+    RECOVERY_FAILED = "recovery_failed"
+
+
+class ToolCallStatus(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+
+
+class EffectClass(str, Enum):
+    """What a tool does to the world; `write` (the default) is never assumed safe to repeat."""
+
+    READ = "read"
+    IDEMPOTENT = "idempotent"
+    WRITE = "write"
+
+
+# --- signal payloads (contract) -------------------------------------------------
+
+
+class UserMessage(BaseModel):
+    """Payload of the `user_message` signal; `message_id` is the client's idempotency key."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message_id: str = Field(min_length=1, max_length=200)
+    text: str
+    sender: str | None = None
+
+
+class RecoveryAction(BaseModel):
+    """Payload of `continue` / `dismiss` (signals) and `continue_turn` / `dismiss_turn` (updates)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    recovery_id: str = Field(min_length=1)
+
+
+# --- transcript rows ------------------------------------------------------------
+
+
+class ToolCall(BaseModel):
+    """A tool call as the model asked for it. `arguments` is the JSON text the model
+    produced, kept verbatim: malformed arguments are the tool activity's to report."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class ChatMessage(BaseModel):
+    """One committed transcript row, in the shape `history --json` prints (contract)."""
+
+    role: Literal["user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class ModelReply(BaseModel):
+    """What a provider returns: a final text answer, or tool calls (possibly with text)."""
+
+    text: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @property
+    def is_final(self) -> bool:
+        return not self.tool_calls
+
+
+class ToolSpec(BaseModel):
+    """A tool as the model sees it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    effect: EffectClass = EffectClass.WRITE
+
+
+# --- the turn's state (query `state`, contract) -----------------------------------
+
+
+class ToolCallView(BaseModel):
+    id: str
+    name: str
+    status: ToolCallStatus
+
+
+class TurnState(BaseModel):
+    chat_id: str
+    turn: int = 0
+    status: TurnStatus = TurnStatus.RUNNING
+    reason: Reason | None = None
+    recovery_id: str | None = None
+    can_continue: bool = True
+    attempts: int = 0
+    pending_followups: list[str] = Field(default_factory=list)
+    tool_calls: list[ToolCallView] = Field(default_factory=list)
+
+
+# --- event log (contract: the store's per-chat ordered log) ------------------------
+
+EventType = Literal[
+    "turn_started",
+    "user_message",
+    "message_rejected",
+    "assistant_message",
+    "tool_started",
+    "tool_finished",
+    "tool_interrupted",
+    "recovery_state",
+    "session_updated",
+    "recovery_action_rejected",
+    "turn_end",
+]
+
+
+class Event(BaseModel):
+    chat_id: str
+    seq: int
+    type: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+
+
+class NewEvent(BaseModel):
+    """An event to append; the store assigns `seq` and the time."""
+
+    type: EventType
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class TurnRecord(BaseModel):
+    """A row of the store's turns table."""
+
+    chat_id: str
+    turn: int
+    run_id: str | None = None
+    status: TurnStatus
+    reason: Reason | None = None
+    recovery_id: str | None = None
+    can_continue: bool = True
+    attempts: int = 0
+    started_at: datetime
+    updated_at: datetime

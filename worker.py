@@ -1,0 +1,108 @@
+"""The turnkeeper worker: connect to Temporal (or start the embedded dev server),
+register the search attributes, and run `ChatTurn` with its activities.
+
+    python worker.py          # or: turnkeeper worker
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.assemble import build_activities
+from activities.providers import load_provider
+from activities.store import open_store
+from activities.tools import default_registry, load_tool_modules
+from turnkeeper.client import connect, ensure_search_attributes
+from turnkeeper.config import ConfigError, Settings
+from workflows.chat_turn import ChatTurn
+
+log = logging.getLogger("turnkeeper.worker")
+
+# Short, so a dead worker's turns move to another worker within seconds.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=2)
+
+
+def check_tools(settings: Settings) -> None:
+    registry = default_registry()
+    load_tool_modules(settings.tool_modules)
+    unknown = [n for n in settings.tools if registry.get(n) is None]
+    if unknown:
+        raise ConfigError(f"TURNKEEPER_TOOLS names unknown tools {unknown}; "
+                          f"known: {sorted(registry.names())}")
+
+
+async def run_worker(settings: Settings, *, client: Client | None = None,
+                     stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
+    check_tools(settings)
+    try:
+        provider = load_provider(settings.model, env=settings.provider_env())
+    except ValueError as err:
+        raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
+    store = open_store(settings)
+    await store.open()
+    if client is None:
+        client = await connect(settings, start_dev_server=True)
+    try:
+        added = await ensure_search_attributes(client, client.namespace)
+        if added:
+            log.info("registered search attributes %s", added)
+    except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
+        log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
+                    "RecoveryReason as Keyword yourself", err)
+    settings.workspace.mkdir(parents=True, exist_ok=True)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[ChatTurn],
+        activities=build_activities(settings, store, provider, default_registry()),
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        # Running tools get this long to finish on SIGTERM; a model call is
+        # handed to the next worker at once.
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
+    )
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    # Names and paths only: keys and URLs with credentials are never logged.
+    log.info("worker serving task queue %r (model %s, tools %s, workspace %s, store %s)",
+             settings.task_queue, settings.model, ",".join(settings.tools), settings.workspace,
+             type(store).__name__)
+    try:
+        async with worker:
+            await stop.wait()
+            log.info("shutting down: running tools get %d s to finish", settings.shutdown_grace)
+    finally:
+        await provider.aclose()
+        await store.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("TURNKEEPER_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        asyncio.run(run_worker(Settings.from_env()))
+    except ConfigError as err:
+        print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
+        code = 2
+    except Exception as err:  # noqa: BLE001 — report, then exit non-zero
+        log.exception("worker failed: %s", err)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""`ChatTurn`: one run per chat turn, workflow id `chat-<chat_id>`.
+
+The turn loop: model call -> tool calls -> model call ... -> final answer. Each
+model and tool call is an activity that is never retried by Temporal: a lost
+step opens a gate and the turn waits, visibly, for its user's Continue or
+Dismiss. Follow-up messages join the turn at the next model call; whatever the
+turn did not consume is handed to the next run of the same workflow id.
+"""
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    TimeoutError as TemporalTimeoutError,
+    TimeoutType,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from turnkeeper import activity_io as io
+    from turnkeeper.models import (
+        DISMISSED_TEXT,
+        INTERRUPTED_TOOL_TEXT,
+        UNSTARTED_TOOL_TEXT,
+        ModelReply,
+        NewEvent,
+        Reason,
+        RecoveryAction,
+        ToolCall,
+        ToolCallStatus,
+        ToolCallView,
+        TurnState,
+        TurnStatus,
+        UserMessage,
+    )
+    from workflows import recovery
+
+CHAT_ID = SearchAttributeKey.for_keyword("ChatId")
+TURN_STATUS = SearchAttributeKey.for_keyword("TurnStatus")
+RECOVERY_REASON = SearchAttributeKey.for_keyword("RecoveryReason")
+
+NO_RETRY = RetryPolicy(maximum_attempts=1)
+# Store writes are idempotent, so retrying them is safe; bounded so a dead
+# store fails the run (the reconciler then sees it) instead of wedging it.
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=20,
+                          maximum_interval=timedelta(seconds=5))
+STORE_TIMEOUT = timedelta(seconds=30)
+# A run started without a message (e.g. `temporal workflow start`) waits this long.
+IDLE_TIMEOUT = timedelta(minutes=10)
+# A model call cut off by a graceful shutdown is scheduled again this many times.
+MAX_SHUTDOWN_RESCHEDULES = 5
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+
+
+
+class ChatTurnInput(BaseModel):
+    """`{"chat_id": ...}` starts a turn; the other fields are the workflow's own."""
+
+    chat_id: str
+    pending: list[UserMessage] = Field(default_factory=list)
+    """Messages acknowledged by an earlier run and not yet committed (continue-as-new)."""
+
+
+class _Interrupted(Exception):
+    """A step was lost; carries the reason the gate opens with."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+@workflow.defn(name="ChatTurn")
+class ChatTurn:
+    @workflow.init
+    def __init__(self, input: ChatTurnInput) -> None:
+        self._state = TurnState(chat_id=input.chat_id)
+        self._inbox: list[UserMessage] = []
+        self._seen: set[str] = set()
+        self._events: list[NewEvent] = []  # announced at the next boundary
+        self._max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
+        self._settings = io.TurnSettings()
+        self._decision: recovery.Action | None = None
+        for message in input.pending:
+            self._accept(message)
+
+    # -- handlers: they only change state; `run` acts on it -------------------
+    @workflow.signal(name="user_message")
+    def user_message(self, payload: Any = None) -> None:
+        try:
+            message = UserMessage.model_validate(payload)
+        except ValidationError as err:
+            self._reject_message(None, f"malformed user_message payload: {_first_error(err)}")
+            return
+        size = len(message.text.encode())
+        if size > self._max_message_bytes:
+            self._reject_message(message.message_id,
+                                 f"message is {size} bytes; the limit is {self._max_message_bytes}")
+            return
+        self._accept(message)
+
+    @workflow.signal(name="continue")
+    def continue_signal(self, payload: Any = None) -> None:
+        self._act_by_signal("continue", payload)
+
+    @workflow.signal(name="dismiss")
+    def dismiss_signal(self, payload: Any = None) -> None:
+        self._act_by_signal("dismiss", payload)
+
+    @workflow.update(name="continue_turn")
+    async def continue_turn(self, action: RecoveryAction) -> TurnState:
+        return await self._act_by_update("continue")
+
+    @continue_turn.validator
+    def _validate_continue(self, action: RecoveryAction) -> None:
+        self._validate("continue", action)
+
+    @workflow.update(name="dismiss_turn")
+    async def dismiss_turn(self, action: RecoveryAction) -> TurnState:
+        return await self._act_by_update("dismiss")
+
+    @dismiss_turn.validator
+    def _validate_dismiss(self, action: RecoveryAction) -> None:
+        self._validate("dismiss", action)
+
+    @workflow.query(name="state")
+    def state(self) -> TurnState:
+        return self._state.model_copy(update={"pending_followups": [m.message_id for m in self._inbox]})
+
+    # -- the turn ------------------------------------------------------------
+    @workflow.run
+    async def run(self, input: ChatTurnInput) -> TurnState:
+        if not input.chat_id.strip():
+            raise ApplicationError("chat_id must not be empty", non_retryable=True)
+        self._upsert_search_attributes()
+        if not await self._wait_for_first_message():
+            await self._flush_events()
+            return self.state()
+        if await self._begin():
+            await self._turn_loop()
+        await self._flush_events()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._inbox:
+            # What this turn did not consume is the next turn, in order.
+            workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox))
+        return self.state()
+
+    async def _wait_for_first_message(self) -> bool:
+        try:
+            await workflow.wait_condition(lambda: bool(self._inbox), timeout=IDLE_TIMEOUT)
+        except asyncio.TimeoutError:
+            self._state.status = TurnStatus.COMPLETED
+            return False
+        return True
+
+    async def _begin(self) -> bool:
+        """Number the turn from the store and close any earlier turn left open."""
+        while self._inbox:
+            begun: io.BeginTurnResult = await workflow.execute_local_activity(
+                io.BEGIN_TURN,
+                io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
+                                  message_ids=[m.message_id for m in self._inbox]),
+                result_type=io.BeginTurnResult,
+                start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
+            )
+            self._settings = begun.settings
+            self._max_message_bytes = begun.settings.max_message_bytes
+            duplicates = set(begun.duplicate_ids)
+            self._inbox = [m for m in self._inbox if m.message_id not in duplicates]
+            if begun.turn is not None:
+                self._state.turn = begun.turn
+                return True
+            self._state.turn = begun.latest_turn
+        # Every message was a retry of one already committed: no turn to run.
+        self._state.status = TurnStatus.COMPLETED
+        return False
+
+    async def _turn_loop(self) -> None:
+        step = 0
+        batch = self._take_inbox()
+        while True:
+            try:
+                reply = await self._call_model(step, batch)
+            except _Interrupted as lost:
+                if await self._gate(lost.reason) == "dismiss":
+                    return
+                continue  # the same step again, with the same messages (idempotent)
+            batch = []
+            if reply.is_final:
+                resumed = self._state.status == TurnStatus.RESUMING
+                recovery.finish(self._state)
+                if resumed:
+                    await self._finish_turn()  # recovered/continued, written here
+                else:
+                    self._upsert_search_attributes()  # the model activity closed the turn
+                return
+            interrupted = await self._run_tools(reply.tool_calls)
+            step += 1
+            if interrupted is not None and await self._gate(interrupted) == "dismiss":
+                return
+            batch = self._take_inbox()
+
+    async def _call_model(self, step: int, batch: list[UserMessage]) -> ModelReply:
+        await self._flush_events()
+        resuming = self._state.status == TurnStatus.RESUMING
+        for _ in range(MAX_SHUTDOWN_RESCHEDULES):
+            try:
+                result: io.ModelCallResult = await workflow.execute_activity(
+                    io.MODEL_CALL,
+                    io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
+                                      new_messages=batch, closes_turn=not resuming),
+                    result_type=io.ModelCallResult,
+                    start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
+                    schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
+                    heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
+                    retry_policy=NO_RETRY,
+                    summary=f"model call {step + 1} of turn {self._state.turn}",
+                )
+                return result.reply
+            except ActivityError as err:
+                if _error_type(err) == io.WORKER_SHUTDOWN_ERROR:
+                    continue  # nothing happened outside: the next worker takes it
+                if _error_type(err) == io.MODEL_FAILED_ERROR:
+                    raise _Interrupted(Reason.MODEL_FAILED) from None
+                raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
+        raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION)
+
+    async def _run_tools(self, calls: list[ToolCall]) -> Reason | None:
+        """Run the model's tool calls in parallel; the reason to stop, if any was lost."""
+        views = [ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING) for c in calls]
+        self._state.tool_calls.extend(views)
+        outcomes = await asyncio.gather(*(self._run_tool(c, v) for c, v in zip(calls, views)))
+        lost = [o for o in outcomes if o is not None]
+        if not lost:
+            return None
+        if Reason.TOOL_STATE_UNKNOWN in lost:
+            return Reason.TOOL_STATE_UNKNOWN
+        return Reason.RESTART_REQUIRES_CONFIRMATION
+
+    async def _run_tool(self, call: ToolCall, view: ToolCallView) -> Reason | None:
+        view.status = ToolCallStatus.RUNNING
+        try:
+            result: io.ToolCallResult = await workflow.execute_activity(
+                io.TOOL_CALL,
+                io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn, call=call),
+                result_type=io.ToolCallResult,
+                start_to_close_timeout=timedelta(seconds=self._settings.tool_timeout_s),
+                schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
+                heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
+                retry_policy=NO_RETRY,
+                summary=_tool_summary(call),
+            )
+        except ActivityError as err:
+            # The tool may or may not have acted: it is never run again by us.
+            view.status = ToolCallStatus.INTERRUPTED
+            never_started = _timeout_type(err) == TimeoutType.SCHEDULE_TO_START
+            await workflow.execute_local_activity(
+                io.RECORD_TOOL_RESULT,
+                io.RecordToolResultInput(
+                    chat_id=self._state.chat_id, turn=self._state.turn, tool_call_id=call.id,
+                    name=call.name, status="interrupted",
+                    content=UNSTARTED_TOOL_TEXT if never_started else INTERRUPTED_TOOL_TEXT),
+                start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
+            )
+            return Reason.RESTART_REQUIRES_CONFIRMATION if never_started else Reason.TOOL_STATE_UNKNOWN
+        view.status = ToolCallStatus.DONE if result.status == "done" else ToolCallStatus.ERROR
+        return None
+
+    # -- gates ---------------------------------------------------------------
+    async def _gate(self, reason: Reason) -> recovery.Action:
+        """Wait for the user's decision; Continue resumes, Dismiss closes the turn."""
+        recovery.open_gate(self._state, reason, str(workflow.uuid4()))
+        self._decision = None
+        await self._persist_state()
+        while True:
+            await workflow.wait_condition(lambda: self._decision is not None or bool(self._events))
+            await self._flush_events()
+            if self._decision is not None:
+                break
+        decision = self._decision
+        self._decision = None
+        if decision == "continue":
+            recovery.accept_continue(self._state)
+            await self._persist_state()
+        else:
+            recovery.end_recovered(self._state, Reason.DISMISSED)
+            # Follow-ups that waited behind the gate are kept, not answered.
+            committed, self._inbox = self._inbox, []
+            await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
+        return decision
+
+    def _validate(self, action: recovery.Action, payload: RecoveryAction) -> None:
+        why = recovery.refusal(self._state, action, payload.recovery_id)
+        if why is None and self._decision is not None:
+            why = recovery.NOT_WAITING
+        if why is not None:
+            raise ApplicationError(why, type="RecoveryActionRejected", non_retryable=True)
+
+    async def _act_by_update(self, action: recovery.Action) -> TurnState:
+        self._decision = action
+        await workflow.wait_condition(lambda: self._decision is None)
+        return self.state()
+
+    def _act_by_signal(self, action: recovery.Action, payload: Any) -> None:
+        try:
+            recovery_id: str | None = RecoveryAction.model_validate(payload).recovery_id
+        except ValidationError:
+            recovery_id = None
+        why = recovery.refusal(self._state, action, recovery_id)
+        if why is None and self._decision is not None:
+            why = recovery.NOT_WAITING
+        if why is not None:
+            workflow.logger.warning("%s refused for chat %s: %s", action, self._state.chat_id, why)
+            self._events.append(NewEvent(type="recovery_action_rejected", payload={
+                "turn": self._state.turn, "action": action, "recovery_id": recovery_id, "reason": why}))
+            return
+        self._decision = action
+
+    # -- persistence ---------------------------------------------------------
+    async def _persist_state(self) -> None:
+        """Persist, then announce: the store row and its events, then the search attributes."""
+        await workflow.execute_local_activity(
+            io.UPDATE_TURN, self._turn_update(), start_to_close_timeout=STORE_TIMEOUT,
+            retry_policy=STORE_RETRY)
+        self._upsert_search_attributes()
+
+    async def _finish_turn(self, closing_text: str | None = None,
+                           commit_messages: list[UserMessage] | None = None) -> None:
+        update = self._turn_update()
+        update.closing_text = closing_text
+        update.commit_messages = commit_messages or []
+        await workflow.execute_local_activity(
+            io.FINISH_TURN, update, start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        self._upsert_search_attributes()
+
+    def _turn_update(self) -> io.UpdateTurnInput:
+        s = self._state
+        return io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
+                                  recovery_id=s.recovery_id, can_continue=s.can_continue,
+                                  attempts=s.attempts)
+
+    async def _flush_events(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        await workflow.execute_local_activity(
+            io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events),
+            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+
+    def _upsert_search_attributes(self) -> None:
+        reason = self._state.reason
+        workflow.upsert_search_attributes([
+            CHAT_ID.value_set(self._state.chat_id),
+            TURN_STATUS.value_set(self._state.status.value),
+            RECOVERY_REASON.value_set(reason.value) if reason else RECOVERY_REASON.value_unset(),
+        ])
+
+    # -- inbox ---------------------------------------------------------------
+    def _accept(self, message: UserMessage) -> None:
+        if message.message_id in self._seen:
+            return  # the client's retry: one message
+        self._seen.add(message.message_id)
+        self._inbox.append(message)
+
+    def _take_inbox(self) -> list[UserMessage]:
+        batch, self._inbox = self._inbox, []
+        return batch
+
+    def _reject_message(self, message_id: str | None, why: str) -> None:
+        workflow.logger.warning("user_message refused for chat %s: %s", self._state.chat_id, why)
+        self._events.append(NewEvent(type="message_rejected",
+                                     payload={"message_id": message_id, "reason": why}))
+
+
+def _error_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def _timeout_type(err: ActivityError) -> TimeoutType | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, TemporalTimeoutError) else None
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
+    return f"{where}: {first.get('msg')}"
+
+
+def _tool_summary(call: ToolCall) -> str:
+    args = call.arguments if len(call.arguments) <= 80 else call.arguments[:77] + "..."
+    return f"{call.name}({args})"
