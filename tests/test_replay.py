@@ -1,0 +1,29 @@
+"""Replay recorded histories against today's workflow code: a change that would
+break turns already running fails here, not in production.
+
+Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py`
+(every run of each test's chats is written to tests/histories/)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.chat_turn import ChatTurn
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def test_histories_are_kept() -> None:
+    assert len(HISTORIES) >= 10
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_replay(path: Path) -> None:
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"
