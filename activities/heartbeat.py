@@ -18,9 +18,11 @@ async def heartbeating() -> AsyncIterator[None]:
     interval = timeout.total_seconds() / 2 if timeout else DEFAULT_INTERVAL_S
 
     async def beat() -> None:
+        # Sleep first: most calls end before the first beat is due, and every
+        # beat is a server write.
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:

@@ -212,3 +212,27 @@ async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> Non
     assert len(rejected) == 3
     assert rejected[0]["message_id"] == "big" and "limit" in rejected[0]["reason"]
     assert all("malformed" in r["reason"] for r in rejected[1:])
+
+
+async def test_next_message_closes_a_turn_that_ended_abnormally(stack: Stack) -> None:
+    stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
+    stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
+    stack.script([
+        {"tool_calls": [_call("slow_write", path="t.txt", content="t", seconds=30)]},
+        {"text": "unused: the superseded row is assistant call 1"},
+        {"text": "fresh answer"},
+    ])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "first")
+    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING for c in s.tool_calls))
+    await handle.terminate("operator pulled the plug")
+
+    final = await (await stack.send(chat, "second")).result()
+    assert final.turn == 2 and final.status == TurnStatus.COMPLETED
+    hist = await stack.history(chat)
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert "interrupted" in hist[2]["content"] and hist[2]["tool_call_id"] == hist[1]["tool_calls"][0]["id"]
+    assert "superseded" in hist[3]["content"]
+    turn1 = await (await stack.store()).get_turn(chat, 1)
+    assert (turn1.status.value, turn1.reason.value) == ("recovered", "superseded")

@@ -8,13 +8,19 @@ from typing import Any
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import SEARCH_ATTRIBUTES, ensure_dev_server
-from turnkeeper.models import TurnState, UserMessage
+from turnkeeper.models import ChatTurnInput, TurnState, TurnStatus, UserMessage
 
 log = logging.getLogger("turnkeeper.client")
 
@@ -71,7 +77,13 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     """Signal-with-start: a follow-up to the running turn, or the start of a new one.
     Once this returns, the message is durable in the workflow's history."""
     return await client.start_workflow(
-        WORKFLOW_TYPE, {"chat_id": chat_id}, id=workflow_id(chat_id), task_queue=settings.task_queue,
+        WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
+        task_queue=settings.task_queue,
+        # Set at start so the new run need not upsert them (ignored for a running one).
+        search_attributes=TypedSearchAttributes([
+            SearchAttributePair(SearchAttributeKey.for_keyword("ChatId"), chat_id),
+            SearchAttributePair(SearchAttributeKey.for_keyword("TurnStatus"), TurnStatus.RUNNING.value),
+        ]),
         start_signal="user_message", start_signal_args=[message],
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

@@ -90,6 +90,15 @@ class RecoveryAction(BaseModel):
     recovery_id: str = Field(min_length=1)
 
 
+class ChatTurnInput(BaseModel):
+    """`ChatTurn`'s input (contract): `{"chat_id": ...}` starts a turn; the other
+    fields are the workflow's own."""
+
+    chat_id: str
+    pending: list[UserMessage] = Field(default_factory=list)
+    """Messages acknowledged by an earlier run and not yet committed (continue-as-new)."""
+
+
 # --- transcript rows ------------------------------------------------------------
 
 

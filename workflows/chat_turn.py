@@ -12,7 +12,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import (
@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
         DISMISSED_TEXT,
+        ChatTurnInput,
         INTERRUPTED_TOOL_TEXT,
         UNSTARTED_TOOL_TEXT,
         ModelReply,
@@ -57,14 +58,6 @@ IDLE_TIMEOUT = timedelta(minutes=10)
 MAX_SHUTDOWN_RESCHEDULES = 5
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 
-
-
-class ChatTurnInput(BaseModel):
-    """`{"chat_id": ...}` starts a turn; the other fields are the workflow's own."""
-
-    chat_id: str
-    pending: list[UserMessage] = Field(default_factory=list)
-    """Messages acknowledged by an earlier run and not yet committed (continue-as-new)."""
 
 
 class _Interrupted(Exception):
@@ -137,7 +130,8 @@ class ChatTurn:
     async def run(self, input: ChatTurnInput) -> TurnState:
         if not input.chat_id.strip():
             raise ApplicationError("chat_id must not be empty", non_retryable=True)
-        self._upsert_search_attributes()
+        if not self._search_attributes_current():
+            self._upsert_search_attributes()
         if not await self._wait_for_first_message():
             await self._flush_events()
             return self.state()
@@ -351,6 +345,12 @@ class ChatTurn:
         await workflow.execute_local_activity(
             io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events),
             start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+
+    def _search_attributes_current(self) -> bool:
+        """Our client sets them at start; an operator's signal-with-start does not."""
+        current = workflow.info().typed_search_attributes
+        return (current.get(CHAT_ID) == self._state.chat_id
+                and current.get(TURN_STATUS) == self._state.status.value)
 
     def _upsert_search_attributes(self) -> None:
         reason = self._state.reason

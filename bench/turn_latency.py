@@ -1,0 +1,614 @@
+"""Turn latency and throughput of turnkeeper against a bare Temporal loop and a
+plain in-process loop, measured side by side in one run.
+
+    .venv/bin/python bench/turn_latency.py [--quick] [--json]
+
+Every variant runs the same turn: model call -> `write_file` tool -> model call
+(final text), with the scripted model and the real built-in `write_file` tool.
+
+  turnkeeper        the real worker (`worker.run_worker`): ChatTurn, signal-with-start,
+                    SQLite session store, local store activities, search attributes
+  bare Temporal     bench/bare_loop.py: three plain activities, nothing else
+  in-process        the same three steps as plain awaits, without Temporal
+  in-process+store  the same, plus the SQLiteStore calls turnkeeper's activities make
+
+Each Temporal variant has its own task queue and its own in-process worker on
+one Temporal dev server started here (on-disk SQLite, like the embedded server
+the worker starts). Measurements alternate between variants so that the noise
+of a small shared machine falls on all of them alike. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+
+from temporalio import activity  # noqa: E402
+from temporalio.api.enums.v1 import EventType  # noqa: E402
+from temporalio.api.history.v1 import History  # noqa: E402
+from temporalio.client import Client, WorkflowHistory  # noqa: E402
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.worker import Worker  # noqa: E402
+
+from activities.providers import ScriptedProvider  # noqa: E402
+from activities.store import SQLiteStore  # noqa: E402
+from activities.tools import ToolContext, ToolRegistry, default_registry  # noqa: E402
+from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn  # noqa: E402
+from turnkeeper import client as tk  # noqa: E402
+from turnkeeper.config import Settings  # noqa: E402
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
+from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage  # noqa: E402
+from worker import STICKY_SCHEDULE_TO_START, run_worker  # noqa: E402
+
+# One benchmark turn. The scripted model answers item i for the i-th assistant
+# message of the chat, so every turn runs in a fresh chat to replay the same script.
+SCRIPT = [
+    {"tool_calls": [{"name": "write_file", "arguments": {"path": "f.txt", "content": "x"}}]},
+    {"text": "done"},
+]
+TOOLS = ("write_file",)
+MAX_TOOL_OUTPUT = 16 * 1024
+
+WARMUP_TURNS = 5
+# The dev server's history shard moves tasks to matching at most this often per
+# second (default 20): a workflow task waits for the next 50 ms tick. --fast-dispatch
+# raises it, so the per-step costs of the variants show instead of the tick.
+FAST_DISPATCH = {"history.transferProcessorMaxPollRPS": 1000}
+TURN_TIMEOUT_S = 120.0
+SERVER_START_TIMEOUT_S = 60.0
+
+# The goals from the issue.
+GOAL_MEDIAN_MS = 250.0
+GOAL_MEDIAN_VS_BARE = 1.25
+GOAL_THROUGHPUT_VS_BARE = 1.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    sequential: int       # latency: turns per variant, one at a time
+    throughput: int       # throughput: turns per variant in all
+    in_flight: int        # throughput: turns running at once
+    rounds: int           # throughput: split into this many alternating rounds
+    history_samples: int  # runs whose history is fetched per Temporal variant
+
+
+FULL = Plan(sequential=30, throughput=200, in_flight=50, rounds=2, history_samples=5)
+QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3)
+
+
+# -- the Temporal dev server -------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Server:
+    address: str
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # fields 3.. of proc(5); utime is 14, stime 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def dev_server(tmp: Path, dynamic_config: dict[str, object]) -> AsyncIterator[Server]:
+    """`temporal server start-dev` on a free port with an on-disk SQLite file."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
+           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
+    for name in SEARCH_ATTRIBUTES:
+        cmd += ["--search-attribute", f"{name}=Keyword"]
+    for key, value in dynamic_config.items():
+        cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
+    log_path = tmp / "temporal-server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not await is_healthy(address):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+            await asyncio.sleep(0.2)
+        yield Server(address, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the turn's three steps, shared by the bare and in-process variants -----------
+
+class Steps:
+    """The scripted model and the real `write_file` tool, outside turnkeeper's activities."""
+
+    def __init__(self, workspace: Path) -> None:
+        workspace.mkdir(parents=True, exist_ok=True)
+        self.workspace = workspace
+        self.provider = ScriptedProvider(SCRIPT)
+        self.registry: ToolRegistry = default_registry()
+
+    async def model(self, history: list[ChatMessage], call_index: int) -> ModelReply:
+        return await self.provider.complete(history, self.registry.specs(TOOLS), call_index=call_index)
+
+    async def tool(self, chat_id: str, call: ToolCall) -> str:
+        ctx = ToolContext.for_call(workspace=self.workspace, chat_id=chat_id, turn=1,
+                                   tool_call_id=call.id, exec_timeout=60.0)
+        outcome = await self.registry.run(call.name, call.arguments, ctx, enabled=TOOLS,
+                                          max_output_bytes=MAX_TOOL_OUTPUT)
+        if outcome.is_error:
+            raise RuntimeError(f"tool failed: {outcome.content}")
+        return outcome.content
+
+
+class BareActivities:
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+
+    @activity.defn(name=MODEL)
+    async def model(self, inp: BareModelInput) -> ModelReply:
+        return await self.steps.model([], inp.step)
+
+    @activity.defn(name=TOOL)
+    async def tool(self, inp: BareToolInput) -> str:
+        return await self.steps.tool(inp.turn_id, inp.call)
+
+
+# -- variants ------------------------------------------------------------------------
+
+@dataclass
+class TurnRecord:
+    ms: float
+    workflow_id: str | None = None
+    run_id: str | None = None
+
+
+class Variant(ABC):
+    key: str
+    label: str
+    temporal: bool = False
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def _turn(self) -> tuple[str | None, str | None]:
+        """Run one turn to its end; the workflow id and run id, if any."""
+
+    async def turn(self) -> TurnRecord:
+        start = time.perf_counter()
+        workflow_id, run_id = await asyncio.wait_for(self._turn(), TURN_TIMEOUT_S)
+        return TurnRecord((time.perf_counter() - start) * 1000, workflow_id, run_id)
+
+
+class Turnkeeper(Variant):
+    key = "turnkeeper"
+    label = "turnkeeper"
+    temporal = True
+
+    def __init__(self, client: Client, address: str, tmp: Path) -> None:
+        script = tmp / "script.json"
+        script.write_text(json.dumps(SCRIPT))
+        self.client = client
+        self.settings = Settings.from_env({
+            "TEMPORAL_ADDRESS": address,
+            "TURNKEEPER_TASK_QUEUE": f"bench-turnkeeper-{uuid.uuid4().hex[:8]}",
+            "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+            "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+            "TURNKEEPER_MODEL": f"scripted:{script}",
+        })
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(run_worker(self.settings, client=self.client, stop=self._stop))
+        await asyncio.sleep(0.5)
+        if self._task.done():
+            self._task.result()  # raise what stopped it
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _turn(self) -> tuple[str | None, str | None]:
+        chat_id = f"bench-{uuid.uuid4().hex[:12]}"
+        handle = await tk.send_message(self.client, self.settings, chat_id,
+                                       tk.new_message("write the file", self.settings))
+        state = await handle.result()
+        if state.status != TurnStatus.COMPLETED:
+            raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
+        return handle.id, handle.result_run_id
+
+
+class Bare(Variant):
+    key = "bare"
+    label = "bare Temporal loop"
+    temporal = True
+
+    def __init__(self, client: Client, tmp: Path) -> None:
+        self.client = client
+        self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
+        acts = BareActivities(Steps(tmp / "ws"))
+        self._worker = Worker(
+            client, task_queue=self.task_queue, workflows=[BareTurn], activities=[acts.model, acts.tool],
+            sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._worker.run())
+
+    async def close(self) -> None:
+        await self._worker.shutdown()
+        if self._task is not None:
+            await self._task
+
+    async def _turn(self) -> tuple[str | None, str | None]:
+        turn_id = uuid.uuid4().hex[:12]
+        workflow_id = f"bare-{turn_id}"
+        text = await self.client.execute_workflow(BareTurn.run, turn_id, id=workflow_id,
+                                                  task_queue=self.task_queue)
+        if text != "done":
+            raise RuntimeError(f"bare turn answered {text!r}")
+        return workflow_id, None
+
+
+class InProcess(Variant):
+    """model -> write_file -> model as plain awaits; with `store`, also the store
+    calls turnkeeper's activities make per turn, in the same order."""
+
+    def __init__(self, tmp: Path, with_store: bool) -> None:
+        self.steps = Steps(tmp / "ws")
+        self.store = SQLiteStore(tmp / "sessions.db") if with_store else None
+        self.key = "in_process_store" if with_store else "in_process"
+        self.label = "in-process + SQLiteStore" if with_store else "in-process (no store)"
+
+    async def start(self) -> None:
+        if self.store is not None:
+            await self.store.open()
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+    async def _turn(self) -> tuple[str | None, str | None]:
+        chat_id = f"bench-{uuid.uuid4().hex[:12]}"
+        if self.store is None:
+            reply = await self.steps.model([], 0)
+            for call in reply.tool_calls:
+                await self.steps.tool(chat_id, call)
+            reply = await self.steps.model([], 1)
+        else:
+            reply = await self._turn_with_store(chat_id, self.store)
+        if reply.text != "done":
+            raise RuntimeError(f"in-process turn answered {reply.text!r}")
+        return None, None
+
+    async def _turn_with_store(self, chat_id: str, store: SQLiteStore) -> ModelReply:
+        message = UserMessage(message_id=uuid.uuid4().hex, text="write the file")
+        turn = (await store.begin_turn(chat_id, uuid.uuid4().hex, [message.message_id])).turn
+        assert turn is not None
+        new_messages = [message]
+        step = 0
+        while True:  # as activities/model_call.py and activities/tool_call.py
+            if new_messages:
+                await store.commit_user_messages(chat_id, turn, new_messages)
+                new_messages = []
+            history = await store.history(chat_id)
+            reply = await self.steps.model(history, sum(1 for m in history if m.role == "assistant"))
+            await store.record_assistant(chat_id, turn, step, reply, final=reply.is_final)
+            if reply.is_final:
+                return reply
+            for call in reply.tool_calls:
+                await store.tool_started(chat_id, turn, call, f"{chat_id}/{turn}/{call.id}")
+                content = await self.steps.tool(chat_id, call)
+                await store.record_tool_result(chat_id, turn, call.id, call.name, content, "done")
+            step += 1
+
+
+# -- measurements ----------------------------------------------------------------------
+
+@dataclass
+class Result:
+    label: str
+    latencies_ms: list[float] = field(default_factory=list)
+    throughput_turns: int = 0
+    throughput_seconds: float = 0.0
+    process_cpu_s: float = 0.0  # this process during the throughput phase
+    server_cpu_s: float = 0.0   # the dev server during the throughput phase
+    history_events: float | None = None
+    history_proto_bytes: float | None = None
+    history_json_bytes: float | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_ms)
+
+    @property
+    def p90_ms(self) -> float:
+        return statistics.quantiles(self.latencies_ms, n=10, method="inclusive")[-1]
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.throughput_turns / self.throughput_seconds
+
+    @property
+    def process_cpu_ms(self) -> float:
+        return self.process_cpu_s * 1000 / self.throughput_turns
+
+    @property
+    def server_cpu_ms(self) -> float:
+        return self.server_cpu_s * 1000 / self.throughput_turns
+
+    def summary(self) -> dict[str, Any]:
+        return {"label": self.label, "median_ms": self.median_ms, "p90_ms": self.p90_ms,
+                "turns_per_s": self.turns_per_s, "throughput_turns": self.throughput_turns,
+                "throughput_seconds": self.throughput_seconds,
+                "process_cpu_ms_per_turn": self.process_cpu_ms,
+                "server_cpu_ms_per_turn": self.server_cpu_ms,
+                "history_events_per_turn": self.history_events,
+                "history_proto_bytes_per_turn": self.history_proto_bytes,
+                "history_json_bytes_per_turn": self.history_json_bytes,
+                "latencies_ms": self.latencies_ms}
+
+
+def alternating(variants: list[Variant], i: int) -> list[Variant]:
+    """Round i's order: reversed every other round, so no variant always goes first."""
+    return variants if i % 2 == 0 else variants[::-1]
+
+
+async def burst(variant: Variant, turns: int, in_flight: int) -> float:
+    """`turns` turns with at most `in_flight` at once; the seconds it took."""
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one() -> None:
+        async with gate:
+            await variant.turn()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(turns)))
+    return time.perf_counter() - start
+
+
+async def measure(variants: list[Variant], plan: Plan, client: Client, server: Server,
+                  progress: Callable[[str], None]) -> tuple[dict[str, Result], dict[str, list[TurnRecord]]]:
+    results = {v.key: Result(v.label) for v in variants}
+    turns: dict[str, list[TurnRecord]] = {v.key: [] for v in variants}
+
+    progress(f"warm-up: {WARMUP_TURNS} turns per variant")
+    for i in range(WARMUP_TURNS):
+        for v in alternating(variants, i):
+            await v.turn()
+
+    progress(f"latency: {plan.sequential} sequential turns per variant, interleaved")
+    for i in range(plan.sequential):
+        for v in alternating(variants, i):
+            record = await v.turn()
+            turns[v.key].append(record)
+            results[v.key].latencies_ms.append(record.ms)
+
+    per_round = plan.throughput // plan.rounds
+    progress(f"throughput: {per_round * plan.rounds} turns per variant, {plan.in_flight} in flight, "
+             f"in {plan.rounds} alternating round(s)")
+    for i in range(plan.rounds):
+        for v in alternating(variants, i):
+            res = results[v.key]
+            cpu, server_cpu = time.process_time(), cpu_seconds(server.pid)
+            res.throughput_seconds += await burst(v, per_round, plan.in_flight)
+            res.process_cpu_s += time.process_time() - cpu
+            res.server_cpu_s += cpu_seconds(server.pid) - server_cpu
+            res.throughput_turns += per_round
+
+    progress("workflow histories")
+    for v in variants:
+        if v.temporal:
+            histories = [await fetch(client, r) for r in turns[v.key][:plan.history_samples]]
+            res = results[v.key]
+            res.history_events = statistics.mean(len(h.events) for h in histories)
+            res.history_proto_bytes = statistics.mean(proto_size(h) for h in histories)
+            res.history_json_bytes = statistics.mean(len(h.to_json()) for h in histories)
+    return results, turns
+
+
+async def fetch(client: Client, record: TurnRecord) -> WorkflowHistory:
+    assert record.workflow_id is not None
+    return await client.get_workflow_handle(record.workflow_id, run_id=record.run_id).fetch_history()
+
+
+def proto_size(history: WorkflowHistory) -> int:
+    return History(events=history.events).ByteSize()
+
+
+# -- one turn's timeline -------------------------------------------------------------------
+
+def timeline(history: WorkflowHistory) -> list[dict[str, Any]]:
+    """Each event with its offset from the first and the gap since the previous (server clock)."""
+    rows: list[dict[str, Any]] = []
+    first = prev = None
+    for e in history.events:
+        t = e.event_time.ToNanoseconds() / 1e6
+        first = t if first is None else first
+        name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            name += f" ({e.activity_task_scheduled_event_attributes.activity_type.name})"
+        elif e.HasField("marker_recorded_event_attributes"):
+            name += f" ({e.marker_recorded_event_attributes.marker_name})"
+        rows.append({"event": name, "at_ms": t - first, "gap_ms": 0.0 if prev is None else t - prev})
+        prev = t
+    return rows
+
+
+async def median_timeline(client: Client, records: list[TurnRecord]) -> tuple[TurnRecord, list[dict[str, Any]]]:
+    """The timeline of the sequential turn closest to the median latency."""
+    median = statistics.median(r.ms for r in records)
+    record = min(records, key=lambda r: abs(r.ms - median))
+    return record, timeline(await fetch(client, record))
+
+
+# -- report ----------------------------------------------------------------------------------
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, list[dict[str, Any]]]],
+           plan: Plan, dynamic_config: dict[str, object]) -> dict[str, Any]:
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    header = (f"{'variant':<26}{'median ms':>10}{'p90 ms':>9}{'turns/s':>9}{'CPU ms/turn':>13}"
+              f"{'events/turn':>13}{'proto B/turn':>14}{'JSON B/turn':>13}")
+    print()
+    print(f"{plan.sequential} sequential turns per variant (after {WARMUP_TURNS} warm-up); "
+          f"throughput: {plan.throughput // plan.rounds * plan.rounds} turns, {plan.in_flight} in flight; "
+          "CPU = this process + dev server, during the throughput runs")
+    print("dev server dynamic config: " + (", ".join(f"{k}={v}" for k, v in dynamic_config.items())
+                                           or "defaults (workflow tasks dispatched on a 50 ms tick)"))
+    print(header)
+    print("-" * len(header))
+    for r in results.values():
+        cpu = f"{r.process_cpu_ms:.1f} + {r.server_cpu_ms:.1f}"
+        print(f"{r.label:<26}{r.median_ms:>10.1f}{r.p90_ms:>9.1f}{r.turns_per_s:>9.1f}{cpu:>13}"
+              f"{num(r.history_events, '.1f'):>13}{num(r.history_proto_bytes, ',.0f'):>14}"
+              f"{num(r.history_json_bytes, ',.0f'):>13}")
+
+    tk_, bare = results["turnkeeper"], results["bare"]
+    ratios = {
+        "turnkeeper/bare median": ratio(tk_.median_ms, bare.median_ms),
+        "turnkeeper/bare p90": ratio(tk_.p90_ms, bare.p90_ms),
+        "turnkeeper/bare throughput": ratio(tk_.turns_per_s, bare.turns_per_s),
+        "turnkeeper/bare events": ratio(tk_.history_events or 0, bare.history_events or 0),
+        "turnkeeper/in-process+store median": ratio(tk_.median_ms, results["in_process_store"].median_ms),
+        "turnkeeper/in-process+store throughput": ratio(tk_.turns_per_s,
+                                                        results["in_process_store"].turns_per_s),
+        "turnkeeper/in-process median": ratio(tk_.median_ms, results["in_process"].median_ms),
+    }
+    print()
+    print("ratios")
+    for name, value in ratios.items():
+        print(f"  {name:<40}{value:>8.2f}x")
+
+    goals = [
+        ("median <= 250 ms", f"{tk_.median_ms:.1f} ms", tk_.median_ms <= GOAL_MEDIAN_MS),
+        ("median <= 1.25 x bare", f"{ratios['turnkeeper/bare median']:.2f} x",
+         ratios["turnkeeper/bare median"] <= GOAL_MEDIAN_VS_BARE),
+        ("throughput >= bare", f"{ratios['turnkeeper/bare throughput']:.2f} x",
+         ratios["turnkeeper/bare throughput"] >= GOAL_THROUGHPUT_VS_BARE),
+    ]
+    print()
+    print("goals (turnkeeper)")
+    for goal, value, ok in goals:
+        print(f"  {goal:<26}{value:>12}   {'PASS' if ok else 'MISS'}")
+
+    for key, (record, rows) in timelines.items():
+        span = rows[-1]["at_ms"] if rows else 0.0
+        print()
+        print(f"timeline of one {results[key].label} turn near the median: {record.ms:.1f} ms at the "
+              f"client, {span:.1f} ms from first to last history event (server clock)")
+        for row in rows:
+            print(f"  {row['at_ms']:>8.1f} ms  +{row['gap_ms']:>6.1f}  {row['event']}")
+
+    return {
+        "plan": asdict(plan),
+        "dev_server_dynamic_config": dynamic_config,
+        "warmup_turns": WARMUP_TURNS,
+        "variants": {k: r.summary() for k, r in results.items()},
+        "ratios": ratios,
+        "goals": [{"goal": g, "value": v, "pass": ok} for g, v, ok in goals],
+        "timelines": {k: {"client_ms": rec.ms, "events": rows} for k, (rec, rows) in timelines.items()},
+        "history_bytes": "proto: serialized temporal.api.history.v1.History size; json: len(to_json())",
+    }
+
+
+# -- main ------------------------------------------------------------------------------------
+
+async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> None:
+    def progress(text: str) -> None:
+        print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        progress("starting the Temporal dev server")
+        async with dev_server(tmp, dynamic_config) as server:
+            client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+            for sub in ("turnkeeper", "bare", "inproc", "inproc-store"):
+                (tmp / sub).mkdir()
+            variants: list[Variant] = [
+                Turnkeeper(client, server.address, tmp / "turnkeeper"),
+                Bare(client, tmp / "bare"),
+                InProcess(tmp / "inproc", with_store=False),
+                InProcess(tmp / "inproc-store", with_store=True),
+            ]
+            async with contextlib.AsyncExitStack() as stack:
+                for v in variants:
+                    await v.start()
+                    stack.push_async_callback(v.close)
+                results, turns = await measure(variants, plan, client, server, progress)
+                timelines = {v.key: await median_timeline(client, turns[v.key])
+                             for v in variants if v.temporal}
+                progress("stopping workers and the dev server")
+            summary = report(results, timelines, plan, dynamic_config)
+    if as_json:
+        print()
+        print(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"short run: {QUICK.sequential} sequential turns, {QUICK.throughput} for throughput")
+    parser.add_argument("--fast-dispatch", action="store_true",
+                        help="start the dev server with " + ", ".join(f"{k}={v}" for k, v in FAST_DISPATCH.items())
+                        + " (no 50 ms workflow-task tick)")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        dynamic_config = dict(FAST_DISPATCH) if args.fast_dispatch else {}
+        asyncio.run(run(QUICK if args.quick else FULL, dynamic_config, args.json))
+    except Exception:  # noqa: BLE001 — report, then exit non-zero
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

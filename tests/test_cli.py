@@ -1,0 +1,99 @@
+"""The `turnkeeper` console script, run as a real process against a real worker."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support import Stack
+
+TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
+
+
+async def tk(stack: Stack, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    proc = await asyncio.create_subprocess_exec(
+        TURNKEEPER, *args, env=stack.env(), cwd=stack.dir, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
+
+
+async def test_send_shows_tools_and_prints_the_answer(stack: Stack) -> None:
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"text": "wrote a.txt"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    r = await tk(stack, "send", chat, "please write a.txt")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["  -> write_file started", "  <- write_file done", "wrote a.txt"]
+
+    status = json.loads((await tk(stack, "status", chat, "--json")).stdout)
+    assert status["status"] == "completed" and status["turn"] == 1
+    assert status["tool_calls"] == [{"id": "call_0_0", "name": "write_file", "status": "done"}]
+
+    hist = json.loads((await tk(stack, "history", chat, "--json")).stdout)
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant"]
+    assert hist[1]["tool_calls"][0]["id"] == hist[2]["tool_call_id"]
+
+    events = [json.loads(line) for line in (await tk(stack, "events", chat, "--json")).stdout.splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["type"] == "turn_started" and events[-1]["type"] == "turn_end"
+
+    listed = []
+    for _ in range(50):  # visibility is eventually consistent
+        listed = json.loads((await tk(stack, "list", "--status", "completed", "--json")).stdout)
+        if any(r["chat_id"] == chat for r in listed):
+            break
+        await asyncio.sleep(0.2)
+    assert [r["status"] for r in listed if r["chat_id"] == chat] == ["completed"]
+
+
+async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
+    stack.script([{"text": "later"}])
+    chat = stack.chat()
+    # No worker yet: the message is durable in Temporal all the same.
+    r = await tk(stack, "send", chat, "hello", "--no-wait", "--message-id", "m-1")
+    assert r.returncode == 0 and "m-1" in r.stdout
+    await stack.start_worker()
+    await stack.wait_turn_done(chat, 1)
+    assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
+
+
+async def test_refusals_and_usage_errors(stack: Stack) -> None:
+    stack.script([{"text": "ok"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    assert (await tk(stack, "send", chat, "hi")).returncode == 0
+
+    refused = await tk(stack, "continue", chat)
+    assert refused.returncode == 1 and "not waiting for confirmation" in refused.stderr
+    assert (await tk(stack, "dismiss", chat)).returncode == 1
+
+    missing = await tk(stack, "status", "no-such-chat-anywhere")
+    assert missing.returncode == 1 and "no chat" in missing.stderr
+    assert (await tk(stack, "history", "no-such-chat-anywhere")).returncode == 1
+
+    big = await tk(stack, "send", chat, "x" * 70_000)
+    assert big.returncode == 1 and "limit" in big.stderr
+
+    assert (await tk(stack, "frobnicate")).returncode == 2
+    assert (await tk(stack, "send", chat)).returncode == 2
+
+
+async def test_send_that_ends_at_a_gate_exits_3(stack: Stack) -> None:
+    stack.script([{"error": "the provider refused this request"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    r = await tk(stack, "send", chat, "hello")
+    assert r.returncode == 3, r.stderr
+    assert "model_failed" in r.stdout
+    assert f"turnkeeper continue {chat}" in r.stdout and f"turnkeeper dismiss {chat}" in r.stdout
+
+    dismissed = await tk(stack, "dismiss", chat)
+    assert dismissed.returncode == 0, dismissed.stderr
+    assert "recovered (dismissed)" in dismissed.stdout
+    hist = await stack.history(chat)
+    assert [m["role"] for m in hist] == ["user", "assistant"]
