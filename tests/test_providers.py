@@ -406,3 +406,12 @@ async def test_provider_errors_share_a_base() -> None:
     assert issubclass(RetryableProviderError, ProviderError) and RetryableProviderError("x").retryable
     assert issubclass(PermanentProviderError, ProviderError) and not PermanentProviderError("x").retryable
     assert ProviderError("x", retryable=True).retryable
+
+
+async def test_demo_runs_commands_only_when_exec_is_enabled() -> None:
+    exec_spec = ToolSpec(name="exec", description="run", parameters={"type": "object"})
+    reply = await DemoProvider().complete([user("run sleep 1 && echo ok")], [*TOOLS, exec_spec], call_index=0)
+    (call,) = reply.tool_calls
+    assert call.name == "exec" and json.loads(call.arguments) == {"command": "sleep 1 && echo ok"}
+    refused = await DemoProvider().complete([user("run ls")], TOOLS, call_index=0)
+    assert refused.is_final and "not enabled" in (refused.text or "")

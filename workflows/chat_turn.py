@@ -12,7 +12,6 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import (
@@ -23,6 +22,9 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    # Passed through: re-importing pydantic models in every run's sandbox is slow.
+    from pydantic import ValidationError
+
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
         DISMISSED_TEXT,

@@ -3,8 +3,9 @@ call run as an activity without an API key.
 
 It looks only at the last history row:
 - a tool row: a final answer summarising the tool results of this turn;
-- a user row `write <path>: <content>`, `read <path>`, `list` / `ls [path]`:
-  a call to write_file / read_file / list_dir (if that tool is enabled);
+- a user row `write <path>: <content>`, `read <path>`, `list` / `ls [path]`,
+  `run <command>`: a call to write_file / read_file / list_dir / exec (if that
+  tool is enabled);
 - anything else: a friendly echo with a hint.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ MAX_RESULT_CHARS = 500
 
 _WRITE = re.compile(r"^write\s+(?P<path>[^:\n]+?)\s*:[ \t]?(?P<content>.*)\Z", re.I | re.S)
 _READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
+_RUN = re.compile(r"^run\s+(?P<command>\S.*?)\s*\Z", re.I | re.S)
 _LIST = re.compile(r"^(?:list|ls)(?:\s+(?P<path>\S.*?))?\s*\Z", re.I | re.S)
 
 
@@ -29,6 +31,8 @@ def _parse_command(text: str) -> tuple[str, dict[str, str]] | None:
         return "write_file", {"path": m["path"], "content": m["content"]}
     if m := _READ.match(text):
         return "read_file", {"path": m["path"]}
+    if m := _RUN.match(text):
+        return "exec", {"command": m["command"]}
     if m := _LIST.match(text):
         return "list_dir", {"path": m["path"] or "."}
     return None

@@ -1,0 +1,13 @@
+# The turnkeeper worker image (see docker-compose.yml).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md worker.py ./
+COPY turnkeeper ./turnkeeper
+COPY workflows ./workflows
+COPY activities ./activities
+RUN pip install --no-cache-dir .
+ENV TURNKEEPER_DATA_DIR=/data TURNKEEPER_WORKSPACE=/workspace
+VOLUME ["/data", "/workspace"]
+# SIGTERM gives running tools TURNKEEPER_SHUTDOWN_GRACE seconds to finish.
+STOPSIGNAL SIGTERM
+CMD ["python", "worker.py"]
