@@ -1,5 +1,6 @@
 """The turnkeeper worker: connect to Temporal (or start the embedded dev server),
-register the search attributes, and run `ChatTurn` with its activities.
+register the search attributes, create the reconcile schedule, and run `ChatTurn`
+and `Reconcile` with their activities.
 
     python worker.py          # or: turnkeeper worker
 """
@@ -21,7 +22,10 @@ from activities.store import open_store
 from activities.tools import default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings
+from turnkeeper.reconcile_io import SCHEDULE_ID
+from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from workflows.chat_turn import ChatTurn
+from workflows.reconcile import Reconcile
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -39,8 +43,9 @@ def check_tools(settings: Settings) -> None:
 
 
 async def run_worker(settings: Settings, *, client: Client | None = None,
-                     stop: asyncio.Event | None = None) -> None:
-    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None)."""
+                     stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
+    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
+    `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
     try:
         provider = load_provider(settings.model, env=settings.provider_env())
@@ -57,11 +62,16 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
         log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
                     "RecoveryReason as Keyword yourself", err)
+    try:
+        await ensure_reconcile_schedule(client, settings, reconcile_schedule_id)
+    except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
+        log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
+                    "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
     settings.workspace.mkdir(parents=True, exist_ok=True)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[ChatTurn],
+        workflows=[ChatTurn, Reconcile],
         activities=build_activities(settings, store, provider, default_registry()),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         # Running tools get this long to finish on SIGTERM; a model call is

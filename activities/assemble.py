@@ -6,6 +6,7 @@ from typing import Any
 
 from activities.model_call import ModelCallActivity
 from activities.providers import ModelProvider
+from activities.reconciler import Reconciler
 from activities.store import SessionStore
 from activities.store_activities import StoreActivities
 from activities.tool_call import ToolCallActivity
@@ -18,5 +19,6 @@ def build_activities(settings: Settings, store: SessionStore, provider: ModelPro
     model = ModelCallActivity(settings, store, provider, registry)
     tools = ToolCallActivity(settings, store, registry)
     writes = StoreActivities(settings, store)
-    return [model.model_call, tools.tool_call, writes.begin_turn, writes.record_tool_result,
-            writes.update_turn, writes.finish_turn, writes.append_events]
+    reconciler = Reconciler(settings, store)
+    return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.record_tool_result,
+            writes.update_turn, writes.finish_turn, writes.append_events, reconciler.reconcile_pass]

@@ -21,12 +21,18 @@ class StoreActivities:
         if latest is None:
             record = await self._store.get_turn(inp.chat_id)
             latest = record.turn if record else 0
+        return io.BeginTurnResult(turn=begun.turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids,
+                                  closed_turn=begun.closed_turn, settings=self._turn_settings())
+
+    @activity.defn(name=io.ADOPT_TURN)
+    async def adopt_turn(self, inp: io.AdoptTurnInput) -> io.AdoptTurnResult:
+        next_step = await self._store.adopt_turn(inp.chat_id, inp.turn, inp.run_id)
+        return io.AdoptTurnResult(next_step=next_step, settings=self._turn_settings())
+
+    def _turn_settings(self) -> io.TurnSettings:
         s = self._settings
-        return io.BeginTurnResult(
-            turn=begun.turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids, closed_turn=begun.closed_turn,
-            settings=io.TurnSettings(max_message_bytes=s.max_message_bytes,
-                                     model_timeout_s=s.model_timeout, tool_timeout_s=s.tool_timeout,
-                                     resume_window_s=s.resume_window))
+        return io.TurnSettings(max_message_bytes=s.max_message_bytes, model_timeout_s=s.model_timeout,
+                               tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window)
 
     @activity.defn(name=io.RECORD_TOOL_RESULT)
     async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:

@@ -71,6 +71,8 @@ async def test_refusals_and_usage_errors(stack: Stack) -> None:
     refused = await tk(stack, "continue", chat)
     assert refused.returncode == 1 and "not waiting for confirmation" in refused.stderr
     assert (await tk(stack, "dismiss", chat)).returncode == 1
+    stop = await tk(stack, "stop", chat)
+    assert stop.returncode == 1 and "no turn" in stop.stderr
 
     missing = await tk(stack, "status", "no-such-chat-anywhere")
     assert missing.returncode == 1 and "no chat" in missing.stderr
@@ -92,8 +94,34 @@ async def test_send_that_ends_at_a_gate_exits_3(stack: Stack) -> None:
     assert "model_failed" in r.stdout
     assert f"turnkeeper continue {chat}" in r.stdout and f"turnkeeper dismiss {chat}" in r.stdout
 
+    awaiting = []
+    for _ in range(50):  # visibility is eventually consistent
+        awaiting = json.loads((await tk(stack, "list", "--awaiting", "--json")).stdout)
+        if any(r["chat_id"] == chat for r in awaiting):
+            break
+        await asyncio.sleep(0.2)
+    assert [(r["status"], r["reason"]) for r in awaiting if r["chat_id"] == chat] == [
+        ("awaiting_user", "model_failed")]
+    status = await tk(stack, "status", chat)
+    assert "recovery id:" in status.stdout and "turnkeeper continue" in status.stdout
+
     dismissed = await tk(stack, "dismiss", chat)
     assert dismissed.returncode == 0, dismissed.stderr
     assert "recovered (dismissed)" in dismissed.stdout
     hist = await stack.history(chat)
     assert [m["role"] for m in hist] == ["user", "assistant"]
+
+
+async def test_stop_cancels_the_running_turn(stack: Stack) -> None:
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    stack.script([{"tool_calls": [{"name": "slow_write",
+                                   "arguments": {"path": "s.txt", "content": "s", "seconds": 30}}]}])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "slow")
+    await stack.wait_state(chat, lambda s: bool(s.tool_calls))
+    r = await tk(stack, "stop", chat)
+    assert r.returncode == 0, r.stderr
+    final = await asyncio.wait_for(handle.result(), 30)
+    assert (final.status.value, final.reason.value) == ("recovered", "stopped")
+    assert not (stack.ws / "s.txt").exists()

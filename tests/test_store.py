@@ -476,3 +476,45 @@ def test_open_store_rejects_postgres_without_leaking_the_url() -> None:
 def test_open_store_rejects_other_urls(url: str) -> None:
     with pytest.raises(StoreError):
         open_store(Settings(database_url=url))
+
+
+async def test_adopt_turn_records_the_run_and_returns_the_next_step(tmp_path) -> None:
+    from activities.store import SQLiteStore
+    from turnkeeper.models import ModelReply, ToolCall, UserMessage
+
+    store = SQLiteStore(tmp_path / "s.db")
+    await store.open()
+    try:
+        await store.begin_turn("c", "run-1", ["m1"])
+        await store.commit_user_messages("c", 1, [UserMessage(message_id="m1", text="hi")])
+        assert await store.adopt_turn("c", 1, "run-2") == 0
+        await store.record_assistant("c", 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="x")]), final=False)
+        await store.record_assistant("c", 1, 1, ModelReply(tool_calls=[ToolCall(id="t2", name="x")]), final=False)
+        assert await store.adopt_turn("c", 1, "run-3") == 2
+        assert (await store.get_turn("c", 1)).run_id == "run-3"
+        rows = await store.turn_messages("c", 1)
+        assert [m.role for m in rows] == ["user", "assistant", "assistant"]
+    finally:
+        await store.close()
+
+
+async def test_open_turn_refs_list_open_turns_without_decoding_them(store: SQLiteStore, db_path: Path) -> None:
+    await store.begin_turn("a", "run-a1", ["m"])
+    await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
+    await store.begin_turn("b", "run-b1", ["m"])
+    await store.begin_turn("c", "run-c1", ["m"])
+    with sqlite3.connect(db_path) as raw:  # an open row that no longer decodes
+        raw.execute("UPDATE turns SET reason = 'from_the_future' WHERE chat_id = 'c'")
+    with pytest.raises(CorruptRowError):
+        await store.open_turns()
+    refs = await store.open_turn_refs()
+    assert [(r.chat_id, r.turn, r.run_id) for r in refs] == [("b", 1, "run-b1"), ("c", 1, "run-c1")]
+    assert len(await store.open_turn_refs(limit=1)) == 1
+
+
+async def test_held_message_ids_in_the_order_offered(store: SQLiteStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    await store.commit_user_messages(CHAT, 1, [user("m1"), user("m2")])
+    assert await store.held_message_ids(CHAT, ["m3", "m2", "m1", "m2"]) == ["m2", "m1"]
+    assert await store.held_message_ids("other", ["m1"]) == []
+    assert await store.held_message_ids(CHAT, []) == []

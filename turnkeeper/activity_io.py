@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnStatus, UserMessage
 
 BEGIN_TURN = "turnkeeper.begin_turn"
+ADOPT_TURN = "turnkeeper.adopt_turn"
 MODEL_CALL = "turnkeeper.model_call"
 TOOL_CALL = "turnkeeper.tool_call"
 RECORD_TOOL_RESULT = "turnkeeper.record_tool_result"
@@ -47,6 +48,17 @@ class BeginTurnResult(BaseModel):
     """The chat's latest turn, reported when no turn was opened (all duplicates)."""
     duplicate_ids: list[str] = Field(default_factory=list)
     closed_turn: int | None = None
+    settings: TurnSettings
+
+
+class AdoptTurnInput(BaseModel):
+    chat_id: str
+    turn: int
+    run_id: str
+
+
+class AdoptTurnResult(BaseModel):
+    next_step: int
     settings: TurnSettings
 
 

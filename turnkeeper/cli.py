@@ -250,6 +250,24 @@ async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
     return await _decide(args, settings, "dismiss_turn")
 
 
+async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    client = await _client(settings)
+    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
+    state = await _state(client, args.chat)
+    desc = await handle.describe()
+    if desc.status != WorkflowExecutionStatus.RUNNING or state.status not in (
+            TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING) or not state.turn:
+        raise Refused(f"no turn of chat {args.chat!r} is running")
+    try:
+        await handle.signal("stop", {})
+    except RPCError as err:
+        if "already completed" in str(err):
+            raise Refused(f"no turn of chat {args.chat!r} is running") from None
+        raise
+    print(f"stop sent to chat {args.chat}, turn {state.turn}")
+    return EXIT_OK
+
+
 # -- entry ------------------------------------------------------------------
 
 
@@ -284,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
     for name, func, help_ in (("continue", cmd_continue, "Continue an interrupted turn"),
-                              ("dismiss", cmd_dismiss, "Dismiss an interrupted turn")):
+                              ("dismiss", cmd_dismiss, "Dismiss an interrupted turn"),
+                              ("stop", cmd_stop, "Stop the running turn")):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
         c.set_defaults(func=func)

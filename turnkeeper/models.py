@@ -18,6 +18,7 @@ UNSTARTED_TOOL_TEXT = "Error: no worker picked this tool call up in time; it did
 INTERRUPTED_TURN_TEXT = "Error: the turn was interrupted before a response was generated."
 SUPERSEDED_TEXT = "The interrupted turn was superseded by a newer message."
 DISMISSED_TEXT = "The interrupted turn was dismissed."
+STOPPED_TEXT = "The turn was stopped by the user."
 
 # --- statuses and reasons (contract) -------------------------------------------
 
@@ -90,6 +91,15 @@ class RecoveryAction(BaseModel):
     recovery_id: str = Field(min_length=1)
 
 
+class RecoveryStart(BaseModel):
+    """How the reconciler starts a run for a turn whose own run ended abnormally:
+    the run opens at a gate for that turn, so Continue and Dismiss reach it."""
+
+    turn: int
+    reason: Reason
+    can_continue: bool = True
+
+
 class ChatTurnInput(BaseModel):
     """`ChatTurn`'s input (contract): `{"chat_id": ...}` starts a turn; the other
     fields are the workflow's own."""
@@ -97,6 +107,8 @@ class ChatTurnInput(BaseModel):
     chat_id: str
     pending: list[UserMessage] = Field(default_factory=list)
     """Messages acknowledged by an earlier run and not yet committed (continue-as-new)."""
+    recovery: RecoveryStart | None = None
+    """Set by the reconciler: take over this turn at a gate instead of starting one."""
 
 
 # --- transcript rows ------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.workflow import ActivityCancellationType
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -28,9 +29,13 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
         DISMISSED_TEXT,
-        ChatTurnInput,
         INTERRUPTED_TOOL_TEXT,
+        OPEN_STATUSES,
+        STOPPED_TEXT,
+        SUPERSEDED_TEXT,
         UNSTARTED_TOOL_TEXT,
+        ChatTurnInput,
+        RecoveryStart,
         ModelReply,
         NewEvent,
         Reason,
@@ -62,6 +67,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 
 
 
+class _Cancelled(Exception):
+    """Stop, or a message that superseded the gate, cancelled the running step."""
+
+
 class _Interrupted(Exception):
     """A step was lost; carries the reason the gate opens with."""
 
@@ -81,8 +90,13 @@ class ChatTurn:
         self._max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
         self._settings = io.TurnSettings()
         self._decision: recovery.Action | None = None
+        self._interrupt: Reason | None = None  # Stop, or a message that supersedes a gate
         for message in input.pending:
             self._accept(message)
+
+    def _apply_settings(self, settings: io.TurnSettings) -> None:
+        self._settings = settings
+        self._max_message_bytes = settings.max_message_bytes
 
     # -- handlers: they only change state; `run` acts on it -------------------
     @workflow.signal(name="user_message")
@@ -97,7 +111,14 @@ class ChatTurn:
             self._reject_message(message.message_id,
                                  f"message is {size} bytes; the limit is {self._max_message_bytes}")
             return
-        self._accept(message)
+        if self._accept(message) and self._state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING):
+            # Newer input beats a waiting or running recovery.
+            self._interrupt = self._interrupt or Reason.SUPERSEDED
+
+    @workflow.signal(name="stop")
+    def stop(self, payload: Any = None) -> None:
+        if self._state.turn and self._state.status in OPEN_STATUSES:
+            self._interrupt = self._interrupt or Reason.STOPPED
 
     @workflow.signal(name="continue")
     def continue_signal(self, payload: Any = None) -> None:
@@ -134,11 +155,12 @@ class ChatTurn:
             raise ApplicationError("chat_id must not be empty", non_retryable=True)
         if not self._search_attributes_current():
             self._upsert_search_attributes()
-        if not await self._wait_for_first_message():
-            await self._flush_events()
-            return self.state()
-        if await self._begin():
-            await self._turn_loop()
+        if input.recovery is not None:
+            await self._recover(input.recovery)
+        elif not await self._wait_for_first_message():
+            pass
+        elif await self._begin():
+            await self._turn_loop(step=0, batch=self._take_inbox())
         await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._inbox:
@@ -164,8 +186,7 @@ class ChatTurn:
                 result_type=io.BeginTurnResult,
                 start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
             )
-            self._settings = begun.settings
-            self._max_message_bytes = begun.settings.max_message_bytes
+            self._apply_settings(begun.settings)
             duplicates = set(begun.duplicate_ids)
             self._inbox = [m for m in self._inbox if m.message_id not in duplicates]
             if begun.turn is not None:
@@ -176,16 +197,28 @@ class ChatTurn:
         self._state.status = TurnStatus.COMPLETED
         return False
 
-    async def _turn_loop(self) -> None:
-        step = 0
-        batch = self._take_inbox()
+    async def _recover(self, start: RecoveryStart) -> None:
+        """A run started by the reconciler: take the turn over and ask its user."""
+        adopted: io.AdoptTurnResult = await workflow.execute_local_activity(
+            io.ADOPT_TURN,
+            io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
+            result_type=io.AdoptTurnResult, start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        self._apply_settings(adopted.settings)
+        self._state.turn = start.turn
+        if await self._gate(start.reason, can_continue=start.can_continue) == "continue":
+            await self._turn_loop(step=adopted.next_step, batch=self._take_inbox())
+
+    async def _turn_loop(self, step: int, batch: list[UserMessage]) -> None:
         while True:
             try:
                 reply = await self._call_model(step, batch)
             except _Interrupted as lost:
-                if await self._gate(lost.reason) == "dismiss":
+                if await self._gate(lost.reason) != "continue":
                     return
                 continue  # the same step again, with the same messages (idempotent)
+            except _Cancelled:
+                await self._end_by_user()
+                return
             batch = []
             if reply.is_final:
                 resumed = self._state.status == TurnStatus.RESUMING
@@ -195,9 +228,13 @@ class ChatTurn:
                 else:
                     self._upsert_search_attributes()  # the model activity closed the turn
                 return
-            interrupted = await self._run_tools(reply.tool_calls)
+            try:
+                lost = await self._run_tools(reply.tool_calls)
+            except _Cancelled:
+                await self._end_by_user()
+                return
             step += 1
-            if interrupted is not None and await self._gate(interrupted) == "dismiss":
+            if lost is not None and await self._gate(lost) != "continue":
                 return
             batch = self._take_inbox()
 
@@ -205,19 +242,25 @@ class ChatTurn:
         await self._flush_events()
         resuming = self._state.status == TurnStatus.RESUMING
         for _ in range(MAX_SHUTDOWN_RESCHEDULES):
+            if self._interrupt is not None:
+                raise _Cancelled()
+            handle = workflow.start_activity(
+                io.MODEL_CALL,
+                io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
+                                  new_messages=batch, closes_turn=not resuming),
+                result_type=io.ModelCallResult,
+                start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
+                schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
+                heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
+                retry_policy=NO_RETRY,
+                # A cancelled call must have stopped before the turn writes its closing row.
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"model call {step + 1} of turn {self._state.turn}",
+            )
+            if await self._settle([handle]):
+                raise _Cancelled()
             try:
-                result: io.ModelCallResult = await workflow.execute_activity(
-                    io.MODEL_CALL,
-                    io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
-                                      new_messages=batch, closes_turn=not resuming),
-                    result_type=io.ModelCallResult,
-                    start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
-                    schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
-                    heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
-                    retry_policy=NO_RETRY,
-                    summary=f"model call {step + 1} of turn {self._state.turn}",
-                )
-                return result.reply
+                return (await handle).reply
             except ActivityError as err:
                 if _error_type(err) == io.WORKER_SHUTDOWN_ERROR:
                     continue  # nothing happened outside: the next worker takes it
@@ -227,21 +270,13 @@ class ChatTurn:
         raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION)
 
     async def _run_tools(self, calls: list[ToolCall]) -> Reason | None:
-        """Run the model's tool calls in parallel; the reason to stop, if any was lost."""
-        views = [ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING) for c in calls]
+        """Run the model's tool calls in parallel; the reason to stop, if any was lost.
+        Raises `_Cancelled` after Stop or a superseding message, once every call has
+        either finished or been marked interrupted."""
+        views = [ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls]
         self._state.tool_calls.extend(views)
-        outcomes = await asyncio.gather(*(self._run_tool(c, v) for c, v in zip(calls, views)))
-        lost = [o for o in outcomes if o is not None]
-        if not lost:
-            return None
-        if Reason.TOOL_STATE_UNKNOWN in lost:
-            return Reason.TOOL_STATE_UNKNOWN
-        return Reason.RESTART_REQUIRES_CONFIRMATION
-
-    async def _run_tool(self, call: ToolCall, view: ToolCallView) -> Reason | None:
-        view.status = ToolCallStatus.RUNNING
-        try:
-            result: io.ToolCallResult = await workflow.execute_activity(
+        handles = [
+            workflow.start_activity(
                 io.TOOL_CALL,
                 io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn, call=call),
                 result_type=io.ToolCallResult,
@@ -249,12 +284,34 @@ class ChatTurn:
                 schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
                 heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
                 retry_policy=NO_RETRY,
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=_tool_summary(call),
             )
-        except ActivityError as err:
-            # The tool may or may not have acted: it is never run again by us.
+            for call in calls
+        ]
+        for handle, view in zip(handles, views):
+            handle.add_done_callback(lambda h, v=view: _show_result(h, v))
+        cancelled = await self._settle(handles)
+        lost = [await self._tool_outcome(call, view, handle)
+                for call, view, handle in zip(calls, views, handles)]
+        if cancelled:
+            raise _Cancelled()
+        if Reason.TOOL_STATE_UNKNOWN in lost:
+            return Reason.TOOL_STATE_UNKNOWN
+        if Reason.RESTART_REQUIRES_CONFIRMATION in lost:
+            return Reason.RESTART_REQUIRES_CONFIRMATION
+        return None
+
+    async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
+                            handle: workflow.ActivityHandle[io.ToolCallResult]) -> Reason | None:
+        try:
+            result = await handle
+        except (ActivityError, asyncio.CancelledError) as err:
+            # The tool may or may not have acted: it is never run again by us. If it
+            # did record a result before it died, the store keeps that one.
             view.status = ToolCallStatus.INTERRUPTED
-            never_started = _timeout_type(err) == TimeoutType.SCHEDULE_TO_START
+            never_started = (isinstance(err, ActivityError)
+                             and _timeout_type(err) == TimeoutType.SCHEDULE_TO_START)
             await workflow.execute_local_activity(
                 io.RECORD_TOOL_RESULT,
                 io.RecordToolResultInput(
@@ -267,28 +324,51 @@ class ChatTurn:
         view.status = ToolCallStatus.DONE if result.status == "done" else ToolCallStatus.ERROR
         return None
 
+    async def _settle(self, handles: list[workflow.ActivityHandle[Any]]) -> bool:
+        """Wait for the step; on Stop or a superseding message cancel what still runs
+        and wait for it to stop. True when the step was cancelled."""
+        await workflow.wait_condition(
+            lambda: all(h.done() for h in handles) or self._interrupt is not None)
+        if all(h.done() for h in handles):
+            return False
+        for h in handles:
+            h.cancel()
+        await asyncio.gather(*handles, return_exceptions=True)
+        return True
+
+    async def _end_by_user(self) -> None:
+        """Stop or a superseding message ended the turn: keep what is known, add one
+        closing row. Messages still pending become the next turn."""
+        reason = self._interrupt or Reason.STOPPED
+        recovery.end_recovered(self._state, reason)
+        await self._finish_turn(closing_text=SUPERSEDED_TEXT if reason == Reason.SUPERSEDED else STOPPED_TEXT)
+
     # -- gates ---------------------------------------------------------------
-    async def _gate(self, reason: Reason) -> recovery.Action:
-        """Wait for the user's decision; Continue resumes, Dismiss closes the turn."""
-        recovery.open_gate(self._state, reason, str(workflow.uuid4()))
+    async def _gate(self, reason: Reason, can_continue: bool = True) -> str:
+        """Wait for the user's decision. Returns "continue" (resuming), "dismiss",
+        or "ended" (Stop or a newer message closed the turn)."""
+        recovery.open_gate(self._state, reason, str(workflow.uuid4()), can_continue)
         self._decision = None
         await self._persist_state()
         while True:
-            await workflow.wait_condition(lambda: self._decision is not None or bool(self._events))
+            await workflow.wait_condition(
+                lambda: self._decision is not None or self._interrupt is not None or bool(self._events))
             await self._flush_events()
-            if self._decision is not None:
+            if self._decision is not None or self._interrupt is not None:
                 break
-        decision = self._decision
-        self._decision = None
+        decision, self._decision = self._decision, None
+        if self._interrupt is not None:
+            await self._end_by_user()
+            return "ended"
         if decision == "continue":
             recovery.accept_continue(self._state)
             await self._persist_state()
-        else:
-            recovery.end_recovered(self._state, Reason.DISMISSED)
-            # Follow-ups that waited behind the gate are kept, not answered.
-            committed, self._inbox = self._inbox, []
-            await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
-        return decision
+            return "continue"
+        recovery.end_recovered(self._state, Reason.DISMISSED)
+        # Follow-ups that waited behind the gate are kept as user rows, not answered.
+        committed, self._inbox = self._inbox, []
+        await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
+        return "dismiss"
 
     def _validate(self, action: recovery.Action, payload: RecoveryAction) -> None:
         why = recovery.refusal(self._state, action, payload.recovery_id)
@@ -363,11 +443,12 @@ class ChatTurn:
         ])
 
     # -- inbox ---------------------------------------------------------------
-    def _accept(self, message: UserMessage) -> None:
+    def _accept(self, message: UserMessage) -> bool:
         if message.message_id in self._seen:
-            return  # the client's retry: one message
+            return False  # the client's retry: one message
         self._seen.add(message.message_id)
         self._inbox.append(message)
+        return True
 
     def _take_inbox(self) -> list[UserMessage]:
         batch, self._inbox = self._inbox, []
@@ -377,6 +458,12 @@ class ChatTurn:
         workflow.logger.warning("user_message refused for chat %s: %s", self._state.chat_id, why)
         self._events.append(NewEvent(type="message_rejected",
                                      payload={"message_id": message_id, "reason": why}))
+
+
+def _show_result(handle: "asyncio.Future[io.ToolCallResult]", view: ToolCallView) -> None:
+    """A finished call shows in `state` at once, while its siblings still run."""
+    if not handle.cancelled() and handle.exception() is None:
+        view.status = ToolCallStatus.DONE if handle.result().status == "done" else ToolCallStatus.ERROR
 
 
 def _error_type(err: ActivityError) -> str | None:

@@ -54,6 +54,14 @@ class TurnUpdate(BaseModel):
     attempts: int = 0
 
 
+class TurnRef(BaseModel):
+    """An open turn as the reconciler lists it."""
+
+    chat_id: str
+    turn: int
+    run_id: str | None = None
+
+
 class SessionStore(ABC):
     """Implementations: `SQLiteStore` (default), PostgreSQL (later)."""
 
@@ -98,6 +106,16 @@ class SessionStore(ABC):
         """Turns whose status is running, awaiting_user or resuming (indexed)."""
 
     @abstractmethod
+    async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
+        """As `open_turns`, but only the keys and run id, oldest update first, and
+        without decoding the rest of the row: one corrupt turn row does not keep
+        the reconciler from every other chat."""
+
+    @abstractmethod
+    async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
+        """Those of `message_ids` the chat holds as user rows, in the order offered."""
+
+    @abstractmethod
     async def list_chats(self, status: TurnStatus | None = None, limit: int = 1000) -> list[TurnRecord]:
         """The latest turn of each chat, newest first, optionally by status."""
 
@@ -135,6 +153,15 @@ class SessionStore(ABC):
                           closing_text: str | None = None) -> None:
         """Close a turn with a terminal status: optionally append an assistant row
         `closing_text`, then as `update_turn`, then `turn_end`."""
+
+    @abstractmethod
+    async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
+        """A recovery run takes the turn over: record its run id (the reconciler
+        examines that run from now on) and return the next free model-call step."""
+
+    @abstractmethod
+    async def turn_messages(self, chat_id: str, turn: int) -> list[ChatMessage]:
+        """The transcript rows of one turn, in order; `CorruptRowError` as `history`."""
 
     @abstractmethod
     async def history(self, chat_id: str) -> list[ChatMessage]:

@@ -26,6 +26,7 @@ from activities.store.base import (
     CorruptRowError,
     SessionStore,
     StoreError,
+    TurnRef,
     TurnUpdate,
 )
 from turnkeeper.models import (
@@ -445,6 +446,22 @@ class SQLiteStore(SessionStore):
         ).fetchall()
         return [_decode_turn(row) for row in rows]
 
+    async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
+        return await self._read(self._open_turn_refs_tx, limit)
+
+    @staticmethod
+    def _open_turn_refs_tx(conn: sqlite3.Connection, limit: int) -> list[TurnRef]:
+        rows = conn.execute(
+            f"SELECT chat_id, turn, run_id FROM turns WHERE status IN ({','.join('?' * len(_OPEN_VALUES))})"
+            " ORDER BY updated_at, chat_id, turn LIMIT ?",
+            (*_OPEN_VALUES, limit),
+        ).fetchall()
+        return [TurnRef(chat_id=str(r["chat_id"]), turn=int(r["turn"]),
+                        run_id=None if r["run_id"] is None else str(r["run_id"])) for r in rows]
+
+    async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
+        return await self._read(self._held_ids, chat_id, list(message_ids))
+
     async def list_chats(self, status: TurnStatus | None = None, limit: int = 1000) -> list[TurnRecord]:
         return await self._read(self._list_chats_tx, status, limit)
 
@@ -578,6 +595,26 @@ class SQLiteStore(SessionStore):
             self._end_turn(conn, chat_id, turn, {
                 "turn": turn, "status": update.status.value, "reason": _value(update.reason),
             }, now)
+
+    async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
+        return await self._write(self._adopt_turn_tx, chat_id, turn, run_id)
+
+    def _adopt_turn_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, run_id: str) -> int:
+        self._turn_row(conn, chat_id, turn)  # raises for a missing turn
+        conn.execute("UPDATE turns SET run_id = ?, updated_at = ? WHERE chat_id = ? AND turn = ?",
+                     (run_id, _now(), chat_id, turn))
+        return int(conn.execute(
+            "SELECT COALESCE(MAX(step), -1) + 1 FROM messages WHERE chat_id = ? AND turn = ?",
+            (chat_id, turn)).fetchone()[0])
+
+    async def turn_messages(self, chat_id: str, turn: int) -> list[ChatMessage]:
+        return await self._read(self._turn_messages_tx, chat_id, turn)
+
+    @staticmethod
+    def _turn_messages_tx(conn: sqlite3.Connection, chat_id: str, turn: int) -> list[ChatMessage]:
+        rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? ORDER BY id",
+                            (chat_id, turn)).fetchall()
+        return [_decode_message(chat_id, row) for row in rows]
 
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._read(self._history_tx, chat_id)

@@ -1,0 +1,337 @@
+"""What an abnormally ended turn left behind, judged by the reason table of
+DESIGN.md. Pure functions, no I/O: the reconciler reads the run's history and the
+store's rows of the turn and acts on the verdict.
+
+The run's event history is the checkpoint: every model call and tool call is its
+own activity, so its scheduled input and completed result are there, decoded
+here with the same pydantic models the workflow used. Temporal writes
+`ActivityTaskStarted` only when an attempt closes, so a tool call scheduled
+without a close event may have acted.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from temporalio.api.common.v1 import Payloads
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.history.v1 import HistoryEvent
+
+from turnkeeper import activity_io as io
+from turnkeeper.models import (
+    DISMISSED_TEXT,
+    INTERRUPTED_TURN_TEXT,
+    STOPPED_TEXT,
+    SUPERSEDED_TEXT,
+    ChatMessage,
+    ChatTurnInput,
+    Reason,
+    ToolCall,
+    UserMessage,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+JSON_ENCODING = b"json/plain"
+USER_MESSAGE_SIGNAL = "user_message"
+# Assistant rows the system writes when it closes a turn: never a model's answer.
+_CLOSING_TEXTS = frozenset({SUPERSEDED_TEXT, DISMISSED_TEXT, STOPPED_TEXT, INTERRUPTED_TURN_TEXT})
+
+
+@dataclass(frozen=True)
+class UnansweredCall:
+    """A tool call of the transcript that has no tool row yet."""
+
+    id: str
+    name: str
+    started: bool = True
+    """False when it provably never reached a worker (its row says it did not run)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: Reason
+    can_continue: bool
+    unanswered: tuple[UnansweredCall, ...] = ()
+    """Calls to answer with interrupted tool rows before the gate opens."""
+    final_text: str | None = None
+    """With `answer_restored`: the answer to commit without a model call."""
+    messages: tuple[UserMessage, ...] = ()
+    """Every user message the run had acknowledged (its input and `user_message`
+    signals), in order; the store may hold some of them already."""
+    detail: str = ""
+    """Why, in words, for the log."""
+
+    @property
+    def closes_turn(self) -> bool:
+        """Whether the reconciler closes the turn itself (no recovery run)."""
+        return self.reason in (Reason.COMMITTED, Reason.ANSWER_RESTORED)
+
+
+def committed() -> Verdict:
+    return Verdict(Reason.COMMITTED, True, detail="the store holds the turn's completion")
+
+
+def invalid(detail: str) -> Verdict:
+    return Verdict(Reason.CHECKPOINT_INVALID, False, detail=detail)
+
+
+def unknown(detail: str) -> Verdict:
+    return Verdict(Reason.CHECKPOINT_UNKNOWN, False, detail=detail)
+
+
+# -- the store's rows ------------------------------------------------------------------
+
+
+def is_completion(row: ChatMessage) -> bool:
+    """An assistant row that answers the turn: no tool calls, real text."""
+    return (row.role == "assistant" and not row.tool_calls and bool((row.content or "").strip())
+            and row.content not in _CLOSING_TEXTS)
+
+
+def holds_completion(rows: Sequence[ChatMessage]) -> bool:
+    return any(is_completion(r) for r in rows)
+
+
+def rows_problem(rows: Sequence[ChatMessage]) -> str | None:
+    """What makes the turn's rows unusable as model context, or None."""
+    calls: set[str] = set()
+    for row in rows:
+        if row.role != "assistant":
+            continue
+        if not row.tool_calls and not (row.content or "").strip():
+            return "an assistant row has neither tool calls nor text (an empty answer)"
+        for call in row.tool_calls or []:
+            if not call.id or not call.name:
+                return "a tool call row has no id or no name"
+            if call.id in calls:
+                return f"tool call id {call.id!r} appears twice"
+            calls.add(call.id)
+    answered: set[str] = set()
+    for row in rows:
+        if row.role != "tool":
+            continue
+        if not row.tool_call_id or row.tool_call_id not in calls:
+            return f"a tool row answers call {row.tool_call_id!r}, which was never made"
+        if row.tool_call_id in answered:
+            return f"tool call {row.tool_call_id!r} has two results"
+        answered.add(row.tool_call_id)
+    return None
+
+
+def _store_calls(rows: Sequence[ChatMessage]) -> dict[str, ToolCall]:
+    return {c.id: c for r in rows if r.role == "assistant" for c in r.tool_calls or []}
+
+
+def _answered(rows: Sequence[ChatMessage]) -> set[str]:
+    return {r.tool_call_id for r in rows if r.role == "tool" and r.tool_call_id}
+
+
+def judge_store(rows: Sequence[ChatMessage]) -> Verdict:
+    """The run and its history are gone: judge from the store's rows of the turn alone."""
+    if holds_completion(rows):
+        return committed()
+    problem = rows_problem(rows)
+    if problem is not None:
+        return invalid(problem)
+    calls = _store_calls(rows)
+    if not calls:
+        return Verdict(Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False,
+                       detail="history gone; the store holds no model step of the turn")
+    answered = _answered(rows)
+    return Verdict(
+        Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True,
+        unanswered=tuple(UnansweredCall(c.id, c.name) for c in calls.values() if c.id not in answered),
+        detail="history gone; the store holds the turn's tool calls",
+    )
+
+
+# -- the run's history -----------------------------------------------------------------
+
+
+class _Undecodable(Exception):
+    """A payload we cannot read: written by another version or another converter."""
+
+
+def _decode(payloads: Payloads, model: type[M], what: str) -> M:
+    if len(payloads.payloads) != 1:
+        raise _Undecodable(f"{what}: {len(payloads.payloads)} payloads, expected 1")
+    payload = payloads.payloads[0]
+    encoding = payload.metadata.get("encoding", b"")
+    if encoding != JSON_ENCODING:
+        raise _Undecodable(f"{what}: payload encoding {encoding.decode(errors='replace')!r}")
+    try:
+        return model.model_validate_json(payload.data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
+        raise _Undecodable(f"{what}: unknown schema ({where}: {first.get('msg')})") from None
+
+
+@dataclass
+class _Step:
+    """One model_call or tool_call activity of the run."""
+
+    kind: str
+    input: io.ModelCallInput | io.ToolCallInput
+    result: io.ModelCallResult | io.ToolCallResult | None = None
+    never_started: bool = False
+
+
+@dataclass
+class _Run:
+    start: ChatTurnInput | None = None
+    steps: list[_Step] = field(default_factory=list)
+    messages: dict[str, UserMessage] = field(default_factory=dict)  # by id, in arrival order
+
+    def acknowledged(self) -> tuple[UserMessage, ...]:
+        return tuple(self.messages.values())
+
+
+def _read(events: Iterable[HistoryEvent]) -> _Run:
+    run = _Run()
+    by_id: dict[int, _Step] = {}
+    for event in events:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            attrs = event.workflow_execution_started_event_attributes
+            if attrs.input.payloads:
+                run.start = _decode(attrs.input, ChatTurnInput, "workflow input")
+                for message in run.start.pending:
+                    run.messages.setdefault(message.message_id, message)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            signal = event.workflow_execution_signaled_event_attributes
+            if signal.signal_name == USER_MESSAGE_SIGNAL:
+                try:
+                    message = _decode(signal.input, UserMessage, "user_message")
+                except _Undecodable:
+                    continue  # the run refused it too (message_rejected): never acknowledged
+                run.messages.setdefault(message.message_id, message)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            sched = event.activity_task_scheduled_event_attributes
+            name = sched.activity_type.name
+            if name == io.MODEL_CALL:
+                step = _Step(name, _decode(sched.input, io.ModelCallInput, f"event {event.event_id} input"))
+            elif name == io.TOOL_CALL:
+                step = _Step(name, _decode(sched.input, io.ToolCallInput, f"event {event.event_id} input"))
+            else:
+                continue
+            by_id[event.event_id] = step
+            run.steps.append(step)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            done = event.activity_task_completed_event_attributes
+            found = by_id.get(done.scheduled_event_id)
+            if found is not None:
+                model: type[io.ModelCallResult] | type[io.ToolCallResult] = (
+                    io.ModelCallResult if found.kind == io.MODEL_CALL else io.ToolCallResult)
+                found.result = _decode(done.result, model, f"event {event.event_id} result")
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+            # A failed, cancelled or timed-out attempt may have acted, like one without
+            # a close event; only a schedule-to-start timeout proves it never started.
+            timed_out = event.activity_task_timed_out_event_attributes
+            found = by_id.get(timed_out.scheduled_event_id)
+            if found is not None:
+                found.never_started = (timed_out.failure.timeout_failure_info.timeout_type
+                                       == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START)
+    return run
+
+
+def _history_problem(run: _Run) -> str | None:
+    made: set[str] = set()
+    for step in run.steps:
+        if isinstance(step.result, io.ModelCallResult):
+            reply = step.result.reply
+            if reply.is_final and not (reply.text or "").strip():
+                return "the final answer is empty"
+            for call in reply.tool_calls:
+                if call.id in made:
+                    return f"tool call id {call.id!r} appears twice"
+                made.add(call.id)
+    results: set[str] = set()
+    for step in run.steps:
+        if not isinstance(step.input, io.ToolCallInput):
+            continue
+        call_id = step.input.call.id
+        if call_id not in made:
+            return f"tool call {call_id!r} ran, but no model reply asked for it"
+        if isinstance(step.result, io.ToolCallResult):
+            if step.result.tool_call_id != call_id:
+                return f"tool call {call_id!r} got the result of {step.result.tool_call_id!r}"
+            if call_id in results:
+                return f"tool call {call_id!r} has two results"
+            results.add(call_id)
+    return None
+
+
+def acknowledged(events: Iterable[HistoryEvent]) -> tuple[UserMessage, ...]:
+    """The user messages a run acknowledged, in order; () when its history does not decode."""
+    try:
+        return _read(events).acknowledged()
+    except _Undecodable:
+        return ()
+
+
+def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *,
+                  resuming: bool = False) -> Verdict:
+    """Judge a run that ended abnormally (or ended while the store still shows its
+    turn open) by its history and the store's rows of the turn.
+
+    `resuming`: the store shows the turn resuming, i.e. Continue was accepted and
+    the resumed step was lost too: a continuable gate opens as `loop_guard`, as it
+    would have in the live run.
+    """
+    try:
+        run: _Run | None = _read(events)
+        undecodable = ""
+    except _Undecodable as err:
+        run, undecodable = None, str(err)
+    if holds_completion(rows):  # a persisted completion wins
+        return replace(committed(), messages=run.acknowledged() if run else ())
+    if run is None:
+        return unknown(undecodable)
+    messages = run.acknowledged()
+    problem = _history_problem(run) or rows_problem(rows)
+    if problem is not None:
+        return replace(invalid(problem), messages=messages)
+
+    finals = [s.result.reply for s in run.steps
+              if isinstance(s.result, io.ModelCallResult) and s.result.reply.is_final]
+    if finals:
+        return Verdict(Reason.ANSWER_RESTORED, True, final_text=finals[-1].text, messages=messages,
+                       detail="a final answer is in the history")
+
+    # Tool activities of this run, by call id; and the calls its model replies made.
+    tool_steps = {s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, io.ToolCallInput)}
+    made_here = {c.id for s in run.steps if isinstance(s.result, io.ModelCallResult)
+                 for c in s.result.reply.tool_calls}
+    uncertain = [inp.call.id for inp, step in tool_steps.values()
+                 if step.result is None and not step.never_started]
+    # Calls of the transcript without a tool row get one, saying what is known.
+    answered = _answered(rows)
+    unanswered: list[UnansweredCall] = []
+    for call_id, call in _store_calls(rows).items():
+        if call_id in answered:
+            continue
+        found = tool_steps.get(call_id)
+        if found is not None:
+            started = not found[1].never_started
+        else:
+            started = call_id not in made_here  # asked for here but never scheduled: it did not run
+        unanswered.append(UnansweredCall(call_id, call.name, started=started))
+
+    if uncertain:
+        reason, can_continue = Reason.TOOL_STATE_UNKNOWN, True
+        detail = f"tool call(s) {uncertain} may have acted"
+    elif run.start is not None and run.start.recovery is not None:
+        # A recovery run that ended at (or before) its gate: the same gate again,
+        # never a more permissive one.
+        reason, can_continue = run.start.recovery.reason, run.start.recovery.can_continue
+        detail = "a recovery run ended before its gate was decided"
+    else:
+        reason, can_continue = Reason.RESTART_REQUIRES_CONFIRMATION, True
+        detail = "only the user message and completed steps remain"
+    if resuming and can_continue:
+        reason = Reason.LOOP_GUARD
+    return Verdict(reason, can_continue, unanswered=tuple(unanswered), messages=messages, detail=detail)

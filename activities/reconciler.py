@@ -1,0 +1,219 @@
+"""The reconciler (DESIGN.md rule 6): finds turns the store shows open whose run
+is no longer running, judges what remains (activities/checkpoint.py) and either
+closes the turn (`committed`, `answer_restored`) or starts a `ChatTurn` run in
+recovery mode, which opens the gate and waits for Continue or Dismiss.
+
+A pass reads the open turns only, so its cost grows with open turns, not with
+all chats; a turn whose run is running costs one describe and nothing else.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import replace
+from typing import Any, Literal
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities import checkpoint
+from activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
+from activities.store.base import TurnRef
+from turnkeeper.client import WORKFLOW_TYPE, workflow_id
+from turnkeeper.config import Settings
+from turnkeeper.models import (
+    INTERRUPTED_TOOL_TEXT,
+    OPEN_STATUSES,
+    UNSTARTED_TOOL_TEXT,
+    ChatTurnInput,
+    ModelReply,
+    Reason,
+    RecoveryStart,
+    TurnRecord,
+    TurnStatus,
+    UserMessage,
+)
+from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
+
+log = logging.getLogger("turnkeeper.reconciler")
+
+# What a pass reports for a turn it left as it was.
+Untouched = Literal["healthy", "settled", "busy"]
+
+# Infrastructure trouble, not a bad chat: the next pass tries the chat again.
+_TRANSIENT_RPC = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED,
+                            RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.ABORTED, RPCStatusCode.CANCELLED})
+
+
+class Reconciler:
+    def __init__(self, settings: Settings, store: SessionStore) -> None:
+        self._settings = settings
+        self._store = store
+
+    @activity.defn(name=RECONCILE_PASS)
+    async def reconcile_pass(self) -> ReconcileSummary:
+        client = activity.client()
+        summary = ReconcileSummary()
+        for ref in await self._store.open_turn_refs():
+            activity.heartbeat(summary.examined)
+            summary.examined += 1
+            try:
+                outcome = await self._reconcile(client, ref)
+            except Exception as err:  # noqa: BLE001 — one bad chat never stops the pass
+                if _transient(err):
+                    log.warning("chat %s turn %d: deferred to the next pass: %s", ref.chat_id, ref.turn, err)
+                    summary.deferred += 1
+                    continue
+                log.exception("recovering chat %s turn %d failed: %s", ref.chat_id, ref.turn, err)
+                if await self._mark_failed(ref):
+                    summary.failed += 1
+                continue
+            if isinstance(outcome, Reason):
+                summary.count(outcome)
+            elif outcome == "healthy":
+                summary.healthy += 1
+            elif outcome == "settled":
+                summary.settled += 1
+            else:
+                summary.busy += 1
+        if summary.examined != summary.healthy:
+            log.info("reconcile pass: %s", summary.model_dump_json())
+        return summary
+
+    async def _reconcile(self, client: Client, ref: TurnRef) -> Reason | Untouched:
+        handle = client.get_workflow_handle(workflow_id(ref.chat_id), run_id=ref.run_id)
+        described: WorkflowExecutionDescription | None = None
+        if ref.run_id is not None:
+            described = await _describe(handle)
+            if described is not None and described.status not in _ENDED:
+                return "healthy"
+        # Read again: the turn may have closed, or been adopted, since the listing.
+        record = await self._store.get_turn(ref.chat_id, ref.turn)
+        if record is None or record.status not in OPEN_STATUSES or record.run_id != ref.run_id:
+            return "settled"
+
+        events = None
+        if described is not None:
+            try:
+                events = (await handle.fetch_history()).events
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+                # Deleted since the describe: the store is all that is left.
+        try:
+            rows = await self._store.turn_messages(ref.chat_id, ref.turn)
+        except CorruptRowError as err:
+            verdict = replace(checkpoint.invalid(str(err)),
+                              messages=checkpoint.acknowledged(events) if events is not None else ())
+        else:
+            verdict = (checkpoint.judge_store(rows) if events is None else checkpoint.judge_history(
+                events, rows, resuming=record.status == TurnStatus.RESUMING))
+        log.info("chat %s turn %d: %s (%s)", ref.chat_id, ref.turn, verdict.reason.value, verdict.detail)
+        pending = await self._uncommitted(ref.chat_id, verdict.messages)
+
+        if verdict.closes_turn:
+            await self._close(ref, record, verdict)
+            if pending:
+                await self._hand_on(client, ref.chat_id, pending)
+            return verdict.reason
+
+        for call in verdict.unanswered:
+            await self._store.record_tool_result(
+                ref.chat_id, ref.turn, call.id, call.name,
+                INTERRUPTED_TOOL_TEXT if call.started else UNSTARTED_TOOL_TEXT, status="interrupted")
+        try:
+            await client.start_workflow(
+                WORKFLOW_TYPE,
+                ChatTurnInput(chat_id=ref.chat_id, pending=pending, recovery=RecoveryStart(
+                    turn=ref.turn, reason=verdict.reason, can_continue=verdict.can_continue)),
+                id=workflow_id(ref.chat_id),
+                task_queue=self._settings.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+        except WorkflowAlreadyStartedError:
+            # That run owns the chat: a recovery run of an earlier pass, or a new turn
+            # whose first task closes this one itself.
+            return "busy"
+        return verdict.reason
+
+    async def _close(self, ref: TurnRef, record: TurnRecord, verdict: checkpoint.Verdict) -> None:
+        """Persist, then announce: the store writes recovery_state, session_updated, turn_end."""
+        if verdict.reason == Reason.ANSWER_RESTORED:
+            # The step after the turn's last one. The run id stays the ended run's (a
+            # verdict from a history always has one).
+            step = await self._store.adopt_turn(ref.chat_id, ref.turn, ref.run_id or "")
+            # Not `final=True`: that would close the turn as completed; it closes
+            # below as recovered/answer_restored, in one turn_end.
+            await self._store.record_assistant(ref.chat_id, ref.turn, step,
+                                               ModelReply(text=verdict.final_text), final=False)
+        await self._store.finish_turn(ref.chat_id, ref.turn, TurnUpdate(
+            status=TurnStatus.RECOVERED, reason=verdict.reason,
+            recovery_id=record.recovery_id or uuid.uuid4().hex,
+            can_continue=record.can_continue, attempts=record.attempts))
+
+    async def _uncommitted(self, chat_id: str, messages: tuple[UserMessage, ...]) -> list[UserMessage]:
+        """Acknowledged messages of the dead run the store does not hold yet: the
+        recovery run (or the next turn) takes them over, so none is lost."""
+        limit = self._settings.max_message_bytes
+        offered = [m for m in messages if len(m.text.encode()) <= limit]  # the run refused larger ones
+        if not offered:
+            return []
+        held = set(await self._store.held_message_ids(chat_id, [m.message_id for m in offered]))
+        return [m for m in offered if m.message_id not in held]
+
+    async def _hand_on(self, client: Client, chat_id: str, messages: list[UserMessage]) -> None:
+        """The turn is closed; its follow-ups start the next turn, as a client's send would."""
+        for message in messages:
+            await client.start_workflow(
+                WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
+                task_queue=self._settings.task_queue,
+                start_signal="user_message", start_signal_args=[message],
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+
+    async def _mark_failed(self, ref: TurnRef) -> bool:
+        """failed/recovery_failed, can_continue false. Not open any more, so later
+        passes leave it alone. Returns whether the turn was marked."""
+        try:
+            try:
+                record = await self._store.get_turn(ref.chat_id, ref.turn)
+            except CorruptRowError:
+                record = None
+            if record is not None and (record.status not in OPEN_STATUSES or record.run_id != ref.run_id):
+                return False  # closed or taken over meanwhile: nothing to mark
+            await self._store.update_turn(ref.chat_id, ref.turn, TurnUpdate(
+                status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, can_continue=False,
+                recovery_id=(record.recovery_id if record else None) or uuid.uuid4().hex,
+                attempts=record.attempts if record else 0))
+            return True
+        except Exception as err:  # noqa: BLE001 — logged; the next pass tries again
+            log.exception("could not mark chat %s turn %d failed: %s", ref.chat_id, ref.turn, err)
+            return False
+
+
+def _transient(err: Exception) -> bool:
+    if isinstance(err, RPCError):
+        return err.status in _TRANSIENT_RPC
+    return isinstance(err, StoreError) and not isinstance(err, CorruptRowError)
+
+
+_ENDED = frozenset({
+    WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
+    WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CONTINUED_AS_NEW,
+    WorkflowExecutionStatus.TIMED_OUT,
+})
+
+
+async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:
+    """The exact run the turn records; None when it and its history are gone."""
+    try:
+        return await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise

@@ -1,0 +1,644 @@
+"""The reconciler (DESIGN.md rule 6 and the reconciler rows of the reason table):
+the pure checkpoint judge on recorded histories, then real passes on the dev
+server over runs ended with `terminate()`, deleted histories and corrupted rows,
+the schedule, and the cost of a pass over many healthy chats."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from temporalio.client import (
+    Client,
+    ScheduleActionStartWorkflow,
+    ScheduleOverlapPolicy,
+    WorkflowExecutionStatus,
+    WorkflowHistory,
+)
+from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import ActivityEnvironment
+from temporalio.worker import Worker
+
+from activities import checkpoint
+from activities.assemble import build_activities
+from activities.checkpoint import UnansweredCall
+from activities.providers import load_provider
+from activities.reconciler import Reconciler
+from activities.store import SessionStore, StoreError
+from activities.tools import default_registry
+from tests.support import HISTORIES, Stack
+from turnkeeper import activity_io as io
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.dev_server import temporal_binary
+from turnkeeper.models import (
+    INTERRUPTED_TOOL_TEXT,
+    ChatMessage,
+    ChatTurnInput,
+    ModelReply,
+    Reason,
+    RecoveryAction,
+    RecoveryStart,
+    ToolCall,
+    TurnState,
+    TurnStatus,
+    UserMessage,
+)
+from turnkeeper.reconcile_io import RECONCILE_WORKFLOW, SCHEDULE_ID, ReconcileSummary, pass_workflow_id
+from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
+from turnkeeper.testing import FakeChatServer
+from worker import run_worker
+from workflows.chat_turn import ChatTurn
+
+TURN_STATUS = SearchAttributeKey.for_keyword("TurnStatus")
+RECOVERY_REASON = SearchAttributeKey.for_keyword("RecoveryReason")
+
+# -- checkpoint.py on a recorded history ---------------------------------------------------
+#
+# test_two_sequential_tool_calls-0: model call (event 8, reply 10: call_0_0 write_file),
+# tool 14/16, model call 20 (reply 22: call_1_0 read_file), tool 26/28, model call 32
+# (reply 34: the final answer "a.txt says alpha"), run completed 39.
+
+RECORDED = HISTORIES / "test_two_sequential_tool_calls-0.json"
+USER = ChatMessage(role="user", content="write then read")
+ASK_0 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="write_file",
+                                                             arguments='{"path": "notes/a.txt", "content": "alpha"}')])
+DONE_0 = ChatMessage(role="tool", content="wrote 5 bytes to notes/a.txt", tool_call_id="call_0_0", name="write_file")
+ASK_1 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_1_0", name="read_file",
+                                                             arguments='{"path": "notes/a.txt"}')])
+DONE_1 = ChatMessage(role="tool", content="alpha", tool_call_id="call_1_0", name="read_file")
+FINAL = ChatMessage(role="assistant", content="a.txt says alpha")
+
+
+def _recorded() -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(RECORDED.read_text()))
+
+
+def _events(raw: dict[str, Any], through: int | None = None) -> list[HistoryEvent]:
+    if through is not None:
+        raw = {**raw, "events": [e for e in raw["events"] if int(e["eventId"]) <= through]}
+    return list(WorkflowHistory.from_json("wf", raw).events)
+
+
+def _payload(raw: dict[str, Any], event_id: int) -> dict[str, Any]:
+    """The (first) input or result payload of one event, as JSON."""
+    event = next(e for e in raw["events"] if int(e["eventId"]) == event_id)
+    attrs = next(v for k, v in event.items() if k.endswith("Attributes"))
+    holder = attrs.get("input") or attrs.get("result")
+    return cast(dict[str, Any], holder["payloads"][0])
+
+
+def _edit(raw: dict[str, Any], event_id: int, change: Callable[[dict[str, Any]], None]) -> None:
+    payload = _payload(raw, event_id)
+    body = json.loads(base64.b64decode(payload["data"]))
+    change(body)
+    payload["data"] = base64.b64encode(json.dumps(body).encode()).decode()
+
+
+def test_recorded_history_is_the_one_described() -> None:
+    """Guards the event ids the checkpoint tests above rely on."""
+    raw = _recorded()
+    names = {int(e["eventId"]): e["eventType"] for e in raw["events"]}
+    assert names[14] == names[26] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
+    assert names[22] == names[34] == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED"
+
+
+def test_a_final_answer_in_the_history_is_restored() -> None:
+    verdict = checkpoint.judge_history(_events(_recorded()), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    assert verdict.reason == Reason.ANSWER_RESTORED and verdict.final_text == "a.txt says alpha"
+    assert [m.text for m in verdict.messages] == ["write then read"]
+
+
+def test_a_persisted_completion_wins() -> None:
+    raw = _recorded()
+    _payload(raw, 16)["metadata"]["encoding"] = base64.b64encode(b"binary/encrypted").decode()
+    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
+    assert verdict.reason == Reason.COMMITTED and verdict.closes_turn
+
+
+def test_a_tool_scheduled_without_a_close_event_may_have_acted() -> None:
+    verdict = checkpoint.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1])
+    assert (verdict.reason, verdict.can_continue) == (Reason.TOOL_STATE_UNKNOWN, True)
+    assert verdict.unanswered == (UnansweredCall("call_1_0", "read_file", started=True),)
+    # Once its interrupted row exists, nothing is left to answer (idempotent).
+    answered = ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file")
+    again = checkpoint.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1, answered])
+    assert again.reason == Reason.TOOL_STATE_UNKNOWN and again.unanswered == ()
+
+
+def test_only_completed_steps_ask_to_restart() -> None:
+    lost_model_call = checkpoint.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0])
+    assert (lost_model_call.reason, lost_model_call.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
+    assert lost_model_call.unanswered == ()
+    # A reply whose tool was never scheduled: it did not run, and its row says so.
+    unscheduled = checkpoint.judge_history(_events(_recorded(), through=23), [USER, ASK_0, DONE_0, ASK_1])
+    assert unscheduled.reason == Reason.RESTART_REQUIRES_CONFIRMATION
+    assert unscheduled.unanswered == (UnansweredCall("call_1_0", "read_file", started=False),)
+    # The resumed step lost again: the live run would have said loop_guard too.
+    resumed = checkpoint.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0], resuming=True)
+    assert resumed.reason == Reason.LOOP_GUARD
+
+
+@pytest.mark.parametrize("case", ["encoding", "schema", "input"])
+def test_an_undecodable_payload_is_checkpoint_unknown(case: str) -> None:
+    raw = _recorded()
+    if case == "encoding":
+        _payload(raw, 22)["metadata"]["encoding"] = base64.b64encode(b"json/protobuf").decode()
+    elif case == "schema":
+        _payload(raw, 22)["data"] = base64.b64encode(b'{"schema": 99, "reply": "v2"}').decode()
+    else:
+        _edit(raw, 26, lambda body: body.pop("call"))
+    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_UNKNOWN, False)
+
+
+def _rename_call(body: dict[str, Any]) -> None:
+    body["reply"]["tool_calls"][0]["id"] = "call_0_0"
+
+
+def _ghost_call(body: dict[str, Any]) -> None:
+    body["call"]["id"] = "ghost"
+
+
+def _blank_answer(body: dict[str, Any]) -> None:
+    body["reply"]["text"] = "  "
+
+
+@pytest.mark.parametrize("event_id,change,why", [
+    (22, _rename_call, "appears twice"),
+    (26, _ghost_call, "no model reply asked for it"),
+    (34, _blank_answer, "empty"),
+])
+def test_a_malformed_history_is_checkpoint_invalid(event_id: int, change: Callable[[dict[str, Any]], None],
+                                                   why: str) -> None:
+    raw = _recorded()
+    _edit(raw, event_id, change)
+    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
+    assert why in verdict.detail
+
+
+def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate() -> None:
+    raw = _recorded()
+    start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
+        turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False))
+    _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
+    verdict = checkpoint.judge_history(_events(raw, through=7), [USER])
+    assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
+
+
+def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
+    raw = json.loads((HISTORIES / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
+    messages = checkpoint.acknowledged(_events(raw))
+    assert len(messages) == 2 and messages[0].message_id != messages[1].message_id
+
+
+def test_judging_the_store_alone() -> None:
+    assert checkpoint.judge_store([USER, FINAL]).reason == Reason.COMMITTED
+    alone = checkpoint.judge_store([USER])
+    assert (alone.reason, alone.can_continue) == (Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False)
+    saved = checkpoint.judge_store([USER, ASK_0, DONE_0, ASK_1])
+    assert (saved.reason, saved.can_continue) == (Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True)
+    assert saved.unanswered == (UnansweredCall("call_1_0", "read_file"),)
+    duplicate = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="x")])
+    orphan = ChatMessage(role="tool", content="?", tool_call_id="nobody", name="x")
+    empty = ChatMessage(role="assistant", content=" ")
+    for rows in ([USER, ASK_0, duplicate], [USER, ASK_0, orphan], [USER, empty]):
+        bad = checkpoint.judge_store(rows)
+        assert (bad.reason, bad.can_continue) == (Reason.CHECKPOINT_INVALID, False), rows
+
+
+# -- passes on the dev server --------------------------------------------------------------
+
+
+@pytest.fixture
+async def contract_schedule_points_nowhere(client: Client) -> None:
+    """Every worker creates `turnkeeper-reconcile` when missing, on its own task queue.
+    These tests share one server: make sure it exists on a queue no worker polls, so a
+    scheduled pass never races the passes a test runs itself."""
+    await ensure_reconcile_schedule(client, Settings(task_queue="turnkeeper-tests-nowhere", reconcile_every=3600))
+
+
+
+async def run_pass(stack: Stack) -> ReconcileSummary:
+    return await stack.client.execute_workflow(
+        RECONCILE_WORKFLOW, id=f"reconcile-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue,
+        result_type=ReconcileSummary)
+
+
+def raw_db(stack: Stack) -> sqlite3.Connection:
+    return sqlite3.connect(stack.data / "sessions.db")
+
+
+async def run_id_of(stack: Stack, chat: str, turn: int = 1) -> str:
+    record = await (await stack.store()).get_turn(chat, turn)
+    assert record is not None and record.run_id
+    return record.run_id
+
+
+async def terminate(stack: Stack, chat: str) -> str:
+    run_id = await run_id_of(stack, chat)
+    await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id).terminate(reason="test")
+    return run_id
+
+
+async def delete_history(client: Client, chat: str, run_id: str) -> None:
+    """Delete a run with its history. Done while it runs: the server then terminates
+    and deletes it at once (a closed run's deletion is queued for ~30 s)."""
+    await client.workflow_service.delete_workflow_execution(DeleteWorkflowExecutionRequest(
+        namespace=client.namespace,
+        workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat), run_id=run_id)))
+    handle = client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
+    await until(lambda: _gone(handle), "the run's history is deleted")
+
+
+async def _gone(handle: Any) -> bool:
+    try:
+        await handle.describe()
+    except RPCError as err:
+        return err.status == RPCStatusCode.NOT_FOUND
+    return False
+
+
+async def until(check: Callable[[], Awaitable[bool] | bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if await result if isinstance(result, Awaitable) else result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting until {what}")
+
+
+async def events_of(stack: Stack, chats: list[str]) -> dict[str, list[tuple[int, str]]]:
+    store = await stack.store()
+    return {c: [(e.seq, e.type) for e in await store.events(c)] for c in chats}
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> None:
+    """One pass over chats whose runs were terminated, deleted, corrupted or
+    completed meanwhile; the recovery runs then wait at their gates (contract)."""
+    ledger = stack.ws / "ledger.txt"
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        first = next(m["content"] for m in request["messages"] if m["role"] == "user")
+        if first.startswith("slow tool"):
+            return {"tool_calls": [{"name": "slow_write",
+                                    "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]}
+        return {"text": "too late", "delay": 90}  # a model call still under way
+
+    with FakeChatServer(responder=answer) as server:
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model", "OPENAI_BASE_URL": server.base_url,
+                                "OPENAI_API_KEY": "k", "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                                "TURNKEEPER_TOOLS": "slow_write,read_file"})
+        await stack.start_worker()
+        store = await stack.store()
+        names = ["tool", "followup", "model", "corrupt", "saved", "nothing", "raising", "done", "healthy"]
+        chat = {n: stack.chat(n) for n in names}
+        kind = {"tool": "slow tool", "followup": "slow tool", "saved": "slow tool"}
+
+        async def under_way(n: str) -> None:
+            text = f"{kind.get(n, 'slow model')} {chat[n]}"
+            await stack.send(chat[n], text)
+            if kind.get(n) == "slow tool":
+                await until(lambda: ledger.exists() and chat[n] in ledger.read_text(), f"{n}: tool started")
+            else:
+                await until(lambda: any(text in json.dumps(r) for r in server.requests), f"{n}: model called")
+
+        await asyncio.gather(*(under_way(n) for n in names))
+        # Acknowledged while the tool ran, never committed: only the run's history has it.
+        await stack.send(chat["followup"], "and then?", message_id="later")
+        await until(lambda: _has_signal(stack, chat["followup"], "later"), "the follow-up is in the history")
+
+        with raw_db(stack) as db:
+            db.execute("UPDATE messages SET body = '{\"role\": \"robot\"}' WHERE chat_id = ?", (chat["corrupt"],))
+        await store.record_assistant(chat["done"], 1, 0, ModelReply(text="all done"), final=False)
+        gone = ("saved", "nothing")  # deleted while running: ended, and no history left
+        dead = {n: await terminate(stack, chat[n]) for n in names if n not in gone and n != "healthy"}
+        for n in gone:
+            dead[n] = await run_id_of(stack, chat[n])
+        await asyncio.gather(*(delete_history(stack.client, chat[n], dead[n]) for n in gone))
+        with raw_db(stack) as db:  # a run id Temporal refuses to describe: recovering this chat raises
+            db.execute("UPDATE turns SET run_id = 'not-a-run-id' WHERE chat_id = ?", (chat["raising"],))
+        healthy_before = await events_of(stack, [chat["healthy"]])
+
+        summary = await run_pass(stack)
+        assert summary.outcomes == {
+            Reason.TOOL_STATE_UNKNOWN: 2, Reason.RESTART_REQUIRES_CONFIRMATION: 1, Reason.CHECKPOINT_INVALID: 1,
+            Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1, Reason.INTERRUPTED_WITHOUT_CHECKPOINT: 1,
+            Reason.COMMITTED: 1,
+        }, summary
+        assert (summary.healthy, summary.failed, summary.examined) == (1, 1, 9)
+        assert await events_of(stack, [chat["healthy"]]) == healthy_before
+
+        # The reconciler's own writes: interrupted rows, the committed turn, the failed one.
+        for n in ("tool", "followup", "saved"):
+            last = (await stack.history(chat[n]))[-1]
+            assert last["role"] == "tool" and last["content"] == INTERRUPTED_TOOL_TEXT, n
+        done = await store.get_turn(chat["done"], 1)
+        assert done is not None and (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.COMMITTED)
+        assert (await stack.event_types(chat["done"]))[-3:] == ["recovery_state", "session_updated", "turn_end"]
+        raising = await store.get_turn(chat["raising"], 1)
+        assert raising is not None and (raising.status, raising.reason, raising.can_continue) == (
+            TurnStatus.FAILED, Reason.RECOVERY_FAILED, False)
+        assert raising.recovery_id
+
+        # The recovery runs (chat_turn.py's recovery mode) open their gates: state
+        # query, store turn row and search attributes agree.
+        gates = {"tool": (Reason.TOOL_STATE_UNKNOWN, True), "followup": (Reason.TOOL_STATE_UNKNOWN, True),
+                 "model": (Reason.RESTART_REQUIRES_CONFIRMATION, True),
+                 "corrupt": (Reason.CHECKPOINT_INVALID, False), "saved": (Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True),
+                 "nothing": (Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False)}
+        for n, (reason, can_continue) in gates.items():
+            state = await stack.wait_state(chat[n], lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+            assert (state.turn, state.reason, state.can_continue) == (1, reason, can_continue), n
+            assert state.recovery_id
+            record = await store.get_turn(chat[n], 1)
+            assert record is not None and record.run_id != dead[n], n
+            assert (record.status, record.reason, record.can_continue, record.recovery_id) == (
+                TurnStatus.AWAITING_USER, reason, can_continue, state.recovery_id), n
+            attrs = (await stack.client.get_workflow_handle(tk.workflow_id(chat[n])).describe()).typed_search_attributes
+            assert (attrs.get(TURN_STATUS), attrs.get(RECOVERY_REASON)) == ("awaiting_user", reason.value), n
+
+        # The next pass finds them healthy and writes nothing anywhere.
+        before = await events_of(stack, list(chat.values()))
+        again = await run_pass(stack)
+        assert (again.examined, again.healthy, again.outcomes, again.failed) == (7, 7, {}, 0), again
+        assert await events_of(stack, list(chat.values())) == before
+
+        # The follow-up the ended run had acknowledged waits behind the new gate (not
+        # consent), and Dismiss commits it as a user row: it is not lost.
+        state = await stack.state(chat["followup"])
+        assert state.pending_followups == ["later"] and state.recovery_id
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat["followup"]))
+        await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
+                                    result_type=TurnState)
+        assert [m.get("content") for m in await stack.history(chat["followup"])].count("and then?") == 1
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack: Stack) -> None:
+    """A run that got its final answer but whose store lost it: terminated before
+    its next workflow task, or completed while the store still shows the turn open."""
+    stack.script([{"text": "the answer"}])
+    settings = stack.settings()
+    store = await stack.store()
+    provider = load_provider(settings.model, env=settings.provider_env())
+    activities = build_activities(settings, store, provider, default_registry())
+    terminated, completed = stack.chat("terminated"), stack.chat("completed")
+
+    # Workflow tasks and local activities only: the model call waits for another worker.
+    turns = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn], activities=activities,
+                   no_remote_activities=True)
+    async with turns:
+        handle = await stack.send(terminated, "question")
+
+        async def model_call_scheduled() -> bool:
+            pending = (await handle.describe()).raw_description.pending_activities
+            return any(a.activity_type.name == io.MODEL_CALL for a in pending)
+
+        await until(model_call_scheduled, "the model call is scheduled")
+    # The answer is given and stored while no worker runs the workflow's next task.
+    async with Worker(stack.client, task_queue=stack.task_queue, activities=activities):
+        await until(lambda: _turn_status(stack, terminated, "completed"), "the model call finished")
+    await provider.aclose()
+    dead = await terminate(stack, terminated)  # before any worker could finish the run
+
+    await stack.start_worker()
+    await stack.send(completed, "question")
+    await stack.wait_turn_done(completed, 1)
+    for chat in (terminated, completed):  # the store loses the answer; the turn shows open
+        with raw_db(stack) as db:
+            db.execute("DELETE FROM messages WHERE chat_id = ? AND role = 'assistant'", (chat,))
+            db.execute("UPDATE turns SET status = 'running', ended = 0 WHERE chat_id = ?", (chat,))
+
+    summary = await run_pass(stack)
+    assert summary.outcomes == {Reason.ANSWER_RESTORED: 2}, summary
+    for chat in (terminated, completed):
+        assert await stack.history(chat) == [{"role": "user", "content": "question"},
+                                             {"role": "assistant", "content": "the answer"}]
+        record = await store.get_turn(chat, 1)
+        assert record is not None and (record.status, record.reason) == (TurnStatus.RECOVERED,
+                                                                          Reason.ANSWER_RESTORED)
+        events = await store.events(chat)
+        assert [e.type for e in events[-4:]] == ["assistant_message", "recovery_state", "session_updated",
+                                                 "turn_end"]
+        assert events[-1].payload == {"turn": 1, "status": "recovered", "reason": "answer_restored"}
+    # No recovery run, no model call: the terminated run is still the chat's latest.
+    latest = await stack.client.get_workflow_handle(tk.workflow_id(terminated)).describe()
+    assert latest.run_id == dead and latest.status == WorkflowExecutionStatus.TERMINATED
+    assert (await run_pass(stack)).examined == 0
+
+
+async def _has_signal(stack: Stack, chat: str, message_id: str) -> bool:
+    history = await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()
+    return any(message_id.encode() in e.workflow_execution_signaled_event_attributes.input.payloads[0].data
+               for e in history.events if e.HasField("workflow_execution_signaled_event_attributes"))
+
+
+def _turn_status(stack: Stack, chat: str, status: str) -> bool:
+    with raw_db(stack) as db:
+        row = db.execute("SELECT status FROM turns WHERE chat_id = ?", (chat,)).fetchone()
+    return row is not None and row[0] == status
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_the_worker_creates_the_schedule_and_a_trigger_runs_a_pass(stack: Stack) -> None:
+    settings = stack.settings(TURNKEEPER_RECONCILE_EVERY="3600")
+    schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"  # tests share one server
+    store = await stack.store()
+    chat = stack.chat("stale")  # its completion is stored; its run is long gone
+    await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
+    await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+    await store.record_assistant(chat, 1, 0, ModelReply(text="hello"), final=False)
+
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(settings, client=stack.client, stop=stop,
+                                            reconcile_schedule_id=schedule_id))
+    schedule = stack.client.get_schedule_handle(schedule_id)
+    try:
+        await until(lambda: _exists(schedule), "the worker created the schedule")
+        described = (await schedule.describe()).schedule
+        action = described.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert (action.workflow, action.task_queue, action.id) == (
+            RECONCILE_WORKFLOW, stack.task_queue, pass_workflow_id(schedule_id))
+        assert [i.every.total_seconds() for i in described.spec.intervals] == [3600]
+        assert described.policy.overlap == ScheduleOverlapPolicy.SKIP
+        # Several workers starting at once: the schedule exists, nobody fails.
+        assert await asyncio.gather(*(ensure_reconcile_schedule(stack.client, settings, schedule_id)
+                                      for _ in range(3))) == [False, False, False]
+
+        # What an operator runs (with our schedule id): a pass at once.
+        trigger = await asyncio.create_subprocess_exec(
+            temporal_binary(), "schedule", "trigger", "--schedule-id", schedule_id,
+            "--address", stack.address, "--namespace", stack.client.namespace,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await trigger.communicate()
+        assert trigger.returncode == 0, out.decode()
+        await until(lambda: _turn_status(stack, chat, "recovered"), "the triggered pass closed the turn")
+        record = await store.get_turn(chat, 1)
+        assert record is not None and record.reason == Reason.COMMITTED
+
+        # The contract's id: a worker started the default way creates it when missing
+        # (on its own queue: one client may not run two workers on one queue).
+        await stack.start_worker(TURNKEEPER_TASK_QUEUE=f"{stack.task_queue}-b")
+        contract = await stack.client.get_schedule_handle(SCHEDULE_ID).describe()
+        assert isinstance(contract.schedule.action, ScheduleActionStartWorkflow)
+        assert contract.schedule.action.workflow == RECONCILE_WORKFLOW
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        with contextlib.suppress(RPCError):
+            await schedule.delete()
+
+
+async def _exists(schedule: Any) -> bool:
+    try:
+        await schedule.describe()
+    except RPCError:
+        return False
+    return True
+
+
+class CountingStore:
+    """Records every store call with the chat it names, then passes it on."""
+
+    WRITES = frozenset({"begin_turn", "update_turn", "commit_user_messages", "record_assistant", "tool_started",
+                        "record_tool_result", "finish_turn", "adopt_turn", "append_events"})
+
+    def __init__(self, inner: SessionStore) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, str | None]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._inner, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            chat = args[0] if args and isinstance(args[0], str) else None
+            self.calls.append((name, chat))
+            return await method(*args, **kwargs)
+        return counted
+
+    def writes(self) -> list[tuple[str, str | None]]:
+        return [c for c in self.calls if c[0] in self.WRITES]
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> None:
+    client, store, settings = stack.client, await stack.store(), stack.settings()
+    idle = f"idle-{uuid.uuid4().hex[:8]}"  # no worker polls it: these runs stay running
+
+    async def open_turn(chat: str, *, terminated: bool = False) -> str:
+        handle = await client.start_workflow(ChatTurn.run, ChatTurnInput(chat_id=chat), id=tk.workflow_id(chat),
+                                             task_queue=idle, execution_timeout=timedelta(minutes=3))
+        run_id = handle.result_run_id
+        assert run_id
+        await store.begin_turn(chat, run_id, ["m1"])
+        await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+        if terminated:
+            await handle.terminate(reason="test")
+        return run_id
+
+    healthy = [stack.chat("healthy") for _ in range(200)]
+    for i in range(0, len(healthy), 50):
+        await asyncio.gather(*(open_turn(c) for c in healthy[i:i + 50]))
+    closed = [stack.chat("closed") for _ in range(50)]
+    for chat in closed:  # completed long ago: not open, never looked at
+        await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
+        await store.record_assistant(chat, 1, 0, ModelReply(text="ok"), final=True)
+
+    restart, saved, done = stack.chat("restart"), stack.chat("saved"), stack.chat("done")
+    await open_turn(restart, terminated=True)
+    saved_run = await open_turn(saved)
+    await store.record_assistant(saved, 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="write_file")]),
+                                 final=False)
+    await delete_history(client, saved, saved_run)
+    await store.begin_turn(done, str(uuid.uuid4()), ["m1"])
+    await store.record_assistant(done, 1, 0, ModelReply(text="answered"), final=False)
+    broken = {restart, saved, done}
+
+    counting = CountingStore(store)
+    reconciler = Reconciler(settings, cast(SessionStore, counting))
+    env = ActivityEnvironment(client=client)
+    started = time.monotonic()
+    summary = await env.run(reconciler.reconcile_pass)
+    elapsed = time.monotonic() - started
+    assert summary.healthy == 200 and summary.failed == 0, summary
+    assert summary.outcomes == {Reason.RESTART_REQUIRES_CONFIRMATION: 1, Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1,
+                                Reason.COMMITTED: 1}, summary
+    assert [c for c in counting.calls if c[1] is None] == [("open_turn_refs", None)]
+    assert {c[1] for c in counting.calls if c[1] is not None} == broken
+    assert {c[1] for c in counting.writes()} == {saved, done}
+    assert elapsed < 20, f"a pass over 203 open turns took {elapsed:.1f} s"
+
+    # The next pass: the recovery runs wait for a worker on the stack's queue, so the
+    # two gated chats are judged again but left alone; nothing is written anywhere.
+    everyone = healthy + closed + sorted(broken)
+    before = await events_of(stack, everyone)
+    counting.calls.clear()
+    again = await env.run(reconciler.reconcile_pass)
+    assert (again.healthy, again.busy, again.outcomes, again.failed) == (200, 2, {}, 0), again
+    assert counting.writes() == []
+    assert await events_of(stack, everyone) == before
+    for chat in (restart, saved):
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(tk.workflow_id(chat)).terminate(reason="test over")
+
+
+class FaultyStore:
+    """Passes every call on, except that reading one chat's rows raises what
+    `faults` names for it."""
+
+    def __init__(self, inner: SessionStore, faults: dict[str, Exception]) -> None:
+        self._inner = inner
+        self._faults = faults
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def turn_messages(self, chat_id: str, turn: int) -> list[ChatMessage]:
+        if chat_id in self._faults:
+            raise self._faults[chat_id]
+        return await self._inner.turn_messages(chat_id, turn)
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack: Stack) -> None:
+    store, settings = await stack.store(), stack.settings()
+    locked, bad, done = stack.chat("locked"), stack.chat("bad"), stack.chat("done")
+    for chat in (locked, bad, done):  # runs long gone: judged from the store alone
+        await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
+        await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+    await store.record_assistant(done, 1, 0, ModelReply(text="answered"), final=False)
+    env = ActivityEnvironment(client=stack.client)
+
+    faulty = FaultyStore(store, {locked: StoreError("database is locked"), bad: RuntimeError("bug")})
+    first = await env.run(Reconciler(settings, cast(SessionStore, faulty)).reconcile_pass)
+    assert (first.deferred, first.failed, first.outcomes) == (1, 1, {Reason.COMMITTED: 1}), first
+    record = await store.get_turn(bad, 1)
+    assert record is not None and (record.status, record.reason, record.can_continue) == (
+        TurnStatus.FAILED, Reason.RECOVERY_FAILED, False)
+    untouched = await store.get_turn(locked, 1)
+    assert untouched is not None and untouched.status == TurnStatus.RUNNING
+
+    # Healthy again: the deferred chat is recovered; the failed one is not looked at again.
+    before = await events_of(stack, [bad])
+    second = await env.run(Reconciler(settings, store).reconcile_pass)
+    assert (second.examined, second.outcomes) == (1, {Reason.INTERRUPTED_WITHOUT_CHECKPOINT: 1}), second
+    assert await events_of(stack, [bad]) == before
+    with contextlib.suppress(RPCError):
+        await stack.client.get_workflow_handle(tk.workflow_id(locked)).terminate(reason="test over")

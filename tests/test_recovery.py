@@ -1,0 +1,352 @@
+"""Gates, Continue and Dismiss, supersede, Stop, clean hand-off and the resume
+window, on a real dev server with real worker processes and SIGKILL/SIGTERM."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.worker import Worker
+
+from activities.assemble import build_activities
+from activities.providers import load_provider
+from activities.store import open_store
+from activities.tools import default_registry
+from tests.support import Stack
+from turnkeeper import client as tk
+from turnkeeper.models import (
+    SUPERSEDED_TEXT,
+    ChatTurnInput,
+    Reason,
+    RecoveryAction,
+    RecoveryStart,
+    ToolCallStatus,
+    TurnState,
+    TurnStatus,
+)
+from turnkeeper.testing import FakeChatServer
+from workflows.chat_turn import ChatTurn
+
+pytestmark = pytest.mark.crash
+
+
+def _call(name: str, **arguments: object) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
+
+
+def _slow_tools(stack: Stack, ledger: Path | None = None) -> None:
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write,write_file"})
+    if ledger is not None:
+        stack.env_extra["TK_LEDGER"] = str(ledger)
+
+
+def _fake_model(stack: Stack, server: FakeChatServer) -> None:
+    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                            "OPENAI_API_KEY": "k"})
+
+
+async def _until(pred, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+async def _decide(stack: Stack, chat: str, update: str, recovery_id: str | None) -> TurnState:
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id or ""),
+                                       result_type=TurnState)
+
+
+def _awaiting(s: TurnState) -> bool:
+    return s.status == TurnStatus.AWAITING_USER
+
+
+async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"text": "never delivered", "delay": 30}, {"text": "also lost", "delay": 30},
+                       {"text": "third time lucky"}])
+        _fake_model(stack, server)
+        first = stack.spawn_worker()
+        chat = stack.chat()
+        await stack.send(chat, "hello")
+        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        stack.kill(first)
+        second = stack.spawn_worker()
+        gate = await stack.wait_state(chat, _awaiting, timeout=45)
+        assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION and gate.can_continue
+        assert gate.attempts == 0 and gate.recovery_id
+
+        resumed = await _decide(stack, chat, "continue_turn", gate.recovery_id)
+        assert (resumed.status, resumed.reason, resumed.attempts) == (
+            TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+        await _until(lambda: len(server.requests) == 2, what="resumed model call")
+        stack.kill(second)  # the resumed step is lost too: never retried by itself
+        stack.spawn_worker()
+        guard = await stack.wait_state(chat, _awaiting, timeout=45)
+        assert guard.reason == Reason.LOOP_GUARD and guard.attempts == 1
+        assert guard.recovery_id != gate.recovery_id
+        await asyncio.sleep(1)
+        assert len(server.requests) == 2
+
+        await _decide(stack, chat, "continue_turn", guard.recovery_id)
+        done = await stack.wait_turn_done(chat, 1)
+        assert (done.status, done.reason, done.attempts) == (TurnStatus.RECOVERED, Reason.CONTINUED, 2)
+        hist = await stack.history(chat)
+        assert [m["content"] for m in hist] == ["hello", "third time lucky"]
+
+
+async def test_stale_ids_double_continue_and_unavailable_context(stack: Stack) -> None:
+    server = FakeChatServer([{"status": 400, "message": "provider says no"}, {"text": "after continue"}])
+    with server:
+        _fake_model(stack, server)
+        await _stale_ids_double_continue_and_unavailable_context(stack)
+
+
+async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> None:
+    await stack.start_worker()
+    chat = stack.chat()
+    await stack.send(chat, "hi")
+    gate = await stack.wait_state(chat, _awaiting)
+    assert gate.reason == Reason.MODEL_FAILED
+
+    with pytest.raises(WorkflowUpdateFailedError) as stale:
+        await _decide(stack, chat, "continue_turn", "not-the-id")
+    assert "stale" in str(stale.value.cause)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    await handle.signal("continue", {"recovery_id": "not-the-id"})
+    await handle.signal("dismiss", {"recovery_id": "also-wrong"})
+    await asyncio.sleep(0.5)
+    assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
+    types = await stack.event_types(chat)
+    assert types.count("recovery_action_rejected") == 2
+
+    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    with pytest.raises(WorkflowUpdateFailedError) as again:
+        await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    assert "not waiting for confirmation" in str(again.value.cause)
+    done = await stack.wait_turn_done(chat, 1)
+    assert done.reason == Reason.CONTINUED and done.attempts == 1
+    assert [m["content"] for m in await stack.history(chat)] == ["hi", "after continue"]
+
+    # A recovery run whose context is gone: Continue is refused, Dismiss always works.
+    other = stack.chat()
+    store = await stack.store()
+    await store.begin_turn(other, "lost-run", ["m1"])
+    from turnkeeper.models import UserMessage
+    await store.commit_user_messages(other, 1, [UserMessage(message_id="m1", text="lost")])
+    await stack.client.start_workflow(
+        "ChatTurn", ChatTurnInput(chat_id=other, recovery=RecoveryStart(
+            turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False)),
+        id=tk.workflow_id(other), task_queue=stack.task_queue)
+    gate = await stack.wait_state(other, _awaiting)
+    assert gate.reason == Reason.CHECKPOINT_UNKNOWN and not gate.can_continue
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await _decide(stack, other, "continue_turn", gate.recovery_id)
+    assert "context is unavailable" in str(refused.value.cause)
+    dismissed = await _decide(stack, other, "dismiss_turn", gate.recovery_id)
+    assert dismissed.status == TurnStatus.RECOVERED and dismissed.reason == Reason.DISMISSED
+    assert [m["role"] for m in await stack.history(other)] == ["user", "assistant"]
+
+
+async def test_pending_follow_ups_wait_and_a_newer_message_supersedes(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "bad request", "delay": 1.5},
+                       {"text": "answering both"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "first", message_id="m1")
+        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await stack.send(chat, "pending before the gate", message_id="m2")
+        gate = await stack.wait_state(chat, _awaiting)
+        # Pending when the turn was interrupted: not consent, no supersede.
+        assert gate.reason == Reason.MODEL_FAILED and gate.pending_followups == ["m2"]
+        await asyncio.sleep(0.5)
+        assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
+
+        await stack.send(chat, "newer", message_id="m3")
+        done = await stack.wait_turn_done(chat, 2)
+        assert done.status == TurnStatus.COMPLETED
+        turn1 = await (await stack.store()).get_turn(chat, 1)
+        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+        hist = await stack.history(chat)
+        assert [m["content"] for m in hist] == [
+            "first", SUPERSEDED_TEXT, "pending before the gate", "newer", "answering both"]
+
+
+async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "bad request", "delay": 1.5}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "first", message_id="m1")
+        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await stack.send(chat, "second", message_id="m2")
+        gate = await stack.wait_state(chat, _awaiting)
+        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        assert done.reason == Reason.DISMISSED
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+        await handle.result()
+        hist = await stack.history(chat)
+        assert [m["role"] for m in hist] == ["user", "user", "assistant"]
+        assert [m["content"] for m in hist][:2] == ["first", "second"]
+        assert len(server.requests) == 1
+
+
+async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "bad"}, {"text": "slow resumed answer", "delay": 20},
+                       {"text": "the new turn"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "one", message_id="m1")
+        gate = await stack.wait_state(chat, _awaiting)
+        await _decide(stack, chat, "continue_turn", gate.recovery_id)
+        await _until(lambda: len(server.requests) == 2, what="resumed call under way")
+        await stack.send(chat, "two", message_id="m2")
+        done = await stack.wait_turn_done(chat, 2, timeout=30)
+        assert done.status == TurnStatus.COMPLETED
+        turn1 = await (await stack.store()).get_turn(chat, 1)
+        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+        hist = await stack.history(chat)
+        assert [m["content"] for m in hist] == ["one", SUPERSEDED_TEXT, "two", "the new turn"]
+
+
+async def test_stop_keeps_completed_results_and_interrupts_running_tools(stack: Stack) -> None:
+    ledger = stack.ws / "ledger.txt"  # in-process worker: the tools' default ledger
+    _slow_tools(stack)
+    stack.script([{"tool_calls": [_call("write_file", path="fast.txt", content="f"),
+                                  _call("slow_write", path="slow.txt", content="s", seconds=20)]}])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "do both")
+    await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [
+        ToolCallStatus.DONE, ToolCallStatus.RUNNING])
+    await stack.client.get_workflow_handle(tk.workflow_id(chat)).signal("stop", {})
+    final = await asyncio.wait_for(handle.result(), 30)
+    assert (final.status, final.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+    assert [c.status for c in final.tool_calls] == [ToolCallStatus.DONE, ToolCallStatus.INTERRUPTED]
+    hist = await stack.history(chat)
+    assert [m["role"] for m in hist] == ["user", "assistant", "tool", "tool", "assistant"]
+    assert hist[2]["content"].startswith("wrote") and "interrupted" in hist[3]["content"]
+    assert "done" not in ledger.read_text()
+
+
+async def test_step_nobody_picks_up_within_the_resume_window_asks_the_user(stack: Stack) -> None:
+    stack.script([{"text": "finally"}])
+    settings = stack.settings(TURNKEEPER_RESUME_WINDOW="2")
+    store = open_store(settings)
+    await store.open()
+    provider = load_provider(settings.model)
+    # Workflow tasks and store writes only: no worker takes the model call.
+    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
+                            activities=build_activities(settings, store, provider, default_registry()),
+                            no_remote_activities=True)
+    chat = stack.chat()
+    try:
+        async with workflows_only:
+            await stack.send(chat, "anyone there?")
+            gate = await stack.wait_state(chat, _awaiting, timeout=20)
+            assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
+            stack.spawn_worker()  # a process: one client holds one worker per queue
+            await _decide(stack, chat, "continue_turn", gate.recovery_id)
+            done = await stack.wait_turn_done(chat, 1)
+            assert done.reason == Reason.CONTINUED
+    finally:
+        await store.close()
+
+
+async def test_sigterm_hands_a_model_call_to_the_next_worker(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"text": "cut off", "delay": 30}, {"text": "from the other worker"}])
+        _fake_model(stack, server)
+        first = stack.spawn_worker()
+        chat = stack.chat()
+        handle = await stack.send(chat, "hello")
+        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        stack.spawn_worker()
+        await asyncio.sleep(2)
+        stack.kill(first, signal.SIGTERM)
+        assert first.returncode == 0
+        final = await asyncio.wait_for(handle.result(), 30)
+        assert final.status == TurnStatus.COMPLETED and final.reason is None
+        assert [m["content"] for m in await stack.history(chat)] == ["hello", "from the other worker"]
+
+
+async def test_sigterm_lets_a_running_tool_finish_within_the_grace(stack: Stack) -> None:
+    ledger = stack.dir / "ledger.txt"
+    _slow_tools(stack, ledger)
+    stack.script([{"tool_calls": [_call("slow_write", path="g.txt", content="g", seconds=3)]},
+                  {"text": "finished"}])
+    first = stack.spawn_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "slow")
+    await _until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
+    stack.spawn_worker()
+    stack.kill(first, signal.SIGTERM)
+    final = await asyncio.wait_for(handle.result(), 40)
+    assert final.status == TurnStatus.COMPLETED
+    assert ledger.read_text().split()[::2] == ["start", "done"]
+    assert (stack.ws / "g.txt").read_text() == "g"
+
+
+async def test_tool_outliving_the_grace_is_state_unknown(stack: Stack) -> None:
+    ledger = stack.dir / "ledger.txt"
+    _slow_tools(stack, ledger)
+    stack.script([{"tool_calls": [_call("slow_write", path="h.txt", content="h", seconds=20)]}])
+    first = stack.spawn_worker(TURNKEEPER_SHUTDOWN_GRACE="1")
+    chat = stack.chat()
+    await stack.send(chat, "too slow")
+    await _until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
+    stack.spawn_worker()
+    stack.kill(first, signal.SIGTERM)
+    gate = await stack.wait_state(chat, _awaiting, timeout=40)
+    assert gate.reason == Reason.TOOL_STATE_UNKNOWN
+    assert "done" not in ledger.read_text()
+
+
+async def test_21_follow_ups_around_a_kill_are_committed_once_in_order(stack: Stack) -> None:
+    _slow_tools(stack)
+    stack.script([{"tool_calls": [_call("slow_write", path="k.txt", content="k", seconds=30)]},
+                  {"text": "unused: the superseded row is assistant call 1"},
+                  {"text": "read all 21"}] + [{"text": "spare"}] * 20)  # late ones may make more turns
+    first = stack.spawn_worker()
+    chat = stack.chat()
+    await stack.send(chat, "start", message_id="m00")
+    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING for c in s.tool_calls))
+    ids = [f"m{i:02d}" for i in range(1, 22)]
+    for mid in ids[:10]:
+        await stack.send(chat, f"follow-up {mid}", message_id=mid)
+    stack.kill(first)
+    for mid in ids[10:14]:  # worker dead, gate not yet open: still follow-ups
+        await stack.send(chat, f"follow-up {mid}", message_id=mid)
+    stack.spawn_worker()
+    await stack.wait_state(chat, _awaiting, timeout=45)
+    for mid in ids[14:]:  # after the gate: the first one supersedes it
+        await stack.send(chat, f"follow-up {mid}", message_id=mid)
+    await stack.send(chat, "follow-up m05", message_id="m05")  # a client retry
+    expected = ["start"] + [f"follow-up {mid}" for mid in ids]
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        state = await stack.state(chat)
+        hist = await stack.history(chat)
+        users = [m["content"] for m in hist if m["role"] == "user"]
+        if (state.status == TurnStatus.COMPLETED and not state.pending_followups and len(users) >= 22
+                and hist[-1]["role"] == "assistant"):
+            break
+        await asyncio.sleep(0.2)
+    assert users == expected, (state, hist)
+    assert hist[-1]["content"] in ("read all 21", "spare"), (state, hist[-6:])
+    turn1 = await (await stack.store()).get_turn(chat, 1)
+    assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
