@@ -1,7 +1,9 @@
 """Replay recorded histories against today's workflow code: a change that would
 break turns already running fails here, not in production.
 
-Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py`
+Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py
+tests/test_recovery.py`; keep older ones in a subfolder: turns started by an earlier
+release must still replay.
 (every run of each test's chats is written to tests/histories/)."""
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ from temporalio.worker import Replayer
 
 from workflows.chat_turn import ChatTurn
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HISTORIES = sorted((Path(__file__).parent / "histories").rglob("*.json"))
 
 
 def test_histories_are_kept() -> None:
     assert len(HISTORIES) >= 10
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+@pytest.mark.parametrize("path", HISTORIES, ids=[f"{p.parent.name}/{p.stem}" for p in HISTORIES])
 async def test_replay(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
