@@ -2,9 +2,8 @@
 break turns already running fails here, not in production.
 
 Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py
-tests/test_recovery.py`; keep older ones in a subfolder: turns started by an earlier
-release must still replay.
-(every run of each test's chats is written to tests/histories/)."""
+tests/test_recovery.py` (every run of each test's chats is written to tests/histories/);
+keep the older ones in a subfolder: turns started by an earlier release must still replay."""
 from __future__ import annotations
 
 from pathlib import Path
