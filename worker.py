@@ -30,7 +30,10 @@ from workflows.reconcile import Reconcile
 log = logging.getLogger("turnkeeper.worker")
 
 # Short, so a dead worker's turns move to another worker within seconds.
-STICKY_SCHEDULE_TO_START = timedelta(seconds=2)
+STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+# The SDK holds heartbeats back for up to 0.8 x the timeout by default; ours
+# must reach the server every beat, or a dead worker is noticed seconds later.
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
 def check_tools(settings: Settings) -> None:
@@ -74,6 +77,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         workflows=[ChatTurn, Reconcile],
         activities=build_activities(settings, store, provider, default_registry()),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),

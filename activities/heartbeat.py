@@ -14,8 +14,9 @@ DEFAULT_INTERVAL_S = 2.0
 @contextlib.asynccontextmanager
 async def heartbeating() -> AsyncIterator[None]:
     timeout = activity.info().heartbeat_timeout
-    # Half the timeout: one late beat still lands in time.
-    interval = timeout.total_seconds() / 2 if timeout else DEFAULT_INTERVAL_S
+    # A third of the timeout (the worker's throttle lets them through): two beats
+    # may be late before a live worker's step is taken for lost.
+    interval = timeout.total_seconds() / 3 if timeout else DEFAULT_INTERVAL_S
 
     async def beat() -> None:
         # Sleep first: most calls end before the first beat is due, and every

@@ -32,7 +32,8 @@ class StoreActivities:
     def _turn_settings(self) -> io.TurnSettings:
         s = self._settings
         return io.TurnSettings(max_message_bytes=s.max_message_bytes, model_timeout_s=s.model_timeout,
-                               tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window)
+                               tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
+                               heartbeat_timeout_s=s.heartbeat_timeout)
 
     @activity.defn(name=io.RECORD_TOOL_RESULT)
     async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:

@@ -33,7 +33,7 @@ class TurnSettings(BaseModel):
     model_timeout_s: int = 300
     tool_timeout_s: int = 600
     resume_window_s: int = 60
-    heartbeat_timeout_s: int = 5
+    heartbeat_timeout_s: int = 3
 
 
 class BeginTurnInput(BaseModel):

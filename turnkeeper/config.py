@@ -7,6 +7,53 @@ from pathlib import Path
 
 DEFAULT_TOOLS = ("read_file", "write_file", "list_dir")
 
+ENV_VARS: tuple[str, ...] = (
+    "TEMPORAL_ADDRESS",
+    "TEMPORAL_NAMESPACE",
+    "TURNKEEPER_TASK_QUEUE",
+    "TURNKEEPER_DATA_DIR",
+    "TURNKEEPER_DATABASE_URL",
+    "TURNKEEPER_MODEL",
+    "TURNKEEPER_TOOLS",
+    "TURNKEEPER_TOOL_MODULES",
+    "TURNKEEPER_WORKSPACE",
+    "TURNKEEPER_RESUME_WINDOW",
+    "TURNKEEPER_RECONCILE_EVERY",
+    "TURNKEEPER_MAX_MESSAGE_BYTES",
+    "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
+    "TURNKEEPER_TOOL_TIMEOUT",
+    "TURNKEEPER_EXEC_TIMEOUT",
+    "TURNKEEPER_MODEL_TIMEOUT",
+    "TURNKEEPER_SHUTDOWN_GRACE",
+    "TURNKEEPER_DEV_SERVER_PORT",
+    "TURNKEEPER_DEV_UI_PORT",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+)
+"""Every variable `Settings.from_env` reads (a test keeps the two in step)."""
+
+DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT")
+"""Only used when TEMPORAL_ADDRESS is unset (the embedded dev server)."""
+
+WORKER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_LOG_LEVEL",)
+"""Read by `worker.py` itself, outside `Settings`."""
+
+TEMPORAL_CONNECTION_ENV_VARS: tuple[str, ...] = (
+    "TEMPORAL_PROFILE",
+    "TEMPORAL_CONFIG_FILE",
+    "TEMPORAL_API_KEY",
+    "TEMPORAL_TLS",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_CLIENT_CERT_DATA",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_CLIENT_KEY_DATA",
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
+    "TEMPORAL_TLS_SERVER_NAME",
+    "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
+)
+"""Read by `temporalio.envconfig` when TEMPORAL_ADDRESS is set (Temporal Cloud, TLS)."""
+
 
 class ConfigError(ValueError):
     """A configuration variable holds a value we cannot use."""
@@ -51,6 +98,7 @@ class Settings:
     exec_timeout: int = 60
     model_timeout: int = 300
     shutdown_grace: int = 30
+    heartbeat_timeout: int = 3
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
     openai_base_url: str | None = None
@@ -80,6 +128,7 @@ class Settings:
             exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
             model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
             shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
+            heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,

@@ -1,0 +1,829 @@
+"""Recovery latency of turnkeeper with real worker processes: how fast a killed
+worker's turn shows up as waiting for its user, and how fast a stopped worker's
+model call finishes on another worker.
+
+    .venv/bin/python bench/recovery_latency.py [--quick] [--json]
+
+  SIGKILL   one worker runs `slow_write` (30 s) for a fresh chat; a second worker
+            is started and polling; the first worker's process group is
+            SIGKILLed. Measured from the kill until the real `temporal workflow
+            list --query "TurnStatus='awaiting_user' AND ChatId='<chat>'"` lists
+            the chat (polled every 100 ms), and until the `state` query answers
+            awaiting_user. Each gate is then dismissed (update `dismiss_turn`).
+  SIGTERM   one worker's model call hangs (FakeChatServer answers after 30 s); a
+            second worker is started and polling; the first worker is SIGTERMed.
+            Measured from SIGTERM until the turn's workflow result arrives (the
+            second worker makes the call again and the fake answers at once).
+
+Workers are `python worker.py` processes (each in its own session / process
+group) against a Temporal dev server started here on a free port with an on-disk
+SQLite file. Every repetition uses a fresh chat, and the worker that survived a
+repetition is the victim of the next one, so exactly one worker runs when a
+message is sent. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+
+from temporalio.api.enums.v1 import EventType, TaskQueueType  # noqa: E402
+from temporalio.api.taskqueue.v1 import TaskQueue  # noqa: E402
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: E402
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory  # noqa: E402
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+
+from turnkeeper import client as tk  # noqa: E402
+from turnkeeper.config import Settings  # noqa: E402
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
+from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus  # noqa: E402
+from turnkeeper.reconcile_io import SCHEDULE_ID  # noqa: E402
+from turnkeeper.testing import FakeChatServer  # noqa: E402
+from worker import STICKY_SCHEDULE_TO_START  # noqa: E402
+
+TOOL_SECONDS = 30          # slow_write: far longer than any measurement
+MODEL_DELAY_S = 30         # the fake model's first answer: likewise
+POLL_S = 0.1               # visibility (CLI) and state-query polling period
+WAIT_TIMEOUT_S = 60.0      # any single wait in a repetition
+WORKER_READY_TIMEOUT_S = 60.0
+SERVER_START_TIMEOUT_S = 60.0
+CLI_TIMEOUT_S = 10.0
+
+# The goals from the issue.
+GOAL_SIGKILL_S = 3.0
+GOAL_SIGTERM_S = 1.0
+
+# turnkeeper's heartbeat timeout for model and tool activities (turnkeeper/activity_io.py
+# TurnSettings.heartbeat_timeout_s; activities/heartbeat.py beats every half of it).
+PROJECT_HEARTBEAT_TIMEOUT_S = 5
+SDK_MAX_HEARTBEAT_THROTTLE_S = 60.0  # temporalio Worker(max_heartbeat_throttle_interval=...) default
+
+
+@dataclass(frozen=True)
+class Plan:
+    repetitions: int
+
+
+FULL = Plan(repetitions=7)
+QUICK = Plan(repetitions=3)
+
+
+def progress(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# -- the Temporal dev server -----------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def dev_server(tmp: Path) -> AsyncIterator[str]:
+    """`temporal server start-dev` on a free port with an on-disk SQLite file; its address."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
+           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
+    for name in SEARCH_ATTRIBUTES:
+        cmd += ["--search-attribute", f"{name}=Keyword"]
+    log_path = tmp / "temporal-server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not await is_healthy(address):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+            await asyncio.sleep(0.2)
+        yield address
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- worker processes ----------------------------------------------------------------------
+
+# Only with --heartbeat-timeout / --heartbeat-throttle / --sticky-timeout (what-if
+# runs): the worker process patches itself at run time -- the heartbeat timeout its
+# store activity hands to every turn, the SDK's heartbeat throttle passed to
+# `Worker`, worker.py's sticky schedule-to-start timeout -- then runs worker.py's
+# main(). The project's files are not touched.
+PATCHED_WORKER = """\
+import functools, json, sys
+from datetime import timedelta
+what = json.loads(sys.argv[1])
+import worker
+if what.get("heartbeat_timeout"):
+    import activities.store_activities as sa
+    _orig = sa.StoreActivities._turn_settings
+    def _patched(self):
+        return _orig(self).model_copy(update={"heartbeat_timeout_s": what["heartbeat_timeout"]})
+    sa.StoreActivities._turn_settings = _patched
+if what.get("heartbeat_throttle"):
+    worker.Worker = functools.partial(
+        worker.Worker, max_heartbeat_throttle_interval=timedelta(seconds=what["heartbeat_throttle"]))
+if what.get("sticky_timeout"):
+    worker.STICKY_SCHEDULE_TO_START = timedelta(seconds=what["sticky_timeout"])
+worker.main()
+"""
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """Run-time patches of the worker processes (None: the project as it is)."""
+    heartbeat_timeout: int | None = None
+    heartbeat_throttle: float | None = None
+    sticky_timeout: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+
+@dataclass
+class WorkerProc:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class Workers:
+    """`python worker.py` processes for one measurement: own task queue and data dir."""
+
+    def __init__(self, client: Client, address: str, tmp: Path, name: str, env_extra: dict[str, str],
+                 what_if: WhatIf) -> None:
+        self.client = client
+        self.dir = tmp / name
+        self.dir.mkdir()
+        (self.dir / "ws").mkdir()
+        self.name = name
+        self.task_queue = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+        self.what_if = what_if
+        self.procs: list[WorkerProc] = []
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))}
+        env.update({
+            "TEMPORAL_ADDRESS": address,
+            "TURNKEEPER_TASK_QUEUE": self.task_queue,
+            "TURNKEEPER_DATA_DIR": str(self.dir / "data"),
+            "TURNKEEPER_WORKSPACE": str(self.dir / "ws"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(env_extra)
+        self.env = env
+        self.settings = Settings.from_env(env)
+
+    def spawn(self) -> WorkerProc:
+        name = f"{self.name}-worker{len(self.procs)}"
+        log_path = self.dir / f"{name}.log"
+        if not self.what_if.active:
+            cmd = [sys.executable, "worker.py"]
+        else:
+            cmd = [sys.executable, "-c", PATCHED_WORKER, json.dumps(asdict(self.what_if))]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        w = WorkerProc(name, proc, log_path)
+        self.procs.append(w)
+        return w
+
+    async def ready(self, w: WorkerProc) -> None:
+        """Until the worker polls both the workflow and the activity task queue."""
+        identity = f"{w.pid}@"
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+        while True:
+            if w.proc.poll() is not None:
+                raise RuntimeError(f"{w.name} exited with {w.proc.returncode}:\n{tail(w.log)}")
+            polling = 0
+            for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+                resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+                    namespace=self.client.namespace, task_queue=TaskQueue(name=self.task_queue),
+                    task_queue_type=kind))
+                polling += any(p.identity.startswith(identity) for p in resp.pollers)
+            if polling == 2:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{w.name} is not polling after {WORKER_READY_TIMEOUT_S:.0f} s:\n{tail(w.log)}")
+            await asyncio.sleep(0.1)
+
+    async def start(self) -> WorkerProc:
+        w = self.spawn()
+        await self.ready(w)
+        return w
+
+    @staticmethod
+    def signal(w: WorkerProc, sig: int) -> None:
+        os.killpg(w.pid, sig)
+
+    def alive(self) -> list[WorkerProc]:
+        return [w for w in self.procs if w.proc.poll() is None]
+
+    def close(self) -> None:
+        """SIGKILL every process group still running; never raises."""
+        for w in self.procs:
+            if w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(w.pid, signal.SIGKILL)
+        for w in self.procs:
+            with contextlib.suppress(Exception):
+                w.proc.wait(timeout=30)
+
+    def dump_logs(self) -> None:
+        for w in self.procs:
+            print(f"--- {w.name} (pid {w.pid}, exit {w.proc.poll()}) ---\n{tail(w.log)}", file=sys.stderr)
+
+
+def tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return "(no log)"
+
+
+async def pause_reconcile_schedule(client: Client) -> None:
+    """The workers create the reconcile schedule at start-up; a pass during a
+    measurement would only add noise, so it is paused (workers leave an existing one)."""
+    with contextlib.suppress(Exception):
+        await client.get_schedule_handle(SCHEDULE_ID).pause(note="paused by bench/recovery_latency.py")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+async def until(pred: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not reached in {timeout:.0f} s")
+        await asyncio.sleep(0.02)
+
+
+def check_alone(workers: Workers, victim: WorkerProc) -> None:
+    """Exactly one worker runs when the message is sent, so the victim runs the step."""
+    alive = workers.alive()
+    if alive != [victim]:
+        raise RuntimeError(f"expected only {victim.name} running, found {[w.name for w in alive]}")
+
+
+def ledger_started(ledger: Path, chat_id: str) -> bool:
+    try:
+        return any(line.startswith(f"start {chat_id}/") for line in ledger.read_text().splitlines())
+    except OSError:
+        return False
+
+
+def event_name(e: Any) -> str:
+    name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+    if e.HasField("activity_task_scheduled_event_attributes"):
+        name += f" ({e.activity_task_scheduled_event_attributes.activity_type.name})"
+    elif e.HasField("marker_recorded_event_attributes"):
+        name += f" ({e.marker_recorded_event_attributes.marker_name})"
+    elif e.HasField("activity_task_timed_out_event_attributes"):
+        failure = e.activity_task_timed_out_event_attributes.failure
+        kind = failure.cause.timeout_failure_info.timeout_type if failure.HasField("cause") else 0
+        name += f" ({kind_name(kind)})" if kind else ""
+    elif e.HasField("workflow_task_timed_out_event_attributes"):
+        name += f" ({kind_name(e.workflow_task_timed_out_event_attributes.timeout_type)})"
+    elif e.HasField("activity_task_failed_event_attributes"):
+        info = e.activity_task_failed_event_attributes.failure
+        err = info.cause.application_failure_info.type if info.HasField("cause") else ""
+        err = err or info.application_failure_info.type
+        name += f" ({err})" if err else ""
+    return name
+
+
+def kind_name(value: int) -> str:
+    from temporalio.api.enums.v1 import TimeoutType
+    return TimeoutType.Name(value).removeprefix("TIMEOUT_TYPE_")
+
+
+def event_s(e: Any) -> float:
+    """An event's server wall-clock time in seconds (same host as this process)."""
+    return e.event_time.ToNanoseconds() / 1e9
+
+
+def first_event(history: WorkflowHistory, kind: int, after: float = 0.0) -> Any | None:
+    return next((e for e in history.events if e.event_type == kind and event_s(e) >= after), None)
+
+
+def timeline(history: WorkflowHistory, marks: dict[str, float]) -> list[dict[str, Any]]:
+    """Each history event and each client-side mark (wall clock), in time order, with the
+    offset from the first event and the gap since the previous row."""
+    rows = [(event_s(e), event_name(e)) for e in history.events]
+    rows += [(t, f"<< {label}") for label, t in marks.items()]
+    rows.sort(key=lambda r: r[0])
+    first = event_s(history.events[0])
+    out: list[dict[str, Any]] = []
+    prev = None
+    for t, name in rows:
+        out.append({"event": name, "at_ms": (t - first) * 1000,
+                    "gap_ms": 0.0 if prev is None else (t - prev) * 1000})
+        prev = t
+    return out
+
+
+# -- measurement 1: SIGKILL -> awaiting_user visible ------------------------------------------
+
+@dataclass
+class KillRecord:
+    chat_id: str
+    run_id: str
+    visible_s: float              # kill -> `temporal workflow list` lists it (CLI returned)
+    query_s: float                # kill -> `state` query answered awaiting_user
+    heartbeat_age_s: float | None  # kill - last heartbeat the server recorded (or the start, if none)
+    tool_age_s: float | None      # kill - the tool activity's start
+    beats: bool                   # a heartbeat had reached the server before the kill
+    timed_out_s: float | None     # kill -> ACTIVITY_TASK_TIMED_OUT (server clock)
+    gate_task_started_s: float | None  # kill -> the gate's WORKFLOW_TASK_STARTED
+    gate_written_s: float | None  # kill -> UPSERT_WORKFLOW_SEARCH_ATTRIBUTES of the gate
+    cli_calls: int
+    cli_call_ms: float            # mean duration of one `temporal workflow list`
+    reason: str
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def poll_visibility(address: str, chat_id: str, env: dict[str, str]) -> tuple[float, int, float]:
+    """Run the temporal CLI every POLL_S until it lists the chat's workflow.
+    Returns (perf_counter when it did, number of calls, mean call duration)."""
+    query = f"TurnStatus='{TurnStatus.AWAITING_USER.value}' AND ChatId='{chat_id}'"
+    cmd = [temporal_binary(), "workflow", "list", "--query", query, "-o", "json",
+           "--address", address, "--namespace", "default"]
+    want = tk.workflow_id(chat_id)
+    calls, spent = 0, 0.0
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        started = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(*cmd, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE,
+                                                    stdin=asyncio.subprocess.DEVNULL)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise RuntimeError("`temporal workflow list` hung") from None
+        done = time.perf_counter()
+        calls += 1
+        spent += done - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"`temporal workflow list` failed ({proc.returncode}): {err.decode()[-400:]}")
+        if want in out.decode():
+            listed = json.loads(out) if out.strip().startswith(b"[") else [
+                json.loads(line) for line in out.decode().splitlines() if line.strip()]
+            if any(w.get("execution", {}).get("workflowId") == want for w in listed):
+                return done, calls, spent / calls * 1000
+        await asyncio.sleep(max(0.0, POLL_S - (done - started)))
+    raise RuntimeError(f"chat {chat_id} not listed as awaiting_user within {WAIT_TIMEOUT_S:.0f} s")
+
+
+async def poll_state(client: Client, chat_id: str) -> tuple[float, TurnState]:
+    """Send a `state` query every POLL_S (each may wait while no worker can answer it)
+    until one answers awaiting_user; (perf_counter of that answer, the state)."""
+    found: asyncio.Future[tuple[float, TurnState]] = asyncio.get_running_loop().create_future()
+
+    async def one() -> None:
+        with contextlib.suppress(Exception):
+            state = await asyncio.wait_for(tk.query_state(client, chat_id), 15)
+            now = time.perf_counter()
+            if state.status == TurnStatus.AWAITING_USER and not found.done():
+                found.set_result((now, state))
+
+    tasks: list[asyncio.Task[None]] = []
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    try:
+        while not found.done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"chat {chat_id}: state query never answered awaiting_user")
+            tasks.append(asyncio.create_task(one()))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(found), POLL_S)
+        return found.result()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def last_heartbeat(client: Client, chat_id: str) -> tuple[float | None, float | None]:
+    """The running tool activity as the server sees it: (its start, its last heartbeat or
+    None when none arrived yet), wall-clock seconds."""
+    desc = await client.get_workflow_handle(tk.workflow_id(chat_id)).describe()
+    for act in desc.raw_description.pending_activities:
+        started = act.last_started_time.ToNanoseconds() / 1e9 if act.HasField("last_started_time") else None
+        beat = act.last_heartbeat_time.ToNanoseconds() / 1e9 if act.HasField("last_heartbeat_time") else None
+        return started, beat
+    return None, None
+
+
+async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
+                          what_if: WhatIf, kill_delay: float) -> list[KillRecord]:
+    script = tmp / "kill-script.json"
+    script.write_text(json.dumps([
+        {"tool_calls": [{"name": "slow_write",
+                         "arguments": {"path": "slow.txt", "content": "s", "seconds": TOOL_SECONDS}}]},
+        {"text": "unused"},
+    ]))
+    ledger = tmp / "ledger.txt"
+    workers = Workers(client, address, tmp, "sigkill", {
+        "TURNKEEPER_MODEL": f"scripted:{script}",
+        "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+        "TURNKEEPER_TOOLS": "slow_write",
+        "TK_LEDGER": str(ledger),
+    }, what_if)
+    cli_env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
+    records: list[KillRecord] = []
+    try:
+        progress("SIGKILL: starting the first worker")
+        victim = await workers.start()
+        await pause_reconcile_schedule(client)
+        for i in range(plan.repetitions):
+            check_alone(workers, victim)
+            chat_id = f"kill{i}-{uuid.uuid4().hex[:10]}"
+            handle = await tk.send_message(client, workers.settings, chat_id,
+                                           tk.new_message("write slowly", workers.settings))
+            await until(lambda: ledger_started(ledger, chat_id), f"chat {chat_id}: slow_write started")
+            spare = await workers.start()  # warm and polling before the kill
+            if kill_delay:
+                await asyncio.sleep(kill_delay)
+
+            kill_wall = time.time()
+            kill_at = time.perf_counter()
+            workers.signal(victim, signal.SIGKILL)
+            started, beat = await last_heartbeat(client, chat_id)
+            since = beat if beat is not None else started  # what the heartbeat timeout counts from
+            (seen_at, calls, call_ms), (state_at, state) = await asyncio.gather(
+                poll_visibility(address, chat_id, cli_env), poll_state(client, chat_id))
+            victim.proc.wait(timeout=10)
+
+            # Dismiss the gate so nothing is left running; the run then closes.
+            dismissed = await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
+                                                    result_type=TurnState)
+            final: TurnState = await asyncio.wait_for(handle.result(), WAIT_TIMEOUT_S)
+            if dismissed.reason != Reason.DISMISSED or final.reason != Reason.DISMISSED:
+                raise RuntimeError(f"chat {chat_id}: dismiss ended {final.status.value}/{final.reason}")
+
+            history = await client.get_workflow_handle(tk.workflow_id(chat_id), run_id=handle.result_run_id
+                                                       ).fetch_history()
+            timed_out = first_event(history, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+            t_out = event_s(timed_out) if timed_out else kill_wall
+            wft = first_event(history, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, after=t_out)
+            upsert = first_event(history, EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, after=t_out)
+            seen_wall = kill_wall + (seen_at - kill_at)
+            state_wall = kill_wall + (state_at - kill_at)
+            rec = KillRecord(
+                chat_id=chat_id, run_id=handle.result_run_id or "",
+                visible_s=seen_at - kill_at, query_s=state_at - kill_at,
+                heartbeat_age_s=None if since is None else kill_wall - since,
+                tool_age_s=None if started is None else kill_wall - started,
+                beats=beat is not None,
+                timed_out_s=event_s(timed_out) - kill_wall if timed_out else None,
+                gate_task_started_s=event_s(wft) - kill_wall if wft else None,
+                gate_written_s=event_s(upsert) - kill_wall if upsert else None,
+                cli_calls=calls, cli_call_ms=call_ms, reason=state.reason.value if state.reason else "",
+                timeline=timeline(history, {
+                    "SIGKILL of the worker running the tool (client)": kill_wall,
+                    **({"last heartbeat the server recorded (describe)": beat} if beat else {}),
+                    **({"no heartbeat recorded yet: the timeout counts from ACTIVITY_TASK_STARTED": started}
+                       if beat is None and started else {}),
+                    "state query answers awaiting_user (client)": state_wall,
+                    "temporal workflow list shows it (client)": seen_wall,
+                }),
+            )
+            records.append(rec)
+            progress(f"SIGKILL {i + 1}/{plan.repetitions}: listed after {rec.visible_s:.2f} s, state query "
+                     f"{rec.query_s:.2f} s, heartbeat timeout event {fmt_s(rec.timed_out_s)} "
+                     f"(tool started {fmt_s(rec.tool_age_s)} before the kill; "
+                     + (f"last heartbeat {fmt_s(rec.heartbeat_age_s)} before it)" if rec.beats
+                        else "no heartbeat yet)"))
+            victim = spare
+        return records
+    except BaseException:
+        workers.dump_logs()
+        raise
+    finally:
+        workers.close()
+
+
+# -- measurement 2: SIGTERM -> the turn finishes on the other worker --------------------------
+
+@dataclass
+class TermRecord:
+    chat_id: str
+    run_id: str
+    completed_s: float               # SIGTERM -> workflow result at the client
+    failed_s: float | None           # SIGTERM -> ACTIVITY_TASK_FAILED (WorkerShutdown)
+    next_task_started_s: float | None  # SIGTERM -> the next WORKFLOW_TASK_STARTED
+    rescheduled_s: float | None      # SIGTERM -> the second model call's ACTIVITY_TASK_SCHEDULED
+    closed_s: float | None           # SIGTERM -> WORKFLOW_EXECUTION_COMPLETED
+    worker_exit_s: float | None      # SIGTERM -> the stopped worker's process exited
+    worker_exit_code: int | None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def measure_sigterm(client: Client, address: str, tmp: Path, plan: Plan,
+                          what_if: WhatIf) -> list[TermRecord]:
+    records: list[TermRecord] = []
+    with FakeChatServer() as server:
+        workers = Workers(client, address, tmp, "sigterm", {
+            "TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "x",
+        }, what_if)
+        try:
+            progress("SIGTERM: starting the first worker")
+            victim = await workers.start()
+            await pause_reconcile_schedule(client)
+            for i in range(plan.repetitions):
+                check_alone(workers, victim)
+                server.script([{"text": "cut off", "delay": MODEL_DELAY_S}, {"text": "from the other worker"}])
+                asked = len(server.requests)
+                chat_id = f"term{i}-{uuid.uuid4().hex[:10]}"
+                handle = await tk.send_message(client, workers.settings, chat_id,
+                                               tk.new_message("hello", workers.settings))
+                await until(lambda: len(server.requests) > asked, f"chat {chat_id}: model call under way")
+                spare = await workers.start()
+
+                result = asyncio.create_task(handle.result())
+                term_wall = time.time()
+                term_at = time.perf_counter()
+                workers.signal(victim, signal.SIGTERM)
+                exit_at: float | None = None
+                while not result.done():
+                    if exit_at is None and victim.proc.poll() is not None:
+                        exit_at = time.perf_counter()
+                    await asyncio.wait({result}, timeout=0.01)
+                    if time.perf_counter() - term_at > WAIT_TIMEOUT_S:
+                        result.cancel()
+                        raise RuntimeError(f"chat {chat_id}: no result {WAIT_TIMEOUT_S:.0f} s after SIGTERM")
+                done_at = time.perf_counter()
+                final: TurnState = result.result()
+                while exit_at is None:
+                    if victim.proc.poll() is not None:
+                        exit_at = time.perf_counter()
+                    elif time.perf_counter() - term_at > WAIT_TIMEOUT_S:
+                        raise RuntimeError(f"{victim.name} still running {WAIT_TIMEOUT_S:.0f} s after SIGTERM")
+                    else:
+                        await asyncio.sleep(0.01)
+                if final.status != TurnStatus.COMPLETED or final.reason is not None:
+                    raise RuntimeError(f"chat {chat_id}: turn ended {final.status.value}/{final.reason}")
+                if len(server.requests) != asked + 2:
+                    raise RuntimeError(f"chat {chat_id}: {len(server.requests) - asked} model requests, expected 2")
+
+                history = await client.get_workflow_handle(tk.workflow_id(chat_id), run_id=handle.result_run_id
+                                                           ).fetch_history()
+                failed = first_event(history, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED)
+                t_failed = event_s(failed) if failed else term_wall
+                wft = first_event(history, EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED, after=t_failed)
+                again = first_event(history, EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, after=t_failed)
+                closed = first_event(history, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED)
+                rec = TermRecord(
+                    chat_id=chat_id, run_id=handle.result_run_id or "",
+                    completed_s=done_at - term_at,
+                    failed_s=t_failed - term_wall if failed else None,
+                    next_task_started_s=event_s(wft) - term_wall if wft else None,
+                    rescheduled_s=event_s(again) - term_wall if again else None,
+                    closed_s=event_s(closed) - term_wall if closed else None,
+                    worker_exit_s=exit_at - term_at, worker_exit_code=victim.proc.returncode,
+                    timeline=timeline(history, {
+                        "SIGTERM of the worker running the model call (client)": term_wall,
+                        "workflow result at the client": term_wall + (done_at - term_at),
+                        "the SIGTERMed worker process exited": term_wall + (exit_at - term_at),
+                    }),
+                )
+                records.append(rec)
+                progress(f"SIGTERM {i + 1}/{plan.repetitions}: completed after {rec.completed_s:.3f} s "
+                         f"(model call failed as WorkerShutdown {fmt_s(rec.failed_s)}, "
+                         f"worker exited {fmt_s(rec.worker_exit_s)} with {rec.worker_exit_code})")
+                victim = spare
+            return records
+        except BaseException:
+            workers.dump_logs()
+            raise
+        finally:
+            workers.close()
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+def fmt_s(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f} s"
+
+
+@dataclass
+class Row:
+    label: str
+    values: list[float]
+    goal_s: float | None = None
+    digits: int = 2
+
+    def stats(self) -> dict[str, float] | None:
+        if not self.values:
+            return None
+        return {"median_s": statistics.median(self.values), "min_s": min(self.values), "max_s": max(self.values)}
+
+
+def kill_rows(records: list[KillRecord]) -> list[Row]:
+    def col(name: str) -> list[float]:
+        return [v for r in records if (v := getattr(r, name)) is not None]
+    return [
+        Row("SIGKILL -> listed awaiting_user (CLI)", col("visible_s"), GOAL_SIGKILL_S),
+        Row("  state query answers awaiting_user", col("query_s")),
+        Row("  tool start before the kill", col("tool_age_s")),
+        Row("  last heartbeat (or start) before it", col("heartbeat_age_s")),
+        Row("  heartbeat timeout (TIMED_OUT event)", col("timed_out_s")),
+        Row("  gate workflow task started", col("gate_task_started_s")),
+        Row("  gate written (search attrs upserted)", col("gate_written_s")),
+    ]
+
+
+def term_rows(records: list[TermRecord]) -> list[Row]:
+    def col(name: str) -> list[float]:
+        return [v for r in records if (v := getattr(r, name)) is not None]
+    return [
+        Row("SIGTERM -> turn result on the other", col("completed_s"), GOAL_SIGTERM_S, digits=3),
+        Row("  model call failed (WorkerShutdown)", col("failed_s"), digits=3),
+        Row("  next workflow task started", col("next_task_started_s"), digits=3),
+        Row("  model call scheduled again", col("rescheduled_s"), digits=3),
+        Row("  workflow completed (server)", col("closed_s"), digits=3),
+        Row("  SIGTERMed worker process exited", col("worker_exit_s"), digits=3),
+    ]
+
+
+def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
+           what_if: WhatIf, kill_delay: float) -> dict[str, Any]:
+    hb = what_if.heartbeat_timeout or PROJECT_HEARTBEAT_TIMEOUT_S
+    # The SDK (Core) sends at most one heartbeat per min(0.8 x timeout, max throttle, default 60 s).
+    throttle = min(0.8 * hb, what_if.heartbeat_throttle or SDK_MAX_HEARTBEAT_THROTTLE_S)
+    print()
+    print(f"{plan.repetitions} repetitions per measurement, each on a fresh chat; real `python worker.py` "
+          "processes; times from the signal, in seconds")
+    print(f"heartbeat timeout {hb} s; activities beat every {hb / 2:g} s, the SDK sends at most one per "
+          f"{throttle:g} s" + ("  (what-if: PATCHED at run time in the worker processes: "
+                               + ", ".join(f"{k}={v}" for k, v in asdict(what_if).items() if v is not None) + ")"
+                               if what_if.active else "  (the project as it is)"))
+    if kills:
+        print("SIGKILL as soon as the spare worker polls" + (f", plus --kill-delay {kill_delay:g} s" if kill_delay
+                                                             else ""))
+    header = f"{'measurement':<42}{'median':>9}{'min':>9}{'max':>9}{'goal':>8}"
+    print(header)
+    print("-" * len(header))
+    rows = (kill_rows(kills) if kills else []) + (term_rows(terms) if terms else [])
+    for row in rows:
+        st = row.stats()
+        if st is None:
+            print(f"{row.label:<42}{'-':>9}{'-':>9}{'-':>9}")
+            continue
+        goal = f"<= {row.goal_s:g}" if row.goal_s is not None else ""
+        digits = row.digits
+        print(f"{row.label:<42}{st['median_s']:>9.{digits}f}{st['min_s']:>9.{digits}f}{st['max_s']:>9.{digits}f}"
+              f"{goal:>8}")
+    if kills:
+        print(f"(the CLI took {statistics.mean(r.cli_call_ms for r in kills):.0f} ms per `temporal workflow list` "
+              f"call, polled every {POLL_S * 1000:.0f} ms; gate reason: "
+              f"{', '.join(sorted({r.reason for r in kills}))})")
+
+    goals: list[tuple[str, str, bool]] = []
+    if kills:
+        med = statistics.median(r.visible_s for r in kills)
+        goals.append((f"SIGKILL -> awaiting_user listed <= {GOAL_SIGKILL_S:g} s", f"{med:.2f} s",
+                      med <= GOAL_SIGKILL_S))
+    if terms:
+        med = statistics.median(r.completed_s for r in terms)
+        goals.append((f"SIGTERM -> turn finished <= {GOAL_SIGTERM_S:g} s", f"{med:.3f} s", med <= GOAL_SIGTERM_S))
+    print()
+    print("goals (median)")
+    for goal, value, ok in goals:
+        print(f"  {goal:<40}{value:>10}   {'PASS' if ok else 'MISS'}")
+
+    shown: dict[str, dict[str, Any]] = {}
+    for key, records, value in (("sigkill", kills, "visible_s"), ("sigterm", terms, "completed_s")):
+        if not records:
+            continue
+        median = statistics.median(getattr(r, value) for r in records)
+        rec = min(records, key=lambda r: abs(getattr(r, value) - median))
+        what = ("SIGKILL repetition near the median" if key == "sigkill"
+                else "SIGTERM repetition near the median")
+        print()
+        print(f"timeline of one {what} (chat {rec.chat_id}): {getattr(rec, value):.3f} s from the signal; "
+              "history events (server clock) and << client marks (same host clock)")
+        for row in rec.timeline:
+            print(f"  {row['at_ms']:>9.1f} ms  +{row['gap_ms']:>7.1f}  {row['event']}")
+        shown[key] = {"chat_id": rec.chat_id, "events": rec.timeline}
+
+    def strip(r: Any) -> dict[str, Any]:
+        d = asdict(r)
+        d.pop("timeline")
+        return d
+
+    return {
+        "plan": asdict(plan),
+        "heartbeat_timeout_s": hb,
+        "heartbeat_send_interval_s": throttle,
+        "what_if": asdict(what_if) if what_if.active else None,
+        "kill_delay_s": kill_delay,
+        "poll_s": POLL_S,
+        "rows": [{"label": r.label.strip(), **(r.stats() or {}), "goal_s": r.goal_s} for r in rows],
+        "goals": [{"goal": g, "value": v, "pass": ok} for g, v, ok in goals],
+        "sigkill": [strip(r) for r in kills],
+        "sigterm": [strip(r) for r in terms],
+        "timelines": shown,
+    }
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+async def run(plan: Plan, only: str | None, what_if: WhatIf, kill_delay: float, as_json: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="turnkeeper-recovery-") as tmp_name:
+        tmp = Path(tmp_name)
+        progress("starting the Temporal dev server")
+        async with dev_server(tmp) as address:
+            client = await Client.connect(address, data_converter=pydantic_data_converter)
+            kills = (await measure_sigkill(client, address, tmp, plan, what_if, kill_delay)
+                     if only in (None, "sigkill") else [])
+            terms = (await measure_sigterm(client, address, tmp, plan, what_if)
+                     if only in (None, "sigterm") else [])
+            progress("stopping the dev server")
+        summary = report(kills, terms, plan, what_if, kill_delay)
+    if as_json:
+        print()
+        print(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK.repetitions} repetitions per measurement instead of {FULL.repetitions}")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--only", choices=("sigkill", "sigterm"), help="run one measurement only")
+    parser.add_argument("--heartbeat-timeout", type=int, metavar="S",
+                        help="what-if: the worker processes patch, at run time, the heartbeat timeout "
+                             f"of model and tool activities (project: {PROJECT_HEARTBEAT_TIMEOUT_S} s) "
+                             "to S seconds; heartbeats then come every S/2 s. No file is changed.")
+    parser.add_argument("--heartbeat-throttle", type=float, metavar="S",
+                        help="what-if: the worker processes pass max_heartbeat_throttle_interval=S to "
+                             "temporalio's Worker (SDK default 60 s; the SDK sends at most one heartbeat per "
+                             "min(0.8 x timeout, S)). No file is changed.")
+    parser.add_argument("--sticky-timeout", type=float, metavar="S",
+                        help="what-if: the worker processes set worker.STICKY_SCHEDULE_TO_START to S seconds "
+                             f"(project: {STICKY_SCHEDULE_TO_START.total_seconds():g} s) at run time. "
+                             "No file is changed.")
+    parser.add_argument("--kill-delay", type=float, default=0.0, metavar="S",
+                        help="SIGKILL: wait S more seconds after the spare worker polls (default 0), to kill "
+                             f"at another point of the heartbeat cycle (slow_write runs {TOOL_SECONDS} s)")
+    args = parser.parse_args()
+    if not 0 <= args.kill_delay <= TOOL_SECONDS - 10:
+        parser.error(f"--kill-delay must be between 0 and {TOOL_SECONDS - 10}")
+    if args.heartbeat_timeout is not None and args.heartbeat_timeout < 1:
+        parser.error("--heartbeat-timeout must be at least 1 (the setting is whole seconds)")
+    if args.heartbeat_throttle is not None and args.heartbeat_throttle <= 0:
+        parser.error("--heartbeat-throttle must be positive")
+    if args.sticky_timeout is not None and args.sticky_timeout <= 0:
+        parser.error("--sticky-timeout must be positive")
+    what_if = WhatIf(args.heartbeat_timeout, args.heartbeat_throttle, args.sticky_timeout)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        asyncio.run(run(QUICK if args.quick else FULL, args.only, what_if, args.kill_delay, args.json))
+    except KeyboardInterrupt:  # the workers and the server are already stopped (finally blocks)
+        code = 130
+    except Exception:  # noqa: BLE001 — report, then exit non-zero
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
