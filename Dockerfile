@@ -1,4 +1,5 @@
-# The turnkeeper worker image (see docker-compose.yml).
+# The turnkeeper worker image (see docker-compose.yml). `pip install .` brings
+# every dependency, asyncpg (the PostgreSQL session store) included, as wheels.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md worker.py ./

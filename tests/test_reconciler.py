@@ -71,7 +71,8 @@ RECOVERY_REASON = SearchAttributeKey.for_keyword("RecoveryReason")
 # tool 14/16, model call 20 (reply 22: call_1_0 read_file), tool 26/28, model call 32
 # (reply 34: the final answer "a.txt says alpha"), run completed 39.
 
-RECORDED = HISTORIES / "test_two_sequential_tool_calls-0.json"
+# The first release's recordings: never re-recorded, so the event ids below hold.
+RECORDED = HISTORIES / "first-release" / "test_two_sequential_tool_calls-0.json"
 USER = ChatMessage(role="user", content="write then read")
 ASK_0 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="write_file",
                                                              arguments='{"path": "notes/a.txt", "content": "alpha"}')])
@@ -200,7 +201,7 @@ def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate() -> None:
 
 
 def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
-    raw = json.loads((HISTORIES / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
+    raw = json.loads((HISTORIES / "first-release" / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
     messages = checkpoint.acknowledged(_events(raw))
     assert len(messages) == 2 and messages[0].message_id != messages[1].message_id
 

@@ -1,23 +1,37 @@
-"""SQLiteStore against the SessionStore contract (activities/store/base.py)."""
+"""The session stores against the SessionStore contract (activities/store/base.py).
+
+Every contract test runs on SQLite and on PostgreSQL (`backend` fixture); the
+PostgreSQL server and how to skip it: tests/pg.py.
+"""
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import time
+import uuid
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 
 from activities.store import (
     INTERRUPTED_TOOL_TEXT,
     SUPERSEDED_TEXT,
     CorruptRowError,
+    PostgresStore,
+    SessionStore,
     SQLiteStore,
     StoreError,
     TurnUpdate,
     open_store,
 )
+from activities.store.postgres import _CHAT_LOCK_SPACE
+from tests.pg import PG_URL, pg_schema
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     ChatMessage,
@@ -32,14 +46,128 @@ from turnkeeper.models import (
 CHAT = "chat-1"
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "data" / "sessions.db"  # parent does not exist yet: open() creates it
+# -- backends ---------------------------------------------------------------------------
+
+
+class Backend(ABC):
+    """One store database, and raw access to it as another process would have."""
+
+    name: str
+
+    @abstractmethod
+    def new_store(self, **kwargs: Any) -> SessionStore:
+        """Another store (not opened) on the same database."""
+
+    @abstractmethod
+    async def execute(self, sql: str, *args: Any) -> None:
+        """Raw SQL outside any store; `?` placeholders."""
+
+    @abstractmethod
+    async def fetchval(self, sql: str, *args: Any) -> Any: ...
+
+    @abstractmethod
+    def hold_write_lock(self, chat_id: str) -> Any:
+        """Async context: another process holds what a write to `chat_id` waits for."""
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def new_store(self, **kwargs: Any) -> SQLiteStore:
+        return SQLiteStore(self.path, **kwargs)
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        with sqlite3.connect(self.path) as raw:
+            raw.execute(sql, args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        with sqlite3.connect(self.path) as raw:
+            row = raw.execute(sql, args).fetchone()
+        return None if row is None else row[0]
+
+    @asynccontextmanager
+    async def hold_write_lock(self, chat_id: str) -> AsyncIterator[None]:
+        raw = sqlite3.connect(self.path, isolation_level=None)
+        raw.execute("BEGIN IMMEDIATE")  # the database's write lock
+        try:
+            yield
+        finally:
+            raw.execute("COMMIT")
+            raw.close()
+
+
+def _dollar(sql: str) -> str:
+    counter = iter(range(1, 1000))
+    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
+
+
+class PostgresBackend(Backend):
+    name = "postgres"
+
+    def __init__(self, url: str, schema: str) -> None:
+        self.url = url
+        self.schema = schema
+
+    def new_store(self, **kwargs: Any) -> PostgresStore:
+        kwargs.setdefault("schema", self.schema)
+        return PostgresStore(self.url, **kwargs)
+
+    async def connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(self.url, server_settings={"search_path": self.schema})
+
+    async def execute(self, sql: str, *args: Any) -> None:
+        conn = await self.connect()
+        try:
+            await conn.execute(_dollar(sql), *args)
+        finally:
+            await conn.close()
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        conn = await self.connect()
+        try:
+            return await conn.fetchval(_dollar(sql), *args)
+        finally:
+            await conn.close()
+
+    @asynccontextmanager
+    async def hold_write_lock(self, chat_id: str) -> AsyncIterator[None]:
+        conn = await self.connect()
+        try:
+            async with conn.transaction():  # the chat's advisory lock, as a store's write takes it
+                await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _CHAT_LOCK_SPACE, chat_id)
+                yield
+        finally:
+            await conn.close()
+
+
+@asynccontextmanager
+async def _postgres_backend() -> AsyncIterator[PostgresBackend]:
+    async with pg_schema() as schema:  # PostgresStore creates it
+        yield PostgresBackend(PG_URL, schema)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "sqlite":
+        # The parent does not exist yet: open() creates it.
+        yield SQLiteBackend(tmp_path / "data" / "sessions.db")
+    else:
+        async with _postgres_backend() as pg:
+            yield pg
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
-    s = SQLiteStore(db_path)
+async def pg() -> AsyncIterator[PostgresBackend]:
+    async with _postgres_backend() as b:
+        yield b
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[SessionStore]:
+    s = backend.new_store()
     await s.open()
     try:
         yield s
@@ -51,16 +179,16 @@ def user(message_id: str, text: str | None = None) -> UserMessage:
     return UserMessage(message_id=message_id, text=text or f"text of {message_id}")
 
 
-async def event_types(store: SQLiteStore, chat_id: str = CHAT, after_seq: int = 0) -> list[str]:
+async def event_types(store: SessionStore, chat_id: str = CHAT, after_seq: int = 0) -> list[str]:
     return [e.type for e in await store.events(chat_id, after_seq=after_seq)]
 
 
-async def last_seq(store: SQLiteStore, chat_id: str = CHAT) -> int:
+async def last_seq(store: SessionStore, chat_id: str = CHAT) -> int:
     events = await store.events(chat_id)
     return events[-1].seq if events else 0
 
 
-async def start_turn(store: SQLiteStore, run_id: str, *message_ids: str) -> int:
+async def start_turn(store: SessionStore, run_id: str, *message_ids: str) -> int:
     began = await store.begin_turn(CHAT, run_id, list(message_ids))
     assert began.turn is not None
     await store.commit_user_messages(CHAT, began.turn, [user(m) for m in message_ids])
@@ -70,19 +198,19 @@ async def start_turn(store: SQLiteStore, run_id: str, *message_ids: str) -> int:
 # -- lifecycle -------------------------------------------------------------------------
 
 
-async def test_open_is_idempotent_and_records_schema_version(db_path: Path) -> None:
-    s = SQLiteStore(db_path)
+async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -> None:
+    s = backend.new_store()
     await s.open()
     await s.open()
     await s.append_events(CHAT, [NewEvent(type="session_updated")])
     await s.close()
     await s.close()  # closing twice is harmless
 
-    with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
-        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "1"
+    if isinstance(backend, SQLiteBackend):
+        assert await backend.fetchval("PRAGMA journal_mode") == "wal"
 
-    reopened = SQLiteStore(db_path)
+    reopened = backend.new_store()
     await reopened.open()
     try:
         assert await event_types(reopened) == ["session_updated"]  # data survives reopening
@@ -90,37 +218,33 @@ async def test_open_is_idempotent_and_records_schema_version(db_path: Path) -> N
         await reopened.close()
 
 
-async def test_calls_before_open_raise_store_error(db_path: Path) -> None:
+async def test_calls_before_open_raise_store_error(backend: Backend) -> None:
     with pytest.raises(StoreError, match="not open"):
-        await SQLiteStore(db_path).history(CHAT)
+        await backend.new_store().history(CHAT)
 
 
-async def test_newer_schema_version_is_refused(db_path: Path) -> None:
-    s = SQLiteStore(db_path)
+async def test_newer_schema_version_is_refused(backend: Backend) -> None:
+    s = backend.new_store()
     await s.open()
     await s.close()
-    with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    newer = SQLiteStore(db_path)
+    await backend.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    newer = backend.new_store()
     with pytest.raises(StoreError, match="schema version 99"):
         await newer.open()
     await newer.close()
+    with pytest.raises(StoreError, match="not open"):
+        await newer.history(CHAT)
 
 
-async def test_event_loop_keeps_running_while_another_process_holds_the_lock(
-    store: SQLiteStore, db_path: Path
+async def test_writes_wait_for_another_writer_without_blocking_the_event_loop(
+    store: SessionStore, backend: Backend
 ) -> None:
-    raw = sqlite3.connect(db_path, isolation_level=None)
-    raw.execute("BEGIN IMMEDIATE")  # another process holding the write lock
-    try:
+    async with backend.hold_write_lock(CHAT):  # another process in the middle of a write
         write = asyncio.create_task(store.append_events(CHAT, [NewEvent(type="session_updated")]))
         started = time.monotonic()
         await asyncio.sleep(0.2)  # would not return on time if the store blocked the loop
         assert time.monotonic() - started < 1.0
-        assert not write.done()  # the write waits on the busy timeout, off the loop
-    finally:
-        raw.execute("COMMIT")
-        raw.close()
+        assert not write.done()  # the write waits for the lock, off the loop
     await asyncio.wait_for(write, timeout=5)
     assert await event_types(store) == ["session_updated"]
 
@@ -128,7 +252,7 @@ async def test_event_loop_keeps_running_while_another_process_holds_the_lock(
 # -- begin_turn ---------------------------------------------------------------------------
 
 
-async def test_begin_turn_numbers_turns_1_2_3(store: SQLiteStore) -> None:
+async def test_begin_turn_numbers_turns_1_2_3(store: SessionStore) -> None:
     turns = [await start_turn(store, f"run-{i}", f"m{i}") for i in range(3)]
     assert turns == [1, 2, 3]
     latest = await store.get_turn(CHAT)
@@ -139,7 +263,7 @@ async def test_begin_turn_numbers_turns_1_2_3(store: SQLiteStore) -> None:
     assert other.turn == 1 and other.duplicate_ids == []
 
 
-async def test_begin_turn_is_idempotent_for_the_same_run(store: SQLiteStore) -> None:
+async def test_begin_turn_is_idempotent_for_the_same_run(store: SessionStore) -> None:
     first = await store.begin_turn(CHAT, "run-1", ["m1", "m2"])
     await store.commit_user_messages(CHAT, 1, [user("m1"), user("m2")])
     # The activity is retried after it committed: its own messages are not duplicates.
@@ -149,7 +273,7 @@ async def test_begin_turn_is_idempotent_for_the_same_run(store: SQLiteStore) -> 
     assert (await event_types(store)).count("turn_started") == 1
 
 
-async def test_begin_turn_reports_duplicates_and_writes_nothing_when_all_are(store: SQLiteStore) -> None:
+async def test_begin_turn_reports_duplicates_and_writes_nothing_when_all_are(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     await store.record_assistant(CHAT, 1, 0, ModelReply(text="hi"), final=True)
 
@@ -170,7 +294,7 @@ async def test_begin_turn_reports_duplicates_and_writes_nothing_when_all_are(sto
     assert latest is not None and latest.turn == 2
 
 
-async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: SQLiteStore) -> None:
+async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     calls = [ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}'),
              ToolCall(id="call-b", name="write_file", arguments='{"path": "b"}')]
@@ -210,7 +334,7 @@ async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: SQLi
     assert await last_seq(store) == new[-1].seq
 
 
-async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SQLiteStore) -> None:
+async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     began = await store.begin_turn(CHAT, "run-2", ["m2"])
     assert began.closed_turn == 1
@@ -219,7 +343,7 @@ async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SQLiteStor
                        ChatMessage(role="assistant", content=SUPERSEDED_TEXT)]
 
 
-async def test_begin_turn_leaves_finished_turns_alone(store: SQLiteStore) -> None:
+async def test_begin_turn_leaves_finished_turns_alone(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     await store.record_assistant(CHAT, 1, 0, ModelReply(text="done"), final=True)
     began = await store.begin_turn(CHAT, "run-2", ["m2"])
@@ -232,7 +356,7 @@ async def test_begin_turn_leaves_finished_turns_alone(store: SQLiteStore) -> Non
 # -- turn status ----------------------------------------------------------------------------
 
 
-async def test_update_turn_announces_changes_only(store: SQLiteStore) -> None:
+async def test_update_turn_announces_changes_only(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     update = TurnUpdate(status=TurnStatus.AWAITING_USER, reason=Reason.MODEL_FAILED,
                         recovery_id="rec-1", can_continue=False, attempts=1)
@@ -250,12 +374,12 @@ async def test_update_turn_announces_changes_only(store: SQLiteStore) -> None:
     assert await event_types(store, after_seq=seq) == ["recovery_state", "session_updated"] * 2
 
 
-async def test_update_turn_of_missing_turn_raises(store: SQLiteStore) -> None:
+async def test_update_turn_of_missing_turn_raises(store: SessionStore) -> None:
     with pytest.raises(StoreError, match="no turn 7"):
         await store.update_turn(CHAT, 7, TurnUpdate(status=TurnStatus.FAILED))
 
 
-async def test_finish_turn_writes_closing_row_and_turn_end_once(store: SQLiteStore) -> None:
+async def test_finish_turn_writes_closing_row_and_turn_end_once(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     update = TurnUpdate(status=TurnStatus.FAILED, reason=Reason.MODEL_FAILED, can_continue=False)
     seq = await last_seq(store)
@@ -269,13 +393,13 @@ async def test_finish_turn_writes_closing_row_and_turn_end_once(store: SQLiteSto
     assert new[-1].payload == {"turn": 1, "status": "failed", "reason": "model_failed"}
 
 
-async def test_finish_turn_refuses_an_open_status(store: SQLiteStore) -> None:
+async def test_finish_turn_refuses_an_open_status(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     with pytest.raises(ValueError, match="terminal"):
         await store.finish_turn(CHAT, 1, TurnUpdate(status=TurnStatus.RUNNING))
 
 
-async def test_open_turns_and_list_chats(store: SQLiteStore) -> None:
+async def test_open_turns_and_list_chats(store: SessionStore) -> None:
     await store.begin_turn("a", "run-a1", ["m"])
     await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
     await store.begin_turn("b", "run-b1", ["m"])
@@ -294,10 +418,9 @@ async def test_open_turns_and_list_chats(store: SQLiteStore) -> None:
     assert len(await store.list_chats(limit=2)) == 2
 
 
-async def test_unknown_turn_status_raises_corrupt_row(store: SQLiteStore, db_path: Path) -> None:
+async def test_unknown_turn_status_raises_corrupt_row(store: SessionStore, backend: Backend) -> None:
     await start_turn(store, "run-1", "m1")
-    with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE turns SET status = 'exploded' WHERE chat_id = ?", (CHAT,))
+    await backend.execute("UPDATE turns SET status = 'exploded' WHERE chat_id = ?", CHAT)
     with pytest.raises(CorruptRowError, match=CHAT):
         await store.get_turn(CHAT)
     with pytest.raises(CorruptRowError):
@@ -308,7 +431,7 @@ async def test_unknown_turn_status_raises_corrupt_row(store: SQLiteStore, db_pat
 # -- transcript --------------------------------------------------------------------------------
 
 
-async def test_commit_user_messages_is_idempotent(store: SQLiteStore) -> None:
+async def test_commit_user_messages_is_idempotent(store: SessionStore) -> None:
     began = await store.begin_turn(CHAT, "run-1", ["m1", "m2"])
     assert began.turn == 1
     messages = [UserMessage(message_id="m1", text="one", sender="ann"), user("m2", "two")]
@@ -323,7 +446,7 @@ async def test_commit_user_messages_is_idempotent(store: SQLiteStore) -> None:
     assert new[0].payload == {"turn": 1, "message_id": "m1", "text": "one", "sender": "ann"}
 
 
-async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(store: SQLiteStore) -> None:
+async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     lost = ModelReply(text="let me look", tool_calls=[ToolCall(id="c1", name="list_dir")])
     await store.record_assistant(CHAT, 1, 0, lost, final=False)
@@ -347,7 +470,7 @@ async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(s
     assert await store.history(CHAT) == history
 
 
-async def test_record_assistant_final_closes_turn_once(store: SQLiteStore) -> None:
+async def test_record_assistant_final_closes_turn_once(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     seq = await last_seq(store)
     await store.record_assistant(CHAT, 1, 0, ModelReply(text="answer"), final=True)
@@ -364,7 +487,7 @@ async def test_record_assistant_final_closes_turn_once(store: SQLiteStore) -> No
     assert (await store.history(CHAT))[-1] == ChatMessage(role="assistant", content="answer")
 
 
-async def test_tool_started_reports_a_repeat(store: SQLiteStore) -> None:
+async def test_tool_started_reports_a_repeat(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     call = ToolCall(id="c1", name="write_file", arguments="{}")
     seq = await last_seq(store)
@@ -375,7 +498,7 @@ async def test_tool_started_reports_a_repeat(store: SQLiteStore) -> None:
     assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
 
 
-async def test_record_tool_result_writes_once(store: SQLiteStore) -> None:
+async def test_record_tool_result_writes_once(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     seq = await last_seq(store)
     assert await store.record_tool_result(CHAT, 1, "c1", "read_file", "data", "done") is True
@@ -398,13 +521,10 @@ async def test_record_tool_result_writes_once(store: SQLiteStore) -> None:
 
 
 @pytest.mark.parametrize("garbage", ["{not json", '{"role": "robot", "content": "x"}'])
-async def test_history_names_the_corrupt_row(store: SQLiteStore, db_path: Path, garbage: str) -> None:
+async def test_history_names_the_corrupt_row(store: SessionStore, backend: Backend, garbage: str) -> None:
     await start_turn(store, "run-1", "m1", "m2")
-    with sqlite3.connect(db_path) as raw:
-        row_id = raw.execute(
-            "SELECT id FROM messages WHERE chat_id = ? AND message_id = 'm2'", (CHAT,)
-        ).fetchone()[0]
-        raw.execute("UPDATE messages SET body = ? WHERE id = ?", (garbage, row_id))
+    row_id = await backend.fetchval("SELECT id FROM messages WHERE chat_id = ? AND message_id = 'm2'", CHAT)
+    await backend.execute("UPDATE messages SET body = ? WHERE id = ?", garbage, row_id)
     with pytest.raises(CorruptRowError) as info:
         await store.history(CHAT)
     assert CHAT in str(info.value)
@@ -414,7 +534,7 @@ async def test_history_names_the_corrupt_row(store: SQLiteStore, db_path: Path, 
 # -- events and sharing ---------------------------------------------------------------------------
 
 
-async def test_events_paging(store: SQLiteStore) -> None:
+async def test_events_paging(store: SessionStore) -> None:
     await store.append_events(CHAT, [NewEvent(type="session_updated", payload={"n": n}) for n in range(1, 6)])
     await store.append_events("other", [NewEvent(type="session_updated")])
 
@@ -426,8 +546,8 @@ async def test_events_paging(store: SQLiteStore) -> None:
     assert [e.seq for e in await store.events("other")] == [1]  # seq is per chat
 
 
-async def test_two_stores_on_one_file_see_each_others_writes(db_path: Path) -> None:
-    worker, cli = SQLiteStore(db_path), SQLiteStore(db_path)
+async def test_two_stores_on_one_database_see_each_others_writes(backend: Backend) -> None:
+    worker, cli = backend.new_store(), backend.new_store()
     await worker.open()
     await cli.open()
     try:
@@ -451,7 +571,163 @@ async def test_two_stores_on_one_file_see_each_others_writes(db_path: Path) -> N
         await cli.close()
 
 
-# -- open_store -------------------------------------------------------------------------------------
+async def test_adopt_turn_records_the_run_and_returns_the_next_step(store: SessionStore) -> None:
+    await store.begin_turn("c", "run-1", ["m1"])
+    await store.commit_user_messages("c", 1, [UserMessage(message_id="m1", text="hi")])
+    assert await store.adopt_turn("c", 1, "run-2") == 0
+    await store.record_assistant("c", 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="x")]), final=False)
+    await store.record_assistant("c", 1, 1, ModelReply(tool_calls=[ToolCall(id="t2", name="x")]), final=False)
+    assert await store.adopt_turn("c", 1, "run-3") == 2
+    record = await store.get_turn("c", 1)
+    assert record is not None and record.run_id == "run-3"
+    rows = await store.turn_messages("c", 1)
+    assert [m.role for m in rows] == ["user", "assistant", "assistant"]
+    with pytest.raises(StoreError, match="no turn 5"):
+        await store.adopt_turn("c", 5, "run-4")
+
+
+async def test_open_turn_refs_list_open_turns_without_decoding_them(store: SessionStore, backend: Backend) -> None:
+    await store.begin_turn("a", "run-a1", ["m"])
+    await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
+    await store.begin_turn("b", "run-b1", ["m"])
+    await store.begin_turn("c", "run-c1", ["m"])
+    # An open row that no longer decodes.
+    await backend.execute("UPDATE turns SET reason = 'from_the_future' WHERE chat_id = 'c'")
+    with pytest.raises(CorruptRowError):
+        await store.open_turns()
+    refs = await store.open_turn_refs()
+    assert [(r.chat_id, r.turn, r.run_id) for r in refs] == [("b", 1, "run-b1"), ("c", 1, "run-c1")]
+    assert len(await store.open_turn_refs(limit=1)) == 1
+
+
+async def test_held_message_ids_in_the_order_offered(store: SessionStore) -> None:
+    await start_turn(store, "run-1", "m1")
+    await store.commit_user_messages(CHAT, 1, [user("m1"), user("m2")])
+    assert await store.held_message_ids(CHAT, ["m3", "m2", "m1", "m2"]) == ["m2", "m1"]
+    assert await store.held_message_ids("other", ["m1"]) == []
+    assert await store.held_message_ids(CHAT, []) == []
+
+
+# -- PostgreSQL only: several workers on several machines ----------------------------------------
+
+
+@pytest.mark.postgres
+async def test_pg_concurrent_writers_keep_seq_gap_free_and_rows_once(pg: PostgresBackend) -> None:
+    a, b = pg.new_store(max_size=5), pg.new_store(max_size=5)
+    await asyncio.gather(a.open(), b.open())
+    try:
+        began = await a.begin_turn(CHAT, "run-1", ["m0"])
+        assert began.turn == 1
+        ids = [f"m{i}" for i in range(10)]
+        appends = [
+            (a, b)[i % 2].append_events(CHAT, [NewEvent(type="session_updated", payload={"call": i, "n": n})
+                                               for n in range(3)])
+            for i in range(20)
+        ]
+        # Every message offered twice, by different stores: committed once.
+        commits = [(a, b)[i % 2].commit_user_messages(CHAT, 1, [user(ids[i % 10])]) for i in range(20)]
+        results = await asyncio.gather(*appends, *commits)
+        committed = [m for r in results[20:] for m in r]
+        assert sorted(committed) == sorted(ids)
+
+        events = await b.events(CHAT)
+        seqs = [e.seq for e in events]
+        assert seqs == list(range(1, len(events) + 1))  # unique, ordered, gap-free
+        assert len(events) == 1 + 20 * 3 + 10  # turn_started, the appends, one user_message per id
+        created = [e.created_at for e in events]
+        assert created == sorted(created)  # the database clock, read under the chat lock
+        # Each call's events are consecutive: one transaction, the chat locked throughout.
+        by_call: dict[int, list[int]] = {}
+        for e in events:
+            if e.type == "session_updated":
+                by_call.setdefault(e.payload["call"], []).append(e.seq)
+        assert all(s == list(range(s[0], s[0] + 3)) for s in by_call.values())
+        assert len(by_call) == 20
+
+        history = await a.history(CHAT)
+        assert sorted(m.content for m in history) == sorted(f"text of {m}" for m in ids)
+        order = [e.payload["message_id"] for e in events if e.type == "user_message"]
+        assert [m.content for m in history] == [f"text of {m}" for m in order]  # rows in event order
+    finally:
+        await asyncio.gather(a.close(), b.close())
+
+
+@pytest.mark.postgres
+async def test_pg_racing_begin_turn_numbers_turns_1_and_2(pg: PostgresBackend) -> None:
+    a, b = pg.new_store(), pg.new_store()
+    await asyncio.gather(a.open(), b.open())
+    try:
+        chats = [f"race-{i}" for i in range(10)]
+        results = await asyncio.gather(*(
+            call for c in chats for call in (a.begin_turn(c, "run-a", ["ma"]), b.begin_turn(c, "run-b", ["mb"]))
+        ))
+        for i, chat in enumerate(chats):
+            first, second = sorted(results[2 * i: 2 * i + 2], key=lambda r: r.turn or 0)
+            assert (first.turn, second.turn) == (1, 2)  # never both 1
+            assert (first.closed_turn, second.closed_turn) == (None, 1)  # the later closed the earlier
+            closed, running = await a.get_turn(chat, 1), await a.get_turn(chat, 2)
+            assert closed is not None and running is not None
+            assert (closed.status, closed.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+            assert running.status is TurnStatus.RUNNING
+            assert (await event_types(a, chat)).count("turn_started") == 2
+
+        # The same run from two workers at once (a retried activity): one turn.
+        same = await asyncio.gather(*(s.begin_turn(CHAT, "run-x", ["m1"]) for s in (a, b, a, b)))
+        assert all(r == same[0] for r in same) and same[0].turn == 1
+        assert await event_types(b) == ["turn_started"]
+    finally:
+        await asyncio.gather(a.close(), b.close())
+
+
+@pytest.mark.postgres
+async def test_pg_several_stores_create_the_schema_at_once(pg: PostgresBackend) -> None:
+    stores = [pg.new_store(min_size=1, max_size=2) for _ in range(5)]
+    try:
+        await asyncio.gather(*(s.open() for s in stores))
+        assert await pg.fetchval("SELECT count(*) FROM meta") == 1
+        assert await pg.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "1"
+        await asyncio.gather(*(s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in stores))
+        assert [e.seq for e in await stores[0].events(CHAT)] == [1, 2, 3, 4, 5]
+        tables = await pg.fetchval(
+            "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables"
+            " WHERE table_schema = ?", pg.schema)
+        assert tables == ["events", "messages", "meta", "tool_runs", "turns"]
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+
+
+@pytest.mark.postgres
+async def test_pg_a_held_chat_lock_times_out_as_a_store_error_and_holds_up_no_other_chat(
+    pg: PostgresBackend,
+) -> None:
+    store = pg.new_store(lock_timeout=0.3)
+    await store.open()
+    try:
+        async with pg.hold_write_lock(CHAT):
+            await store.append_events("another-chat", [NewEvent(type="session_updated")])  # not held up
+            started = time.monotonic()
+            with pytest.raises(StoreError, match="lock"):
+                await store.append_events(CHAT, [NewEvent(type="session_updated")])
+            assert time.monotonic() - started < 5
+        await store.append_events(CHAT, [NewEvent(type="session_updated")])  # the pool recovered
+        assert [e.seq for e in await store.events(CHAT)] == [1]
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_pg_errors_name_the_server_but_never_the_password(pg: PostgresBackend) -> None:
+    parts = PG_URL.split("://", 1)[1].rsplit("/", 1)[0]  # user@host:port
+    host = parts.rsplit("@", 1)[-1]
+    url = f"postgresql://turnkeeper_nobody:s3cret-pw@{host}/no_such_db_{uuid.uuid4().hex[:8]}"
+    store = PostgresStore(url)
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    assert "s3cret" not in str(info.value) and "s3cret" not in repr(store)
+    assert host in str(info.value) and "turnkeeper_nobody" not in repr(store)
+
+
+# -- open_store and construction (no server needed) ---------------------------------------------------
 
 
 def test_open_store_defaults_to_sqlite_in_data_dir(tmp_path: Path) -> None:
@@ -466,55 +742,29 @@ def test_open_store_sqlite_url(tmp_path: Path) -> None:
     assert isinstance(relative, SQLiteStore) and relative.path == Path("rel/x.db")
 
 
-def test_open_store_rejects_postgres_without_leaking_the_url() -> None:
-    with pytest.raises(StoreError, match="PostgreSQL store is not available yet") as info:
-        open_store(Settings(database_url="postgresql://user:s3cret@db/turnkeeper"))
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+asyncpg"])
+def test_open_store_postgres_urls_without_showing_the_password(scheme: str) -> None:
+    store = open_store(Settings(database_url=f"{scheme}://user:s3cret@db.example:6543/turnkeeper?sslmode=require"))
+    assert isinstance(store, PostgresStore)
+    assert store.display_url == "postgresql://db.example:6543/turnkeeper"
+    assert "s3cret" not in repr(store) and "user" not in repr(store)
+
+
+async def test_unreachable_postgres_is_a_store_error_without_the_password() -> None:
+    store = PostgresStore("postgresql://user:s3cret@127.0.0.1:1/turnkeeper")  # nothing listens on port 1
+    with pytest.raises(StoreError, match="127.0.0.1:1/turnkeeper") as info:
+        await store.open()
     assert "s3cret" not in str(info.value)
+    with pytest.raises(StoreError, match="not open"):
+        await store.history(CHAT)
+
+
+def test_postgres_store_refuses_a_schema_that_is_no_plain_identifier() -> None:
+    with pytest.raises(ValueError, match="schema"):
+        PostgresStore(PG_URL, schema='x"; DROP TABLE turns; --')
 
 
 @pytest.mark.parametrize("url", ["mysql://db/x", "sessions.db", "sqlite:///"])
 def test_open_store_rejects_other_urls(url: str) -> None:
     with pytest.raises(StoreError):
         open_store(Settings(database_url=url))
-
-
-async def test_adopt_turn_records_the_run_and_returns_the_next_step(tmp_path) -> None:
-    from activities.store import SQLiteStore
-    from turnkeeper.models import ModelReply, ToolCall, UserMessage
-
-    store = SQLiteStore(tmp_path / "s.db")
-    await store.open()
-    try:
-        await store.begin_turn("c", "run-1", ["m1"])
-        await store.commit_user_messages("c", 1, [UserMessage(message_id="m1", text="hi")])
-        assert await store.adopt_turn("c", 1, "run-2") == 0
-        await store.record_assistant("c", 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="x")]), final=False)
-        await store.record_assistant("c", 1, 1, ModelReply(tool_calls=[ToolCall(id="t2", name="x")]), final=False)
-        assert await store.adopt_turn("c", 1, "run-3") == 2
-        assert (await store.get_turn("c", 1)).run_id == "run-3"
-        rows = await store.turn_messages("c", 1)
-        assert [m.role for m in rows] == ["user", "assistant", "assistant"]
-    finally:
-        await store.close()
-
-
-async def test_open_turn_refs_list_open_turns_without_decoding_them(store: SQLiteStore, db_path: Path) -> None:
-    await store.begin_turn("a", "run-a1", ["m"])
-    await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
-    await store.begin_turn("b", "run-b1", ["m"])
-    await store.begin_turn("c", "run-c1", ["m"])
-    with sqlite3.connect(db_path) as raw:  # an open row that no longer decodes
-        raw.execute("UPDATE turns SET reason = 'from_the_future' WHERE chat_id = 'c'")
-    with pytest.raises(CorruptRowError):
-        await store.open_turns()
-    refs = await store.open_turn_refs()
-    assert [(r.chat_id, r.turn, r.run_id) for r in refs] == [("b", 1, "run-b1"), ("c", 1, "run-c1")]
-    assert len(await store.open_turn_refs(limit=1)) == 1
-
-
-async def test_held_message_ids_in_the_order_offered(store: SQLiteStore) -> None:
-    await start_turn(store, "run-1", "m1")
-    await store.commit_user_messages(CHAT, 1, [user("m1"), user("m2")])
-    assert await store.held_message_ids(CHAT, ["m3", "m2", "m1", "m2"]) == ["m2", "m1"]
-    assert await store.held_message_ids("other", ["m1"]) == []
-    assert await store.held_message_ids(CHAT, []) == []

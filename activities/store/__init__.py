@@ -14,6 +14,7 @@ from activities.store.base import (
     StoreError,
     TurnUpdate,
 )
+from activities.store.postgres import PostgresStore
 from activities.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ __all__ = [
     "SUPERSEDED_TEXT",
     "BeginTurn",
     "CorruptRowError",
+    "PostgresStore",
     "SQLiteStore",
     "SessionStore",
     "StoreError",
@@ -39,7 +41,9 @@ def open_store(settings: Settings) -> SessionStore:
     """The store `settings` selects, not yet opened (call `await store.open()`).
 
     No `database_url`: SQLite at `settings.sqlite_path`. `sqlite:///PATH`: SQLite
-    at PATH (`sqlite:////abs/path` for an absolute one).
+    at PATH (`sqlite:////abs/path` for an absolute one). `postgresql://user:pass@host:port/db`
+    (or `postgres://`, `postgresql+asyncpg://`): PostgreSQL, for workers on several
+    machines; query parameters are asyncpg's (`?sslmode=require`, ...).
     """
     url = settings.database_url
     if url is None:
@@ -50,14 +54,11 @@ def open_store(settings: Settings) -> SessionStore:
             raise StoreError(f"TURNKEEPER_DATABASE_URL {url!r} names no file; use sqlite:///path/to/sessions.db")
         return SQLiteStore(Path(path))
     # Name only the scheme: the rest of a server URL may hold a password.
-    scheme = url.split("://", 1)[0] if "://" in url else ""
-    if scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
-        raise StoreError(
-            "PostgreSQL store is not available yet: unset TURNKEEPER_DATABASE_URL "
-            "or use sqlite:///path/to/sessions.db"
-        )
-    shown = f"scheme {scheme!r}" if scheme else "a value without a scheme"
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
+        return PostgresStore(f"postgresql://{rest}")  # asyncpg knows no +driver suffix
+    shown = f"scheme {scheme!r}" if sep else "a value without a scheme"
     raise StoreError(
-        f"TURNKEEPER_DATABASE_URL has {shown}; supported: sqlite:///path "
-        "(PostgreSQL is planned)"
+        f"TURNKEEPER_DATABASE_URL has {shown}; supported: sqlite:///path, "
+        "postgresql://user:password@host:port/database"
     )

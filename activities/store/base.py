@@ -63,7 +63,7 @@ class TurnRef(BaseModel):
 
 
 class SessionStore(ABC):
-    """Implementations: `SQLiteStore` (default), PostgreSQL (later)."""
+    """Implementations: `SQLiteStore` (default), `PostgresStore` (several machines)."""
 
     @abstractmethod
     async def open(self) -> None:

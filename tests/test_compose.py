@@ -1,0 +1,255 @@
+"""docker-compose.yml and the Dockerfile stay consistent with the code (no Docker needed)."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from activities.store import PostgresStore, open_store
+from turnkeeper import config
+from turnkeeper.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+
+
+def interpolate(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's `${VAR}` / `${VAR:-default}` / `$$`, with `env` (empty: the defaults)."""
+    env = env or {}
+
+    def sub(m: re.Match[str]) -> str:
+        name, op, default = m.group(1), m.group(2), m.group(3) or ""
+        if op == ":-":
+            return env.get(name) or default
+        if op == "-":
+            return env.get(name, default)
+        return env.get(name, "")
+
+    return _VAR.sub(sub, value.replace("$$", "\0")).replace("\0", "$")
+
+
+def environment(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # the KEY=value form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): interpolate(str(v)) for k, v in env.items()}
+
+
+def seconds(duration: str) -> float:
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", duration):
+        total += float(number) * units[unit]
+    return total
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def worker_env(services: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return environment(services["worker"])
+
+
+def _image(service: dict[str, Any]) -> str:
+    return str(service.get("image", ""))
+
+
+def _port_pairs(service: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):  # long syntax
+            pairs.append((str(port.get("published")), str(port.get("target"))))
+        else:
+            host, _, container = str(port).rpartition(":")
+            pairs.append((host.rpartition(":")[2], container.split("/")[0]))
+    return pairs
+
+
+# -- services -------------------------------------------------------------------------------
+
+
+def test_the_stack_has_its_services(services: dict[str, dict[str, Any]]) -> None:
+    for name in ("temporal", "temporal-ui", "temporal-postgresql", "session-postgresql", "worker"):
+        assert name in services, f"docker-compose.yml has no service {name!r}"
+    assert _image(services["temporal"]).startswith("temporalio/")
+    assert _image(services["temporal-ui"]).startswith("temporalio/ui:")
+    for db in ("temporal-postgresql", "session-postgresql"):
+        assert _image(services[db]).startswith("postgres:")
+    for name, service in services.items():
+        image = _image(service)
+        if image:
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image version ({image!r})"
+
+
+def test_temporal_persists_in_its_own_postgresql(services: dict[str, dict[str, Any]]) -> None:
+    env = environment(services["temporal"])
+    assert env["DB"].startswith("postgres")
+    assert env["POSTGRES_SEEDS"] == "temporal-postgresql"
+    db_env = environment(services["temporal-postgresql"])
+    assert (env["POSTGRES_USER"], env["POSTGRES_PWD"]) == (db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"])
+
+
+def test_temporal_and_its_ui_are_published_on_the_dev_server_ports(services: dict[str, dict[str, Any]]) -> None:
+    assert ("7233", "7233") in _port_pairs(services["temporal"])
+    assert ("8233", "8080") in _port_pairs(services["temporal-ui"])
+    assert environment(services["temporal-ui"])["TEMPORAL_ADDRESS"] == "temporal:7233"
+
+
+def test_dependencies_wait_for_healthy_services(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        depends = service.get("depends_on") or {}
+        assert isinstance(depends, dict), f"{name}: depends_on needs conditions, not a bare list"
+        for target, spec in depends.items():
+            assert target in services, f"{name} depends on unknown service {target!r}"
+            assert spec.get("condition") == "service_healthy", f"{name} -> {target}: wait until healthy"
+            assert "healthcheck" in services[target], f"{target} needs a healthcheck ({name} waits for it)"
+    worker_deps = set(services["worker"]["depends_on"])
+    assert {"temporal", "session-postgresql"} <= worker_deps
+    assert "temporal-postgresql" in services["temporal"]["depends_on"]
+
+
+def test_temporal_healthcheck_waits_for_the_namespace(services: dict[str, dict[str, Any]],
+                                                     worker_env: dict[str, str]) -> None:
+    test = services["temporal"]["healthcheck"]["test"]
+    command = " ".join(test[1:]) if isinstance(test, list) else str(test)
+    assert "namespace describe" in command and "temporal:7233" in command
+    temporal_env = environment(services["temporal"])
+    assert temporal_env["DEFAULT_NAMESPACE"] == worker_env["TEMPORAL_NAMESPACE"]
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+
+def test_config_env_vars_are_what_from_env_reads() -> None:
+    """`config.ENV_VARS` lists exactly the names `Settings.from_env` asks for."""
+    tree = ast.parse(Path(config.__file__).read_text())
+    from_env = next(node for node in ast.walk(tree)
+                    if isinstance(node, ast.FunctionDef) and node.name == "from_env")
+    read: dict[str, str] = {}  # name -> how it is parsed
+    for node in ast.walk(from_env):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
+            arg, kind = node.args[0], "str"  # env.get("NAME")
+        elif isinstance(func, ast.Name) and func.id in ("_int", "_list") and len(node.args) > 1:
+            arg, kind = node.args[1], func.id  # _int(env, "NAME", ...)
+        else:
+            continue
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            read[arg.value] = kind
+    assert set(read) == set(config.ENV_VARS)
+    assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
+    # And each one matters: set alone, it changes the settings.
+    value = {"str": "value-x", "_int": "4242", "_list": "a_tool"}
+    defaults = Settings.from_env({})
+    for name, kind in read.items():
+        assert Settings.from_env({name: value[kind]}) != defaults, f"{name} changes nothing"
+
+
+def test_worker_environment_is_exactly_what_the_worker_reads(worker_env: dict[str, str]) -> None:
+    known = set(config.ENV_VARS) | set(config.WORKER_ENV_VARS) | set(config.TEMPORAL_CONNECTION_ENV_VARS)
+    unknown = sorted(set(worker_env) - known)
+    assert not unknown, f"the worker reads no such variables: {unknown}"
+    expected = set(config.ENV_VARS) - set(config.DEV_SERVER_ENV_VARS)  # no dev server in the stack
+    missing = sorted(expected - set(worker_env))
+    assert not missing, f"pass these through to the worker (with defaults): {missing}"
+    assert not set(config.DEV_SERVER_ENV_VARS) & set(worker_env)
+
+
+def test_worker_settings_with_the_defaults(services: dict[str, dict[str, Any]], worker_env: dict[str, str]) -> None:
+    settings = Settings.from_env(worker_env)  # ConfigError if a default does not parse
+    assert settings.temporal_address == "temporal:7233"
+    assert settings.tools == config.DEFAULT_TOOLS and settings.tool_modules == ()
+    # Everything the stack does not set on purpose keeps the defaults it has outside Docker.
+    own = {"temporal_address", "data_dir", "database_url", "workspace"}
+    defaults = Settings()
+    for field in dataclasses.fields(Settings):
+        if field.name not in own:
+            assert getattr(settings, field.name) == getattr(defaults, field.name), (
+                f"{field.name}: compose default differs")
+
+    # The session store: PostgreSQL, on a service of the stack whose credentials match.
+    store = open_store(settings)
+    assert isinstance(store, PostgresStore)
+    url = urlsplit(worker_env["TURNKEEPER_DATABASE_URL"])
+    assert url.hostname in services and url.hostname != "temporal-postgresql"
+    db_env = environment(services[url.hostname])
+    assert (url.username, url.password, url.path.lstrip("/")) == (
+        db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"], db_env["POSTGRES_DB"])
+
+
+def test_worker_scales_and_shuts_down_gracefully(services: dict[str, dict[str, Any]],
+                                                 worker_env: dict[str, str]) -> None:
+    worker = services["worker"]
+    assert "container_name" not in worker and "ports" not in worker  # or replicas would collide
+    assert int(worker.get("deploy", {}).get("replicas", 1)) >= 2
+    grace = int(worker_env["TURNKEEPER_SHUTDOWN_GRACE"])
+    assert seconds(str(worker["stop_grace_period"])) > grace
+    assert worker.get("stop_signal", "SIGTERM") == "SIGTERM"
+
+
+def test_worker_is_built_from_the_dockerfile(services: dict[str, dict[str, Any]]) -> None:
+    build = services["worker"]["build"]
+    context, dockerfile = (build, "Dockerfile") if isinstance(build, str) else (
+        build.get("context", "."), build.get("dockerfile", "Dockerfile"))
+    assert (ROOT / context).resolve() == ROOT
+    assert (ROOT / context / dockerfile).resolve() == DOCKERFILE
+
+
+# -- the Dockerfile -------------------------------------------------------------------------
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_every_file_the_dockerfile_copies_exists() -> None:
+    copies = [rest for keyword, rest in _instructions() if keyword in ("COPY", "ADD")]
+    assert copies
+    for rest in copies:
+        args = [a for a in shlex.split(rest) if not a.startswith("--")]
+        for source in args[:-1]:
+            assert (ROOT / source).exists(), f"the Dockerfile copies {source!r}, which is not in the repository"
+
+
+def test_the_image_holds_every_package_the_project_installs() -> None:
+    """`pip install .` in the image finds every package setuptools is told to include."""
+    copied = {name for keyword, rest in _instructions() if keyword == "COPY"
+              for name in shlex.split(rest)[:-1] if not name.startswith("--")}
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject)
+    assert include is not None
+    for pattern in re.findall(r'"([^"]+)"', include.group(1)):
+        assert pattern.rstrip("*") in copied, f"package {pattern!r} is not copied into the image"
+    for module in re.findall(r'py-modules\s*=\s*\[([^\]]*)\]', pyproject):
+        for name in re.findall(r'"([^"]+)"', module):
+            assert f"{name}.py" in copied
+    assert "README.md" in copied and "pyproject.toml" in copied  # readme = "README.md"
+    cmd = [rest for keyword, rest in _instructions() if keyword == "CMD"][-1]
+    assert "worker.py" in cmd
