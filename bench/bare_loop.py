@@ -15,15 +15,16 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from turnkeeper.config import Settings
     from turnkeeper.models import ModelReply, ToolCall
 
 MODEL = "bare.model"
 TOOL = "bare.tool"
 
-# The options turnkeeper gives its model and tool activities.
+# The options turnkeeper gives its model and tool activities (with default settings).
 ACTIVITY_OPTIONS = dict(
     start_to_close_timeout=timedelta(seconds=300),
-    heartbeat_timeout=timedelta(seconds=5),
+    heartbeat_timeout=timedelta(seconds=Settings().heartbeat_timeout),
     retry_policy=RetryPolicy(maximum_attempts=1),
 )
 

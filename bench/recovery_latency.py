@@ -27,55 +27,49 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+from temporalio.api.enums.v1 import DescribeTaskQueueMode, EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue, TaskQueueVersionSelection
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
 
-from temporalio.api.enums.v1 import EventType, TaskQueueType  # noqa: E402
-from temporalio.api.taskqueue.v1 import TaskQueue  # noqa: E402
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: E402
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-
-from turnkeeper import client as tk  # noqa: E402
-from turnkeeper.config import Settings  # noqa: E402
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
-from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus  # noqa: E402
-from turnkeeper.reconcile_io import SCHEDULE_ID  # noqa: E402
-from turnkeeper.testing import FakeChatServer  # noqa: E402
-from worker import STICKY_SCHEDULE_TO_START  # noqa: E402
+# First of the project's imports: importing _common puts the project on sys.path.
+from _common import ROOT, dev_server, event_s, near_median, print_timeline, progress, run_and_exit, timeline
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.dev_server import temporal_binary
+from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus
+from turnkeeper.reconcile_io import SCHEDULE_ID
+from turnkeeper.testing import FakeChatServer
+from worker import HEARTBEAT_THROTTLE
 
 TOOL_SECONDS = 30          # slow_write: far longer than any measurement
 MODEL_DELAY_S = 30         # the fake model's first answer: likewise
 POLL_S = 0.1               # visibility (CLI) and state-query polling period
 WAIT_TIMEOUT_S = 60.0      # any single wait in a repetition
 WORKER_READY_TIMEOUT_S = 60.0
-SERVER_START_TIMEOUT_S = 60.0
 CLI_TIMEOUT_S = 10.0
 
 # The goals from the issue.
 GOAL_SIGKILL_S = 3.0
 GOAL_SIGTERM_S = 1.0
 
-# turnkeeper's heartbeat timeout for model and tool activities (turnkeeper/activity_io.py
-# TurnSettings.heartbeat_timeout_s; activities/heartbeat.py beats every half of it).
-PROJECT_HEARTBEAT_TIMEOUT_S = 5
-SDK_MAX_HEARTBEAT_THROTTLE_S = 60.0  # temporalio Worker(max_heartbeat_throttle_interval=...) default
+# The heartbeat timeout of model and tool activities when TURNKEEPER_HEARTBEAT_TIMEOUT
+# is unset (activities/heartbeat.py beats every third of it).
+PROJECT_HEARTBEAT_TIMEOUT_S = Settings().heartbeat_timeout
 
 
 @dataclass(frozen=True)
@@ -87,87 +81,7 @@ FULL = Plan(repetitions=7)
 QUICK = Plan(repetitions=3)
 
 
-def progress(text: str) -> None:
-    print(f"[bench] {text}", file=sys.stderr, flush=True)
-
-
-# -- the Temporal dev server -----------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def dev_server(tmp: Path) -> AsyncIterator[str]:
-    """`temporal server start-dev` on a free port with an on-disk SQLite file; its address."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
-    for name in SEARCH_ATTRIBUTES:
-        cmd += ["--search-attribute", f"{name}=Keyword"]
-    log_path = tmp / "temporal-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not await is_healthy(address):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
-            await asyncio.sleep(0.2)
-        yield address
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 # -- worker processes ----------------------------------------------------------------------
-
-# Only with --heartbeat-timeout / --heartbeat-throttle / --sticky-timeout (what-if
-# runs): the worker process patches itself at run time -- the heartbeat timeout its
-# store activity hands to every turn, the SDK's heartbeat throttle passed to
-# `Worker`, worker.py's sticky schedule-to-start timeout -- then runs worker.py's
-# main(). The project's files are not touched.
-PATCHED_WORKER = """\
-import functools, json, sys
-from datetime import timedelta
-what = json.loads(sys.argv[1])
-import worker
-if what.get("heartbeat_timeout"):
-    import activities.store_activities as sa
-    _orig = sa.StoreActivities._turn_settings
-    def _patched(self):
-        return _orig(self).model_copy(update={"heartbeat_timeout_s": what["heartbeat_timeout"]})
-    sa.StoreActivities._turn_settings = _patched
-if what.get("heartbeat_throttle"):
-    worker.Worker = functools.partial(
-        worker.Worker, max_heartbeat_throttle_interval=timedelta(seconds=what["heartbeat_throttle"]))
-if what.get("sticky_timeout"):
-    worker.STICKY_SCHEDULE_TO_START = timedelta(seconds=what["sticky_timeout"])
-worker.main()
-"""
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """Run-time patches of the worker processes (None: the project as it is)."""
-    heartbeat_timeout: int | None = None
-    heartbeat_throttle: float | None = None
-    sticky_timeout: float | None = None
-
-    @property
-    def active(self) -> bool:
-        return any(v is not None for v in asdict(self).values())
-
 
 @dataclass
 class WorkerProc:
@@ -183,15 +97,13 @@ class WorkerProc:
 class Workers:
     """`python worker.py` processes for one measurement: own task queue and data dir."""
 
-    def __init__(self, client: Client, address: str, tmp: Path, name: str, env_extra: dict[str, str],
-                 what_if: WhatIf) -> None:
+    def __init__(self, client: Client, address: str, tmp: Path, name: str, env_extra: dict[str, str]) -> None:
         self.client = client
         self.dir = tmp / name
         self.dir.mkdir()
         (self.dir / "ws").mkdir()
         self.name = name
         self.task_queue = f"bench-{name}-{uuid.uuid4().hex[:8]}"
-        self.what_if = what_if
         self.procs: list[WorkerProc] = []
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))}
@@ -209,13 +121,9 @@ class Workers:
     def spawn(self) -> WorkerProc:
         name = f"{self.name}-worker{len(self.procs)}"
         log_path = self.dir / f"{name}.log"
-        if not self.what_if.active:
-            cmd = [sys.executable, "worker.py"]
-        else:
-            cmd = [sys.executable, "-c", PATCHED_WORKER, json.dumps(asdict(self.what_if))]
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         w = WorkerProc(name, proc, log_path)
         self.procs.append(w)
         return w
@@ -227,13 +135,16 @@ class Workers:
         while True:
             if w.proc.poll() is not None:
                 raise RuntimeError(f"{w.name} exited with {w.proc.returncode}:\n{tail(w.log)}")
-            polling = 0
-            for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
-                resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-                    namespace=self.client.namespace, task_queue=TaskQueue(name=self.task_queue),
-                    task_queue_type=kind))
-                polling += any(p.identity.startswith(identity) for p in resp.pollers)
-            if polling == 2:
+            kinds = [TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY]
+            resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+                namespace=self.client.namespace, task_queue=TaskQueue(name=self.task_queue),
+                # ENHANCED mode (deprecated, still served) lists the pollers of every partition;
+                # the default mode only the root partition's, where a new worker's activity poll
+                # may not show for a whole long poll (~50 s).
+                api_mode=DescribeTaskQueueMode.DESCRIBE_TASK_QUEUE_MODE_ENHANCED,
+                versions=TaskQueueVersionSelection(unversioned=True), task_queue_types=kinds, report_pollers=True))
+            types = resp.versions_info[""].types_info
+            if all(any(p.identity.startswith(identity) for p in types[kind].pollers) for kind in kinds):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{w.name} is not polling after {WORKER_READY_TIMEOUT_S:.0f} s:\n{tail(w.log)}")
@@ -304,54 +215,8 @@ def ledger_started(ledger: Path, chat_id: str) -> bool:
         return False
 
 
-def event_name(e: Any) -> str:
-    name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
-    if e.HasField("activity_task_scheduled_event_attributes"):
-        name += f" ({e.activity_task_scheduled_event_attributes.activity_type.name})"
-    elif e.HasField("marker_recorded_event_attributes"):
-        name += f" ({e.marker_recorded_event_attributes.marker_name})"
-    elif e.HasField("activity_task_timed_out_event_attributes"):
-        failure = e.activity_task_timed_out_event_attributes.failure
-        kind = failure.cause.timeout_failure_info.timeout_type if failure.HasField("cause") else 0
-        name += f" ({kind_name(kind)})" if kind else ""
-    elif e.HasField("workflow_task_timed_out_event_attributes"):
-        name += f" ({kind_name(e.workflow_task_timed_out_event_attributes.timeout_type)})"
-    elif e.HasField("activity_task_failed_event_attributes"):
-        info = e.activity_task_failed_event_attributes.failure
-        err = info.cause.application_failure_info.type if info.HasField("cause") else ""
-        err = err or info.application_failure_info.type
-        name += f" ({err})" if err else ""
-    return name
-
-
-def kind_name(value: int) -> str:
-    from temporalio.api.enums.v1 import TimeoutType
-    return TimeoutType.Name(value).removeprefix("TIMEOUT_TYPE_")
-
-
-def event_s(e: Any) -> float:
-    """An event's server wall-clock time in seconds (same host as this process)."""
-    return e.event_time.ToNanoseconds() / 1e9
-
-
 def first_event(history: WorkflowHistory, kind: int, after: float = 0.0) -> Any | None:
     return next((e for e in history.events if e.event_type == kind and event_s(e) >= after), None)
-
-
-def timeline(history: WorkflowHistory, marks: dict[str, float]) -> list[dict[str, Any]]:
-    """Each history event and each client-side mark (wall clock), in time order, with the
-    offset from the first event and the gap since the previous row."""
-    rows = [(event_s(e), event_name(e)) for e in history.events]
-    rows += [(t, f"<< {label}") for label, t in marks.items()]
-    rows.sort(key=lambda r: r[0])
-    first = event_s(history.events[0])
-    out: list[dict[str, Any]] = []
-    prev = None
-    for t, name in rows:
-        out.append({"event": name, "at_ms": (t - first) * 1000,
-                    "gap_ms": 0.0 if prev is None else (t - prev) * 1000})
-        prev = t
-    return out
 
 
 # -- measurement 1: SIGKILL -> awaiting_user visible ------------------------------------------
@@ -448,7 +313,7 @@ async def last_heartbeat(client: Client, chat_id: str) -> tuple[float | None, fl
 
 
 async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
-                          what_if: WhatIf, kill_delay: float) -> list[KillRecord]:
+                          worker_env: dict[str, str], kill_delay: float) -> list[KillRecord]:
     script = tmp / "kill-script.json"
     script.write_text(json.dumps([
         {"tool_calls": [{"name": "slow_write",
@@ -457,11 +322,12 @@ async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
     ]))
     ledger = tmp / "ledger.txt"
     workers = Workers(client, address, tmp, "sigkill", {
+        **worker_env,
         "TURNKEEPER_MODEL": f"scripted:{script}",
         "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
         "TURNKEEPER_TOOLS": "slow_write",
         "TK_LEDGER": str(ledger),
-    }, what_if)
+    })
     cli_env = {k: v for k, v in os.environ.items() if not k.startswith("TEMPORAL_")}
     records: list[KillRecord] = []
     try:
@@ -553,12 +419,13 @@ class TermRecord:
 
 
 async def measure_sigterm(client: Client, address: str, tmp: Path, plan: Plan,
-                          what_if: WhatIf) -> list[TermRecord]:
+                          worker_env: dict[str, str]) -> list[TermRecord]:
     records: list[TermRecord] = []
     with FakeChatServer() as server:
         workers = Workers(client, address, tmp, "sigterm", {
+            **worker_env,
             "TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "x",
-        }, what_if)
+        })
         try:
             progress("SIGTERM: starting the first worker")
             victim = await workers.start()
@@ -680,17 +547,17 @@ def term_rows(records: list[TermRecord]) -> list[Row]:
 
 
 def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
-           what_if: WhatIf, kill_delay: float) -> dict[str, Any]:
-    hb = what_if.heartbeat_timeout or PROJECT_HEARTBEAT_TIMEOUT_S
-    # The SDK (Core) sends at most one heartbeat per min(0.8 x timeout, max throttle, default 60 s).
-    throttle = min(0.8 * hb, what_if.heartbeat_throttle or SDK_MAX_HEARTBEAT_THROTTLE_S)
+           heartbeat_timeout: int | None, kill_delay: float) -> dict[str, Any]:
+    hb = heartbeat_timeout or PROJECT_HEARTBEAT_TIMEOUT_S
+    # The SDK (Core) sends at most one heartbeat per min(0.8 x timeout, the worker's
+    # max_heartbeat_throttle_interval); the rest wait for the next send.
+    throttle = min(0.8 * hb, HEARTBEAT_THROTTLE.total_seconds())
     print()
     print(f"{plan.repetitions} repetitions per measurement, each on a fresh chat; real `python worker.py` "
           "processes; times from the signal, in seconds")
-    print(f"heartbeat timeout {hb} s; activities beat every {hb / 2:g} s, the SDK sends at most one per "
-          f"{throttle:g} s" + ("  (what-if: PATCHED at run time in the worker processes: "
-                               + ", ".join(f"{k}={v}" for k, v in asdict(what_if).items() if v is not None) + ")"
-                               if what_if.active else "  (the project as it is)"))
+    print(f"heartbeat timeout {hb} s; activities beat every {hb / 3:.3g} s, the SDK sends at most one per "
+          f"{throttle:.3g} s" + (f"  (TURNKEEPER_HEARTBEAT_TIMEOUT={hb} in the workers' environment)"
+                                 if heartbeat_timeout else "  (the project's default)"))
     if kills:
         print("SIGKILL as soon as the spare worker polls" + (f", plus --kill-delay {kill_delay:g} s" if kill_delay
                                                              else ""))
@@ -729,15 +596,10 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
     for key, records, value in (("sigkill", kills, "visible_s"), ("sigterm", terms, "completed_s")):
         if not records:
             continue
-        median = statistics.median(getattr(r, value) for r in records)
-        rec = min(records, key=lambda r: abs(getattr(r, value) - median))
-        what = ("SIGKILL repetition near the median" if key == "sigkill"
-                else "SIGTERM repetition near the median")
-        print()
-        print(f"timeline of one {what} (chat {rec.chat_id}): {getattr(rec, value):.3f} s from the signal; "
-              "history events (server clock) and << client marks (same host clock)")
-        for row in rec.timeline:
-            print(f"  {row['at_ms']:>9.1f} ms  +{row['gap_ms']:>7.1f}  {row['event']}")
+        rec = near_median(records, lambda r: getattr(r, value))
+        print_timeline(f"timeline of one {key.upper()} repetition near the median (chat {rec.chat_id}): "
+                       f"{getattr(rec, value):.3f} s from the signal; "
+                       "history events (server clock) and << client marks (same host clock)", rec.timeline)
         shown[key] = {"chat_id": rec.chat_id, "events": rec.timeline}
 
     def strip(r: Any) -> dict[str, Any]:
@@ -749,7 +611,6 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
         "plan": asdict(plan),
         "heartbeat_timeout_s": hb,
         "heartbeat_send_interval_s": throttle,
-        "what_if": asdict(what_if) if what_if.active else None,
         "kill_delay_s": kill_delay,
         "poll_s": POLL_S,
         "rows": [{"label": r.label.strip(), **(r.stats() or {}), "goal_s": r.goal_s} for r in rows],
@@ -762,18 +623,21 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
 
 # -- main -----------------------------------------------------------------------------------------
 
-async def run(plan: Plan, only: str | None, what_if: WhatIf, kill_delay: float, as_json: bool) -> None:
+async def run(plan: Plan, only: str | None, heartbeat_timeout: int | None, kill_delay: float,
+              as_json: bool) -> None:
+    worker_env = {"TURNKEEPER_HEARTBEAT_TIMEOUT": str(heartbeat_timeout)} if heartbeat_timeout else {}
     with tempfile.TemporaryDirectory(prefix="turnkeeper-recovery-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
-        async with dev_server(tmp) as address:
+        async with dev_server(tmp) as server:
+            address = server.address
             client = await Client.connect(address, data_converter=pydantic_data_converter)
-            kills = (await measure_sigkill(client, address, tmp, plan, what_if, kill_delay)
+            kills = (await measure_sigkill(client, address, tmp, plan, worker_env, kill_delay)
                      if only in (None, "sigkill") else [])
-            terms = (await measure_sigterm(client, address, tmp, plan, what_if)
+            terms = (await measure_sigterm(client, address, tmp, plan, worker_env)
                      if only in (None, "sigterm") else [])
             progress("stopping the dev server")
-        summary = report(kills, terms, plan, what_if, kill_delay)
+        summary = report(kills, terms, plan, heartbeat_timeout, kill_delay)
     if as_json:
         print()
         print(json.dumps(summary, indent=2))
@@ -786,17 +650,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--only", choices=("sigkill", "sigterm"), help="run one measurement only")
     parser.add_argument("--heartbeat-timeout", type=int, metavar="S",
-                        help="what-if: the worker processes patch, at run time, the heartbeat timeout "
-                             f"of model and tool activities (project: {PROJECT_HEARTBEAT_TIMEOUT_S} s) "
-                             "to S seconds; heartbeats then come every S/2 s. No file is changed.")
-    parser.add_argument("--heartbeat-throttle", type=float, metavar="S",
-                        help="what-if: the worker processes pass max_heartbeat_throttle_interval=S to "
-                             "temporalio's Worker (SDK default 60 s; the SDK sends at most one heartbeat per "
-                             "min(0.8 x timeout, S)). No file is changed.")
-    parser.add_argument("--sticky-timeout", type=float, metavar="S",
-                        help="what-if: the worker processes set worker.STICKY_SCHEDULE_TO_START to S seconds "
-                             f"(project: {STICKY_SCHEDULE_TO_START.total_seconds():g} s) at run time. "
-                             "No file is changed.")
+                        help="run the workers with TURNKEEPER_HEARTBEAT_TIMEOUT=S "
+                             f"(default: unset, i.e. {PROJECT_HEARTBEAT_TIMEOUT_S} s)")
     parser.add_argument("--kill-delay", type=float, default=0.0, metavar="S",
                         help="SIGKILL: wait S more seconds after the spare worker polls (default 0), to kill "
                              f"at another point of the heartbeat cycle (slow_write runs {TOOL_SECONDS} s)")
@@ -805,24 +660,7 @@ def main() -> None:
         parser.error(f"--kill-delay must be between 0 and {TOOL_SECONDS - 10}")
     if args.heartbeat_timeout is not None and args.heartbeat_timeout < 1:
         parser.error("--heartbeat-timeout must be at least 1 (the setting is whole seconds)")
-    if args.heartbeat_throttle is not None and args.heartbeat_throttle <= 0:
-        parser.error("--heartbeat-throttle must be positive")
-    if args.sticky_timeout is not None and args.sticky_timeout <= 0:
-        parser.error("--sticky-timeout must be positive")
-    what_if = WhatIf(args.heartbeat_timeout, args.heartbeat_throttle, args.sticky_timeout)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    code = 0
-    try:
-        asyncio.run(run(QUICK if args.quick else FULL, args.only, what_if, args.kill_delay, args.json))
-    except KeyboardInterrupt:  # the workers and the server are already stopped (finally blocks)
-        code = 130
-    except Exception:  # noqa: BLE001 — report, then exit non-zero
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
-    os._exit(code)
+    run_and_exit(run(QUICK if args.quick else FULL, args.only, args.heartbeat_timeout, args.kill_delay, args.json))
 
 
 if __name__ == "__main__":

@@ -23,41 +23,32 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import traceback
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+from temporalio import activity
+from temporalio.api.history.v1 import History
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
 
-from temporalio import activity  # noqa: E402
-from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.api.history.v1 import History  # noqa: E402
-from temporalio.client import Client, WorkflowHistory  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-from temporalio.worker import Worker  # noqa: E402
-
-from activities.providers import ScriptedProvider  # noqa: E402
-from activities.store import SQLiteStore  # noqa: E402
-from activities.tools import ToolContext, ToolRegistry, default_registry  # noqa: E402
-from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn  # noqa: E402
-from turnkeeper import client as tk  # noqa: E402
-from turnkeeper.config import Settings  # noqa: E402
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
-from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage  # noqa: E402
-from worker import STICKY_SCHEDULE_TO_START, run_worker  # noqa: E402
+# First of the project's imports: importing _common puts the project on sys.path.
+from _common import Server, dev_server, near_median, p90, print_timeline, progress, run_and_exit, timeline
+from activities.providers import ScriptedProvider
+from activities.store import SQLiteStore
+from activities.tools import ToolContext, ToolRegistry, default_registry
+from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
+from worker import STICKY_SCHEDULE_TO_START, run_worker
 
 # One benchmark turn. The scripted model answers item i for the i-th assistant
 # message of the chat, so every turn runs in a fresh chat to replay the same script.
@@ -74,7 +65,6 @@ WARMUP_TURNS = 5
 # raises it, so the per-step costs of the variants show instead of the tick.
 FAST_DISPATCH = {"history.transferProcessorMaxPollRPS": 1000}
 TURN_TIMEOUT_S = 120.0
-SERVER_START_TIMEOUT_S = 60.0
 
 # The goals from the issue.
 GOAL_MEDIAN_MS = 250.0
@@ -95,19 +85,7 @@ FULL = Plan(sequential=30, throughput=200, in_flight=50, rounds=2, history_sampl
 QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3)
 
 
-# -- the Temporal dev server -------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class Server:
-    address: str
-    pid: int
-
+# -- the dev server's CPU time -------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
@@ -117,36 +95,6 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()  # fields 3.. of proc(5); utime is 14, stime 15
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.asynccontextmanager
-async def dev_server(tmp: Path, dynamic_config: dict[str, object]) -> AsyncIterator[Server]:
-    """`temporal server start-dev` on a free port with an on-disk SQLite file."""
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
-    for name in SEARCH_ATTRIBUTES:
-        cmd += ["--search-attribute", f"{name}=Keyword"]
-    for key, value in dynamic_config.items():
-        cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
-    log_path = tmp / "temporal-server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not await is_healthy(address):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
-            await asyncio.sleep(0.2)
-        yield Server(address, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # -- the turn's three steps, shared by the bare and in-process variants -----------
@@ -360,7 +308,7 @@ class Result:
 
     @property
     def p90_ms(self) -> float:
-        return statistics.quantiles(self.latencies_ms, n=10, method="inclusive")[-1]
+        return p90(self.latencies_ms)
 
     @property
     def turns_per_s(self) -> float:
@@ -404,8 +352,8 @@ async def burst(variant: Variant, turns: int, in_flight: int) -> float:
     return time.perf_counter() - start
 
 
-async def measure(variants: list[Variant], plan: Plan, client: Client, server: Server,
-                  progress: Callable[[str], None]) -> tuple[dict[str, Result], dict[str, list[TurnRecord]]]:
+async def measure(variants: list[Variant], plan: Plan, client: Client,
+                  server: Server) -> tuple[dict[str, Result], dict[str, list[TurnRecord]]]:
     results = {v.key: Result(v.label) for v in variants}
     turns: dict[str, list[TurnRecord]] = {v.key: [] for v in variants}
 
@@ -455,27 +403,9 @@ def proto_size(history: WorkflowHistory) -> int:
 
 # -- one turn's timeline -------------------------------------------------------------------
 
-def timeline(history: WorkflowHistory) -> list[dict[str, Any]]:
-    """Each event with its offset from the first and the gap since the previous (server clock)."""
-    rows: list[dict[str, Any]] = []
-    first = prev = None
-    for e in history.events:
-        t = e.event_time.ToNanoseconds() / 1e6
-        first = t if first is None else first
-        name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
-        if e.HasField("activity_task_scheduled_event_attributes"):
-            name += f" ({e.activity_task_scheduled_event_attributes.activity_type.name})"
-        elif e.HasField("marker_recorded_event_attributes"):
-            name += f" ({e.marker_recorded_event_attributes.marker_name})"
-        rows.append({"event": name, "at_ms": t - first, "gap_ms": 0.0 if prev is None else t - prev})
-        prev = t
-    return rows
-
-
 async def median_timeline(client: Client, records: list[TurnRecord]) -> tuple[TurnRecord, list[dict[str, Any]]]:
     """The timeline of the sequential turn closest to the median latency."""
-    median = statistics.median(r.ms for r in records)
-    record = min(records, key=lambda r: abs(r.ms - median))
+    record = near_median(records, lambda r: r.ms)
     return record, timeline(await fetch(client, record))
 
 
@@ -536,11 +466,8 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
     for key, (record, rows) in timelines.items():
         span = rows[-1]["at_ms"] if rows else 0.0
-        print()
-        print(f"timeline of one {results[key].label} turn near the median: {record.ms:.1f} ms at the "
-              f"client, {span:.1f} ms from first to last history event (server clock)")
-        for row in rows:
-            print(f"  {row['at_ms']:>8.1f} ms  +{row['gap_ms']:>6.1f}  {row['event']}")
+        print_timeline(f"timeline of one {results[key].label} turn near the median: {record.ms:.1f} ms at the "
+                       f"client, {span:.1f} ms from first to last history event (server clock)", rows)
 
     return {
         "plan": asdict(plan),
@@ -557,9 +484,6 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 # -- main ------------------------------------------------------------------------------------
 
 async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> None:
-    def progress(text: str) -> None:
-        print(f"[bench] {text}", file=sys.stderr, flush=True)
-
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
@@ -577,7 +501,7 @@ async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> N
                 for v in variants:
                     await v.start()
                     stack.push_async_callback(v.close)
-                results, turns = await measure(variants, plan, client, server, progress)
+                results, turns = await measure(variants, plan, client, server)
                 timelines = {v.key: await median_timeline(client, turns[v.key])
                              for v in variants if v.temporal}
                 progress("stopping workers and the dev server")
@@ -596,18 +520,8 @@ def main() -> None:
                         + " (no 50 ms workflow-task tick)")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    code = 0
-    try:
-        dynamic_config = dict(FAST_DISPATCH) if args.fast_dispatch else {}
-        asyncio.run(run(QUICK if args.quick else FULL, dynamic_config, args.json))
-    except Exception:  # noqa: BLE001 — report, then exit non-zero
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
-    os._exit(code)
+    dynamic_config = dict(FAST_DISPATCH) if args.fast_dispatch else {}
+    run_and_exit(run(QUICK if args.quick else FULL, dynamic_config, args.json))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,176 @@
+"""What the benchmark scripts share: their own Temporal dev server, progress
+output, statistics, a workflow history as a timeline, and the way they exit.
+
+Imported as `_common` (a script's own directory is first on sys.path); importing
+it also puts the project root on sys.path, so import it before the project.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+
+from temporalio.api.enums.v1 import EventType, TimeoutType  # noqa: E402
+from temporalio.client import WorkflowHistory  # noqa: E402
+
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
+
+SERVER_START_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
+
+
+def progress(text: str) -> None:
+    print(f"[bench] {text}", file=sys.stderr, flush=True)
+
+
+# -- the Temporal dev server ------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Server:
+    address: str
+    pid: int
+
+
+@contextlib.asynccontextmanager
+async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None) -> AsyncIterator[Server]:
+    """`temporal server start-dev` on a free port with an on-disk SQLite file in `tmp`,
+    turnkeeper's search attributes registered; stopped on the way out."""
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
+           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
+    for name in SEARCH_ATTRIBUTES:
+        cmd += ["--search-attribute", f"{name}=Keyword"]
+    for key, value in (dynamic_config or {}).items():
+        cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
+    log_path = tmp / "temporal-server.log"
+    # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not await is_healthy(address):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+            await asyncio.sleep(0.2)
+        yield Server(address, proc.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# -- statistics --------------------------------------------------------------------------
+
+def p90(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def near_median(items: Sequence[T], value: Callable[[T], float]) -> T:
+    """The item whose value is closest to the median: a typical run to show in full."""
+    median = statistics.median(value(i) for i in items)
+    return min(items, key=lambda i: abs(value(i) - median))
+
+
+# -- a workflow history as a timeline ---------------------------------------------------------
+
+def event_s(e: Any) -> float:
+    """An event's server wall-clock time in seconds (the server runs on this host)."""
+    return e.event_time.ToNanoseconds() / 1e9
+
+
+def event_name(e: Any) -> str:
+    """The event type, with what tells events of a type apart: activity type, marker,
+    timeout type, error type."""
+    name = EventType.Name(e.event_type).removeprefix("EVENT_TYPE_")
+    if e.HasField("activity_task_scheduled_event_attributes"):
+        name += f" ({e.activity_task_scheduled_event_attributes.activity_type.name})"
+    elif e.HasField("marker_recorded_event_attributes"):
+        name += f" ({e.marker_recorded_event_attributes.marker_name})"
+    elif e.HasField("activity_task_timed_out_event_attributes"):
+        failure = e.activity_task_timed_out_event_attributes.failure
+        kind = failure.cause.timeout_failure_info.timeout_type if failure.HasField("cause") else 0
+        name += f" ({_timeout_name(kind)})" if kind else ""
+    elif e.HasField("workflow_task_timed_out_event_attributes"):
+        name += f" ({_timeout_name(e.workflow_task_timed_out_event_attributes.timeout_type)})"
+    elif e.HasField("activity_task_failed_event_attributes"):
+        info = e.activity_task_failed_event_attributes.failure
+        err = info.cause.application_failure_info.type if info.HasField("cause") else ""
+        err = err or info.application_failure_info.type
+        name += f" ({err})" if err else ""
+    return name
+
+
+def _timeout_name(value: int) -> str:
+    return TimeoutType.Name(value).removeprefix("TIMEOUT_TYPE_")
+
+
+def timeline(history: WorkflowHistory, marks: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each history event, and each client-side mark (label: wall-clock seconds), in time
+    order, with its offset from the first event and the gap since the previous row."""
+    rows = [(event_s(e), event_name(e)) for e in history.events]
+    rows += [(t, f"<< {label}") for label, t in (marks or {}).items()]
+    rows.sort(key=lambda r: r[0])
+    first = event_s(history.events[0])
+    out: list[dict[str, Any]] = []
+    prev = None
+    for t, name in rows:
+        out.append({"event": name, "at_ms": (t - first) * 1000,
+                    "gap_ms": 0.0 if prev is None else (t - prev) * 1000})
+        prev = t
+    return out
+
+
+def print_timeline(title: str, rows: list[dict[str, Any]]) -> None:
+    print()
+    print(title)
+    for row in rows:
+        print(f"  {row['at_ms']:>9.1f} ms  +{row['gap_ms']:>7.1f}  {row['event']}")
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def run_and_exit(main: Coroutine[Any, Any, None]) -> NoReturn:
+    """Run a script's main coroutine, report a failure, and exit with os._exit."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        asyncio.run(main)
+    except KeyboardInterrupt:  # workers and the server are already stopped (finally blocks)
+        code = 130
+    except Exception:  # noqa: BLE001 — report, then exit non-zero
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)
