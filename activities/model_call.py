@@ -29,6 +29,8 @@ class ModelCallActivity:
     @activity.defn(name=io.MODEL_CALL)
     async def model_call(self, inp: io.ModelCallInput) -> io.ModelCallResult:
         async with heartbeating():
+            if inp.answer_lost_calls:
+                await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
             committed: list[str] = []
             if inp.new_messages:
                 committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)

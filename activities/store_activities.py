@@ -7,6 +7,7 @@ from temporalio import activity
 from activities.store import SessionStore, TurnUpdate
 from turnkeeper import activity_io as io
 from turnkeeper.config import Settings
+from turnkeeper.models import OPEN_STATUSES
 
 
 class StoreActivities:
@@ -41,14 +42,34 @@ class StoreActivities:
                                              inp.content, inp.status)
 
     @activity.defn(name=io.UPDATE_TURN)
-    async def update_turn(self, inp: io.UpdateTurnInput) -> None:
+    async def update_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
+        ended = await self._ended(inp)
+        if ended is not None:
+            return ended
         await self._store.update_turn(inp.chat_id, inp.turn, _update(inp))
+        return io.TurnWriteResult(status=inp.status, reason=inp.reason)
 
     @activity.defn(name=io.FINISH_TURN)
-    async def finish_turn(self, inp: io.UpdateTurnInput) -> None:
+    async def finish_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
         if inp.commit_messages:
             await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.commit_messages)
+        # A model call lost or cancelled after writing its tool calls: answer them.
+        await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
+        ended = await self._ended(inp)
+        if ended is not None:
+            return ended
         await self._store.finish_turn(inp.chat_id, inp.turn, _update(inp), closing_text=inp.closing_text)
+        return io.TurnWriteResult(status=inp.status, reason=inp.reason)
+
+    async def _ended(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult | None:
+        """The turn's ending if the store already has one: e.g. a final answer
+        committed by a model call whose completion was then lost."""
+        record = await self._store.get_turn(inp.chat_id, inp.turn)
+        if record is None or record.status in OPEN_STATUSES:
+            return None
+        if (record.status, record.reason) == (inp.status, inp.reason):
+            return None  # a retry of this very write: idempotent in the store
+        return io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
     @activity.defn(name=io.APPEND_EVENTS)
     async def append_events(self, inp: io.AppendEventsInput) -> None:

@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from temporalio.api.enums.v1 import DescribeTaskQueueMode, EventType, TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue, TaskQueueVersionSelection
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -66,6 +66,11 @@ CLI_TIMEOUT_S = 10.0
 # The goals from the issue.
 GOAL_SIGKILL_S = 3.0
 GOAL_SIGTERM_S = 1.0
+
+# One partition per task queue (the server's default is 4): DescribeTaskQueue lists only the
+# root partition's pollers, and could miss a new worker's activity poll for a whole long poll
+# (~50 s), by which time the step it was started for has ended.
+ONE_PARTITION = {"matching.numTaskqueueReadPartitions": 1, "matching.numTaskqueueWritePartitions": 1}
 
 # The heartbeat timeout of model and tool activities when TURNKEEPER_HEARTBEAT_TIMEOUT
 # is unset (activities/heartbeat.py beats every third of it).
@@ -135,16 +140,13 @@ class Workers:
         while True:
             if w.proc.poll() is not None:
                 raise RuntimeError(f"{w.name} exited with {w.proc.returncode}:\n{tail(w.log)}")
-            kinds = [TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY]
-            resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-                namespace=self.client.namespace, task_queue=TaskQueue(name=self.task_queue),
-                # ENHANCED mode (deprecated, still served) lists the pollers of every partition;
-                # the default mode only the root partition's, where a new worker's activity poll
-                # may not show for a whole long poll (~50 s).
-                api_mode=DescribeTaskQueueMode.DESCRIBE_TASK_QUEUE_MODE_ENHANCED,
-                versions=TaskQueueVersionSelection(unversioned=True), task_queue_types=kinds, report_pollers=True))
-            types = resp.versions_info[""].types_info
-            if all(any(p.identity.startswith(identity) for p in types[kind].pollers) for kind in kinds):
+            polling = 0
+            for kind in (TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY):
+                resp = await self.client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+                    namespace=self.client.namespace, task_queue=TaskQueue(name=self.task_queue),
+                    task_queue_type=kind))
+                polling += any(p.identity.startswith(identity) for p in resp.pollers)
+            if polling == 2:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{w.name} is not polling after {WORKER_READY_TIMEOUT_S:.0f} s:\n{tail(w.log)}")
@@ -629,7 +631,7 @@ async def run(plan: Plan, only: str | None, heartbeat_timeout: int | None, kill_
     with tempfile.TemporaryDirectory(prefix="turnkeeper-recovery-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
-        async with dev_server(tmp) as server:
+        async with dev_server(tmp, ONE_PARTITION) as server:
             address = server.address
             client = await Client.connect(address, data_converter=pydantic_data_converter)
             kills = (await measure_sigkill(client, address, tmp, plan, worker_env, kill_delay)

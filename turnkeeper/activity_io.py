@@ -69,6 +69,9 @@ class ModelCallInput(BaseModel):
     new_messages: list[UserMessage] = Field(default_factory=list)
     """User rows to commit before the call: the turn's message(s) or follow-ups."""
     closes_turn: bool = True
+    answer_lost_calls: bool = False
+    """The step before was lost: first give any tool call it may have written an
+    interrupted result, so the model sees a balanced transcript."""
     """A final answer closes the turn as completed in the same store write; a
     resumed turn is closed by the workflow instead (recovered/continued)."""
 
@@ -116,6 +119,15 @@ class UpdateTurnInput(BaseModel):
     """With FINISH_TURN: an assistant row that closes the turn (interruption notice)."""
     commit_messages: list[UserMessage] = Field(default_factory=list)
     """With FINISH_TURN: follow-ups to commit as user rows without model work."""
+
+
+class TurnWriteResult(BaseModel):
+    """The turn row after a write. A turn the store has already ended keeps its
+    ending (a persisted completion wins): the workflow then follows the store."""
+
+    status: TurnStatus
+    reason: Reason | None = None
+    written: bool = True
 
 
 class AppendEventsInput(BaseModel):

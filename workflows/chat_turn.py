@@ -74,9 +74,10 @@ class _Cancelled(Exception):
 class _Interrupted(Exception):
     """A step was lost; carries the reason the gate opens with."""
 
-    def __init__(self, reason: Reason) -> None:
+    def __init__(self, reason: Reason, committed: bool = False) -> None:
         super().__init__(reason.value)
         self.reason = reason
+        self.committed = committed  # the call's messages are in the store for sure
 
 
 @workflow.defn(name="ChatTurn")
@@ -85,6 +86,7 @@ class ChatTurn:
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
         self._inbox: list[UserMessage] = []
+        self._in_flight: list[UserMessage] = []  # handed to a model call not yet finished
         self._seen: set[str] = set()
         self._events: list[NewEvent] = []  # announced at the next boundary
         self._max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
@@ -146,7 +148,8 @@ class ChatTurn:
 
     @workflow.query(name="state")
     def state(self) -> TurnState:
-        return self._state.model_copy(update={"pending_followups": [m.message_id for m in self._inbox]})
+        pending = [m.message_id for m in self._in_flight + self._inbox]
+        return self._state.model_copy(update={"pending_followups": pending})
 
     # -- the turn ------------------------------------------------------------
     @workflow.run
@@ -209,17 +212,28 @@ class ChatTurn:
             await self._turn_loop(step=adopted.next_step, batch=self._take_inbox())
 
     async def _turn_loop(self, step: int, batch: list[UserMessage]) -> None:
+        # Messages handed to a model call stay ours until it succeeds: a lost call
+        # may not have committed them (the store's commit is idempotent).
+        self._in_flight = batch
+        after_loss = False
         while True:
             try:
-                reply = await self._call_model(step, batch)
+                reply = await self._call_model(step, self._in_flight, after_loss)
             except _Interrupted as lost:
+                if lost.committed:
+                    self._in_flight = []
                 if await self._gate(lost.reason) != "continue":
                     return
-                continue  # the same step again, with the same messages (idempotent)
+                # A new step: the lost one may have written tool calls that never
+                # ran; they are answered as interrupted, never replaced.
+                step += 1
+                after_loss = True
+                continue
             except _Cancelled:
                 await self._end_by_user()
                 return
-            batch = []
+            self._in_flight = []
+            after_loss = False
             if reply.is_final:
                 resumed = self._state.status == TurnStatus.RESUMING
                 recovery.finish(self._state)
@@ -236,9 +250,9 @@ class ChatTurn:
             step += 1
             if lost is not None and await self._gate(lost) != "continue":
                 return
-            batch = self._take_inbox()
+            self._in_flight = self._take_inbox()
 
-    async def _call_model(self, step: int, batch: list[UserMessage]) -> ModelReply:
+    async def _call_model(self, step: int, batch: list[UserMessage], after_loss: bool) -> ModelReply:
         await self._flush_events()
         resuming = self._state.status == TurnStatus.RESUMING
         for _ in range(MAX_SHUTDOWN_RESCHEDULES):
@@ -247,7 +261,8 @@ class ChatTurn:
             handle = workflow.start_activity(
                 io.MODEL_CALL,
                 io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
-                                  new_messages=batch, closes_turn=not resuming),
+                                  new_messages=batch, closes_turn=not resuming,
+                                  answer_lost_calls=after_loss),
                 result_type=io.ModelCallResult,
                 start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
                 schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
@@ -265,7 +280,8 @@ class ChatTurn:
                 if _error_type(err) == io.WORKER_SHUTDOWN_ERROR:
                     continue  # nothing happened outside: the next worker takes it
                 if _error_type(err) == io.MODEL_FAILED_ERROR:
-                    raise _Interrupted(Reason.MODEL_FAILED) from None
+                    # Raised after the activity committed the messages.
+                    raise _Interrupted(Reason.MODEL_FAILED, committed=True) from None
                 raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
         raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION)
 
@@ -334,12 +350,14 @@ class ChatTurn:
         for h in handles:
             h.cancel()
         await asyncio.gather(*handles, return_exceptions=True)
-        return True
+        # A step that finished anyway (its result raced the cancel) stands.
+        return not all(not h.cancelled() and h.exception() is None for h in handles)
 
     async def _end_by_user(self) -> None:
         """Stop or a superseding message ended the turn: keep what is known, add one
         closing row. Messages still pending become the next turn."""
         reason = self._interrupt or Reason.STOPPED
+        self._return_in_flight()  # they start the next turn with the rest, in order
         recovery.end_recovered(self._state, reason)
         await self._finish_turn(closing_text=SUPERSEDED_TEXT if reason == Reason.SUPERSEDED else STOPPED_TEXT)
 
@@ -349,7 +367,8 @@ class ChatTurn:
         or "ended" (Stop or a newer message closed the turn)."""
         recovery.open_gate(self._state, reason, str(workflow.uuid4()), can_continue)
         self._decision = None
-        await self._persist_state()
+        if not await self._persist_state():
+            return "ended"  # e.g. the lost call had committed the final answer
         while True:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events))
@@ -366,6 +385,7 @@ class ChatTurn:
             return "continue"
         recovery.end_recovered(self._state, Reason.DISMISSED)
         # Follow-ups that waited behind the gate are kept as user rows, not answered.
+        self._return_in_flight()
         committed, self._inbox = self._inbox, []
         await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
         return "dismiss"
@@ -398,21 +418,33 @@ class ChatTurn:
         self._decision = action
 
     # -- persistence ---------------------------------------------------------
-    async def _persist_state(self) -> None:
-        """Persist, then announce: the store row and its events, then the search attributes."""
-        await workflow.execute_local_activity(
-            io.UPDATE_TURN, self._turn_update(), start_to_close_timeout=STORE_TIMEOUT,
-            retry_policy=STORE_RETRY)
+    async def _persist_state(self) -> bool:
+        """Persist, then announce: the store row and its events, then the search
+        attributes. False when the store had already ended the turn (its
+        completion wins): the state then follows the store."""
+        written: io.TurnWriteResult | None = await workflow.execute_local_activity(
+            io.UPDATE_TURN, self._turn_update(), result_type=io.TurnWriteResult | None,
+            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        self._follow_store(written)
         self._upsert_search_attributes()
+        return written is None or written.written
 
     async def _finish_turn(self, closing_text: str | None = None,
                            commit_messages: list[UserMessage] | None = None) -> None:
         update = self._turn_update()
         update.closing_text = closing_text
         update.commit_messages = commit_messages or []
-        await workflow.execute_local_activity(
-            io.FINISH_TURN, update, start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        written: io.TurnWriteResult | None = await workflow.execute_local_activity(
+            io.FINISH_TURN, update, result_type=io.TurnWriteResult | None,
+            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        self._follow_store(written)
         self._upsert_search_attributes()
+
+    def _follow_store(self, written: io.TurnWriteResult | None) -> None:
+        # None: recorded by a release whose store writes returned nothing.
+        if written is not None and not written.written:
+            self._state.status = written.status
+            self._state.reason = written.reason
 
     def _turn_update(self) -> io.UpdateTurnInput:
         s = self._state
@@ -449,6 +481,10 @@ class ChatTurn:
         self._seen.add(message.message_id)
         self._inbox.append(message)
         return True
+
+    def _return_in_flight(self) -> None:
+        self._inbox = self._in_flight + self._inbox
+        self._in_flight = []
 
     def _take_inbox(self) -> list[UserMessage]:
         batch, self._inbox = self._inbox, []

@@ -155,6 +155,12 @@ class SessionStore(ABC):
         `closing_text`, then as `update_turn`, then `turn_end`."""
 
     @abstractmethod
+    async def close_unanswered_calls(self, chat_id: str, turn: int) -> list[str]:
+        """Give every tool call of the turn that has no tool row an interrupted one
+        (`INTERRUPTED_TOOL_TEXT`, event `tool_interrupted`), so the transcript stays
+        balanced after a lost model call. Returns the call ids answered."""
+
+    @abstractmethod
     async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
         """A recovery run takes the turn over: record its run id (the reconciler
         examines that run from now on) and return the next free model-call step."""

@@ -459,17 +459,7 @@ class PostgresStore(SessionStore):
         """Close an open turn so the transcript stays well formed for the model:
         every tool call gets an answer, and the turn ends with an assistant row."""
         turn = record.turn
-        rows = await tx.conn.fetch(
-            "SELECT id, body FROM messages WHERE chat_id = $1 AND turn = $2 AND role = 'assistant' ORDER BY id",
-            tx.chat_id, turn,
-        )
-        for row in rows:
-            for call in _decode_message(tx.chat_id, row).tool_calls or []:
-                answered = await tx.insert_message(turn, ChatMessage(
-                    role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
-                ))
-                if answered:
-                    await tx.emit("tool_interrupted", {"turn": turn, "tool_call_id": call.id, "name": call.name})
+        await self._answer_unanswered(tx, turn)
         await tx.insert_message(turn, ChatMessage(role="assistant", content=SUPERSEDED_TEXT))
         await self._set_turn(tx, turn, TurnUpdate(
             status=TurnStatus.RECOVERED,
@@ -478,6 +468,25 @@ class PostgresStore(SessionStore):
             can_continue=record.can_continue,
             attempts=record.attempts,
         ))
+
+    async def _answer_unanswered(self, tx: _Tx, turn: int) -> list[str]:
+        """An interrupted tool row for every tool call of the turn that has no answer."""
+        rows = await tx.conn.fetch(
+            "SELECT id, body FROM messages WHERE chat_id = $1 AND turn = $2 AND role = 'assistant' ORDER BY id",
+            tx.chat_id, turn,
+        )
+        answered: list[str] = []
+        for row in rows:
+            for call in _decode_message(tx.chat_id, row).tool_calls or []:
+                if await tx.insert_message(turn, ChatMessage(
+                    role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
+                )):
+                    answered.append(call.id)
+                    await tx.emit("tool_interrupted", {"turn": turn, "tool_call_id": call.id, "name": call.name})
+        return answered
+
+    async def close_unanswered_calls(self, chat_id: str, turn: int) -> list[str]:
+        return await self._write(chat_id, self._answer_unanswered, turn)
 
     async def update_turn(self, chat_id: str, turn: int, update: TurnUpdate) -> None:
         await self._write(chat_id, self._set_turn, turn, update)

@@ -397,18 +397,7 @@ class SQLiteStore(SessionStore):
         """Close an open turn so the transcript stays well formed for the model:
         every tool call gets an answer, and the turn ends with an assistant row."""
         chat_id, turn = record.chat_id, record.turn
-        rows = conn.execute(
-            "SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? AND role = 'assistant' ORDER BY id",
-            (chat_id, turn),
-        ).fetchall()
-        for row in rows:
-            for call in _decode_message(chat_id, row).tool_calls or []:
-                answered = self._insert_message(conn, chat_id, turn, ChatMessage(
-                    role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
-                ))
-                if answered:
-                    self._emit(conn, chat_id, "tool_interrupted",
-                               {"turn": turn, "tool_call_id": call.id, "name": call.name}, now)
+        self._answer_unanswered(conn, chat_id, turn, now)
         self._insert_message(conn, chat_id, turn, ChatMessage(role="assistant", content=SUPERSEDED_TEXT))
         self._set_turn(conn, chat_id, turn, TurnUpdate(
             status=TurnStatus.RECOVERED,
@@ -417,6 +406,26 @@ class SQLiteStore(SessionStore):
             can_continue=record.can_continue,
             attempts=record.attempts,
         ), now)
+
+    def _answer_unanswered(self, conn: sqlite3.Connection, chat_id: str, turn: int, now: str) -> list[str]:
+        """An interrupted tool row for every tool call of the turn that has no answer."""
+        rows = conn.execute(
+            "SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? AND role = 'assistant' ORDER BY id",
+            (chat_id, turn),
+        ).fetchall()
+        answered: list[str] = []
+        for row in rows:
+            for call in _decode_message(chat_id, row).tool_calls or []:
+                if self._insert_message(conn, chat_id, turn, ChatMessage(
+                    role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
+                )):
+                    answered.append(call.id)
+                    self._emit(conn, chat_id, "tool_interrupted",
+                               {"turn": turn, "tool_call_id": call.id, "name": call.name}, now)
+        return answered
+
+    async def close_unanswered_calls(self, chat_id: str, turn: int) -> list[str]:
+        return await self._write(lambda conn: self._answer_unanswered(conn, chat_id, turn, _now()))
 
     async def update_turn(self, chat_id: str, turn: int, update: TurnUpdate) -> None:
         await self._write(lambda conn: self._set_turn(conn, chat_id, turn, update, _now()))
