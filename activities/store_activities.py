@@ -71,6 +71,10 @@ class StoreActivities:
             return None  # a retry of this very write: idempotent in the store
         return io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
+    @activity.defn(name=io.HELD_MESSAGES)
+    async def held_messages(self, inp: io.HeldMessagesInput) -> list[str]:
+        return await self._store.held_message_ids(inp.chat_id, inp.message_ids)
+
     @activity.defn(name=io.APPEND_EVENTS)
     async def append_events(self, inp: io.AppendEventsInput) -> None:
         await self._store.append_events(inp.chat_id, inp.events)

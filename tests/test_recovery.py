@@ -183,6 +183,25 @@ async def test_pending_follow_ups_wait_and_a_newer_message_supersedes(stack: Sta
             "first", SUPERSEDED_TEXT, "pending before the gate", "newer", "answering both"]
 
 
+async def test_a_late_retry_of_a_committed_message_does_not_supersede(stack: Stack) -> None:
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "bad request"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "first", message_id="m1")
+        gate = await stack.wait_state(chat, _awaiting)
+        await stack.send(chat, "first", message_id="m1")  # the client retries, late
+        await asyncio.sleep(1.0)
+        state = await stack.state(chat)
+        assert (state.status, state.recovery_id) == (TurnStatus.AWAITING_USER, gate.recovery_id)
+        assert state.pending_followups == []
+        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        assert done.reason == Reason.DISMISSED
+        assert [m["content"] for m in await stack.history(chat)][:1] == ["first"]
+        assert [m["role"] for m in await stack.history(chat)].count("user") == 1
+
+
 async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stack) -> None:
     with FakeChatServer() as server:
         server.script([{"status": 400, "message": "bad request", "delay": 1.5}])

@@ -11,6 +11,7 @@ from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnStatus
 
 BEGIN_TURN = "turnkeeper.begin_turn"
 ADOPT_TURN = "turnkeeper.adopt_turn"
+HELD_MESSAGES = "turnkeeper.held_messages"
 MODEL_CALL = "turnkeeper.model_call"
 TOOL_CALL = "turnkeeper.tool_call"
 RECORD_TOOL_RESULT = "turnkeeper.record_tool_result"
@@ -128,6 +129,11 @@ class TurnWriteResult(BaseModel):
     status: TurnStatus
     reason: Reason | None = None
     written: bool = True
+
+
+class HeldMessagesInput(BaseModel):
+    chat_id: str
+    message_ids: list[str]
 
 
 class AppendEventsInput(BaseModel):

@@ -93,6 +93,7 @@ class ChatTurn:
         self._settings = io.TurnSettings()
         self._decision: recovery.Action | None = None
         self._interrupt: Reason | None = None  # Stop, or a message that supersedes a gate
+        self._superseding: list[str] = []  # ids received at a gate, to check against the store
         for message in input.pending:
             self._accept(message)
 
@@ -115,12 +116,13 @@ class ChatTurn:
             return
         if self._accept(message) and self._state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING):
             # Newer input beats a waiting or running recovery.
+            self._superseding.append(message.message_id)
             self._interrupt = self._interrupt or Reason.SUPERSEDED
 
     @workflow.signal(name="stop")
     def stop(self, payload: Any = None) -> None:
         if self._state.turn and self._state.status in OPEN_STATUSES:
-            self._interrupt = self._interrupt or Reason.STOPPED
+            self._interrupt = Reason.STOPPED  # the user's explicit word wins
 
     @workflow.signal(name="continue")
     def continue_signal(self, payload: Any = None) -> None:
@@ -343,15 +345,33 @@ class ChatTurn:
     async def _settle(self, handles: list[workflow.ActivityHandle[Any]]) -> bool:
         """Wait for the step; on Stop or a superseding message cancel what still runs
         and wait for it to stop. True when the step was cancelled."""
-        await workflow.wait_condition(
-            lambda: all(h.done() for h in handles) or self._interrupt is not None)
-        if all(h.done() for h in handles):
-            return False
+        while True:
+            await workflow.wait_condition(
+                lambda: all(h.done() for h in handles) or self._interrupt is not None)
+            if all(h.done() for h in handles):
+                return False
+            if await self._interrupt_stands():
+                break
         for h in handles:
             h.cancel()
         await asyncio.gather(*handles, return_exceptions=True)
         # A step that finished anyway (its result raced the cancel) stands.
         return not all(not h.cancelled() and h.exception() is None for h in handles)
+
+    async def _interrupt_stands(self) -> bool:
+        """A client's late retry of a message the chat already holds is not newer
+        input: it must not supersede the gate. Drop such retries, keep waiting."""
+        if self._interrupt != Reason.SUPERSEDED or not workflow.patched("supersede-checks-store"):
+            return True
+        ids, self._superseding = self._superseding, []
+        held = set(await workflow.execute_local_activity(
+            io.HELD_MESSAGES, io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids),
+            result_type=list[str], start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY))
+        if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids) or self._superseding:
+            return True
+        self._inbox = [m for m in self._inbox if m.message_id not in held]
+        self._interrupt = None
+        return False
 
     async def _end_by_user(self) -> None:
         """Stop or a superseding message ended the turn: keep what is known, add one
@@ -373,6 +393,8 @@ class ChatTurn:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events))
             await self._flush_events()
+            if self._interrupt is not None and not await self._interrupt_stands():
+                continue
             if self._decision is not None or self._interrupt is not None:
                 break
         decision, self._decision = self._decision, None
