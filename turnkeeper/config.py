@@ -19,6 +19,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_WORKSPACE",
     "TURNKEEPER_RESUME_WINDOW",
     "TURNKEEPER_RECONCILE_EVERY",
+    "TURNKEEPER_MAX_CACHED_WORKFLOWS",
     "TURNKEEPER_MAX_MESSAGE_BYTES",
     "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
     "TURNKEEPER_TOOL_TIMEOUT",
@@ -100,6 +101,9 @@ class Settings:
     model_timeout: int = 300
     shutdown_grace: int = 30
     heartbeat_timeout: int = 3
+    # Turns kept in the worker's workflow cache. A turn waiting for its user is
+    # evicted when newer ones need the room, and costs the worker nothing then.
+    max_cached_workflows: int = 200
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
     openai_base_url: str | None = None
@@ -130,6 +134,7 @@ class Settings:
             model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
             shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
             heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
+            max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
