@@ -30,6 +30,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,70 @@ class Bare(Variant):
                                                   task_queue=self.task_queue)
         if text != "done":
             raise RuntimeError(f"bare turn answered {text!r}")
+        return workflow_id, None
+
+
+class Agents(Variant):
+    """Temporal's OpenAI Agents integration (`temporalio.openai_agents`) on the same
+    server: a scripted model and one activity tool with maximum_attempts=1."""
+
+    key = "agents"
+    label = "OpenAI Agents integration"
+    temporal = True
+
+    def __init__(self, address: str, tmp: Path) -> None:
+        self.address = address
+        self.path = tmp / "f.txt"
+        self.task_queue = f"bench-agents-{uuid.uuid4().hex[:8]}"
+        self._worker: Worker | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        from agents import Model, ModelProvider
+        from agents_loop import AgentsTurn, write_file
+        from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
+        from temporalio.openai_agents.testing import ResponseBuilders
+
+        arguments = json.dumps({"path": str(self.path), "content": "x"})
+
+        class ScriptedModel(Model):
+            """Tool call first; once the tool's output is in the input, the answer."""
+
+            async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+                answered = isinstance(input, list) and any(
+                    isinstance(i, dict) and i.get("type") == "function_call_output" for i in input)
+                if answered:
+                    return ResponseBuilders.output_message("done")
+                return ResponseBuilders.tool_call(arguments, "write_file", call_id=uuid.uuid4().hex)
+
+            def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError
+
+        class Provider(ModelProvider):
+            def get_model(self, model_name: str | None) -> Model:
+                return ScriptedModel()
+
+        plugin = OpenAIAgentsPlugin(
+            model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=300)),
+            model_provider=Provider())
+        self.client = await Client.connect(self.address, plugins=[plugin])
+        self._worker = Worker(self.client, task_queue=self.task_queue, workflows=[AgentsTurn],
+                              activities=[write_file],
+                              sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
+        self._task = asyncio.create_task(self._worker.run())
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            await self._worker.shutdown()
+        if self._task is not None:
+            await self._task
+
+    async def _turn(self) -> tuple[str | None, str | None]:
+        workflow_id = f"agents-{uuid.uuid4().hex[:12]}"
+        text = await self.client.execute_workflow("AgentsTurn", "write the file", id=workflow_id,
+                                                  task_queue=self.task_queue, result_type=str)
+        if text != "done":
+            raise RuntimeError(f"agents turn answered {text!r}")
         return workflow_id, None
 
 
@@ -447,6 +512,10 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
                                                         results["in_process_store"].turns_per_s),
         "turnkeeper/in-process median": ratio(tk_.median_ms, results["in_process"].median_ms),
     }
+    agents = results.get("agents")
+    if agents is not None:
+        ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
+        ratios["turnkeeper/agents throughput"] = ratio(tk_.turns_per_s, agents.turns_per_s)
     print()
     print("ratios")
     for name, value in ratios.items():
@@ -459,6 +528,13 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         ("throughput >= bare", f"{ratios['turnkeeper/bare throughput']:.2f} x",
          ratios["turnkeeper/bare throughput"] >= GOAL_THROUGHPUT_VS_BARE),
     ]
+    if agents is not None:  # issue 4: at least as good as Temporal's own integration
+        goals += [
+            ("median <= agents", f"{ratios['turnkeeper/agents median']:.2f} x",
+             ratios["turnkeeper/agents median"] <= 1.0),
+            ("throughput >= agents", f"{ratios['turnkeeper/agents throughput']:.2f} x",
+             ratios["turnkeeper/agents throughput"] >= 1.0),
+        ]
     print()
     print("goals (turnkeeper)")
     for goal, value, ok in goals:
@@ -489,11 +565,12 @@ async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> N
         progress("starting the Temporal dev server")
         async with dev_server(tmp, dynamic_config) as server:
             client = await Client.connect(server.address, data_converter=pydantic_data_converter)
-            for sub in ("turnkeeper", "bare", "inproc", "inproc-store"):
+            for sub in ("turnkeeper", "bare", "agents", "inproc", "inproc-store"):
                 (tmp / sub).mkdir()
             variants: list[Variant] = [
                 Turnkeeper(client, server.address, tmp / "turnkeeper"),
                 Bare(client, tmp / "bare"),
+                *([Agents(server.address, tmp / "agents")] if _agents_installed() else []),
                 InProcess(tmp / "inproc", with_store=False),
                 InProcess(tmp / "inproc-store", with_store=True),
             ]
@@ -509,6 +586,16 @@ async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> N
     if as_json:
         print()
         print(json.dumps(summary, indent=2))
+
+
+def _agents_installed() -> bool:
+    try:
+        import temporalio.openai_agents  # noqa: F401
+    except ImportError:
+        progress("temporalio[openai-agents] is not installed: no OpenAI Agents comparison "
+                 "(pip install -e '.[bench]')")
+        return False
+    return True
 
 
 def main() -> None:
