@@ -27,6 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"
 
 
+async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll a cheap local condition (a file, a fake server's request count)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
 class Stack:
     def __init__(self, client: Client, address: str, tmp: Path, name: str = "test") -> None:
         self.name = name

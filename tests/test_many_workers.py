@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 
-from tests.support import Stack
+from tests.support import Stack, until
 from turnkeeper import client as tk
 from turnkeeper.models import INTERRUPTED_TOOL_TEXT, Reason, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
@@ -37,18 +37,9 @@ def _responder(request: dict[str, Any]) -> dict[str, Any]:
     return {"text": f"finished: {last.get('content')}"}
 
 
-async def _until(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 async def _wait_ready(stack: Stack, procs: list[subprocess.Popen[bytes]]) -> None:
     logs = [stack.dir / f"worker{i}.log" for i in range(len(procs))]
-    await _until(lambda: all(p.exists() and READY in p.read_text(errors="replace") for p in logs),
+    await until(lambda: all(p.exists() and READY in p.read_text(errors="replace") for p in logs),
                  90, "three workers serving")
 
 
@@ -107,7 +98,7 @@ async def test_three_workers_share_turns_and_survive_a_sigkill(stack: Stack) -> 
         # 2. SIGKILL the worker running a slow tool of one chat.
         victim_chat = stack.chat("victim")
         await stack.send(victim_chat, "slow write, please")
-        await _until(lambda: any(k.startswith(f"{victim_chat}/") for k in _ledger_starts(ledger)), 30,
+        await until(lambda: any(k.startswith(f"{victim_chat}/") for k in _ledger_starts(ledger)), 30,
                      "the slow tool started")
         [key] = [k for k in _ledger_starts(ledger) if k.startswith(f"{victim_chat}/")]
         handle = stack.client.get_workflow_handle(tk.workflow_id(victim_chat))

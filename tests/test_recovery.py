@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from activities.assemble import build_activities
 from activities.providers import load_provider
 from activities.store import open_store
 from activities.tools import default_registry
-from tests.support import Stack
+from tests.support import Stack, until
 from turnkeeper import client as tk
 from turnkeeper.models import (
     SUPERSEDED_TEXT,
@@ -51,15 +50,6 @@ def _fake_model(stack: Stack, server: FakeChatServer) -> None:
                             "OPENAI_API_KEY": "k"})
 
 
-async def _until(pred, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout} s")
-
-
 async def _decide(stack: Stack, chat: str, update: str, recovery_id: str | None) -> TurnState:
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
     return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id or ""),
@@ -78,7 +68,7 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
         first = stack.spawn_worker()
         chat = stack.chat()
         await stack.send(chat, "hello")
-        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await until(lambda: len(server.requests) == 1, what="model call under way")
         stack.kill(first)
         second = stack.spawn_worker()
         gate = await stack.wait_state(chat, _awaiting, timeout=45)
@@ -88,7 +78,7 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
         resumed = await _decide(stack, chat, "continue_turn", gate.recovery_id)
         assert (resumed.status, resumed.reason, resumed.attempts) == (
             TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
-        await _until(lambda: len(server.requests) == 2, what="resumed model call")
+        await until(lambda: len(server.requests) == 2, what="resumed model call")
         stack.kill(second)  # the resumed step is lost too: never retried by itself
         stack.spawn_worker()
         guard = await stack.wait_state(chat, _awaiting, timeout=45)
@@ -165,7 +155,7 @@ async def test_pending_follow_ups_wait_and_a_newer_message_supersedes(stack: Sta
         await stack.start_worker()
         chat = stack.chat()
         await stack.send(chat, "first", message_id="m1")
-        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await until(lambda: len(server.requests) == 1, what="model call under way")
         await stack.send(chat, "pending before the gate", message_id="m2")
         gate = await stack.wait_state(chat, _awaiting)
         # Pending when the turn was interrupted: not consent, no supersede.
@@ -209,7 +199,7 @@ async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stac
         await stack.start_worker()
         chat = stack.chat()
         await stack.send(chat, "first", message_id="m1")
-        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await until(lambda: len(server.requests) == 1, what="model call under way")
         await stack.send(chat, "second", message_id="m2")
         gate = await stack.wait_state(chat, _awaiting)
         done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
@@ -232,7 +222,7 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         await stack.send(chat, "one", message_id="m1")
         gate = await stack.wait_state(chat, _awaiting)
         await _decide(stack, chat, "continue_turn", gate.recovery_id)
-        await _until(lambda: len(server.requests) == 2, what="resumed call under way")
+        await until(lambda: len(server.requests) == 2, what="resumed call under way")
         await stack.send(chat, "two", message_id="m2")
         done = await stack.wait_turn_done(chat, 2, timeout=30)
         assert done.status == TurnStatus.COMPLETED
@@ -293,7 +283,7 @@ async def test_sigterm_hands_a_model_call_to_the_next_worker(stack: Stack) -> No
         first = stack.spawn_worker()
         chat = stack.chat()
         handle = await stack.send(chat, "hello")
-        await _until(lambda: len(server.requests) == 1, what="model call under way")
+        await until(lambda: len(server.requests) == 1, what="model call under way")
         stack.spawn_worker()
         await asyncio.sleep(2)
         stack.kill(first, signal.SIGTERM)
@@ -311,7 +301,7 @@ async def test_sigterm_lets_a_running_tool_finish_within_the_grace(stack: Stack)
     first = stack.spawn_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "slow")
-    await _until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
     stack.spawn_worker()
     stack.kill(first, signal.SIGTERM)
     final = await asyncio.wait_for(handle.result(), 40)
@@ -327,7 +317,7 @@ async def test_tool_outliving_the_grace_is_state_unknown(stack: Stack) -> None:
     first = stack.spawn_worker(TURNKEEPER_SHUTDOWN_GRACE="1")
     chat = stack.chat()
     await stack.send(chat, "too slow")
-    await _until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
     stack.spawn_worker()
     stack.kill(first, signal.SIGTERM)
     gate = await stack.wait_state(chat, _awaiting, timeout=40)

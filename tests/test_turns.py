@@ -134,7 +134,6 @@ async def test_duplicate_message_id_counts_once(stack: Stack) -> None:
     assert again.status == TurnStatus.COMPLETED
     hist = await stack.history(chat)
     assert [m.get("content") for m in hist] == ["hello", "hello back"]
-    assert (await stack.store()).__class__  # the store was reachable
     assert (await (await stack.store()).get_turn(chat)).turn == 1
 
 

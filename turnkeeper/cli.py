@@ -166,7 +166,8 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
             print(f"[tool {m.name}] {m.content}")
         elif m.tool_calls:
             calls = ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
-            print(f"[assistant] {m.content or ''} -> {calls}".replace("]  ->", "] ->"))
+            lead = f"{m.content} " if m.content else ""
+            print(f"[assistant] {lead}-> {calls}")
         else:
             print(f"[{m.role}] {m.content}")
     return EXIT_OK

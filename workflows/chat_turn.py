@@ -66,7 +66,6 @@ MAX_SHUTDOWN_RESCHEDULES = 5
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 
 
-
 class _Cancelled(Exception):
     """Stop, or a message that superseded the gate, cancelled the running step."""
 
@@ -412,10 +411,15 @@ class ChatTurn:
         await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
         return "dismiss"
 
-    def _validate(self, action: recovery.Action, payload: RecoveryAction) -> None:
-        why = recovery.refusal(self._state, action, payload.recovery_id)
+    def _refusal(self, action: recovery.Action, recovery_id: str | None) -> str | None:
+        """As `recovery.refusal`, and a gate already decided in this task waits no more."""
+        why = recovery.refusal(self._state, action, recovery_id)
         if why is None and self._decision is not None:
             why = recovery.NOT_WAITING
+        return why
+
+    def _validate(self, action: recovery.Action, payload: RecoveryAction) -> None:
+        why = self._refusal(action, payload.recovery_id)
         if why is not None:
             raise ApplicationError(why, type="RecoveryActionRejected", non_retryable=True)
 
@@ -429,9 +433,7 @@ class ChatTurn:
             recovery_id: str | None = RecoveryAction.model_validate(payload).recovery_id
         except ValidationError:
             recovery_id = None
-        why = recovery.refusal(self._state, action, recovery_id)
-        if why is None and self._decision is not None:
-            why = recovery.NOT_WAITING
+        why = self._refusal(action, recovery_id)
         if why is not None:
             workflow.logger.warning("%s refused for chat %s: %s", action, self._state.chat_id, why)
             self._events.append(NewEvent(type="recovery_action_rejected", payload={
