@@ -14,7 +14,8 @@ import sys
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.assemble import build_activities
 from activities.providers import load_provider
@@ -77,6 +78,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         workflows=[ChatTurn, Reconcile],
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
+        workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

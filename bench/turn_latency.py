@@ -6,8 +6,10 @@ plain in-process loop, measured side by side in one run.
 Every variant runs the same turn: model call -> `write_file` tool -> model call
 (final text), with the scripted model and the real built-in `write_file` tool.
 
-  turnkeeper        the real worker (`worker.run_worker`): ChatTurn, signal-with-start,
-                    SQLite session store, local store activities, search attributes
+  turnkeeper        the real worker (`worker.run_worker`) with its defaults: ChatTurn,
+                    signal-with-start, SQLite session store, local store activities,
+                    search attributes, workflow code outside the sandbox
+                    (--sandbox-variant adds the same with TURNKEEPER_WORKFLOW_SANDBOX=on)
   bare Temporal     bench/bare_loop.py: three plain activities, nothing else
   in-process        the same three steps as plain awaits, without Temporal
   in-process+store  the same, plus the SQLiteStore calls turnkeeper's activities make
@@ -164,15 +166,18 @@ class Variant(ABC):
 
 
 class Turnkeeper(Variant):
-    key = "turnkeeper"
-    label = "turnkeeper"
     temporal = True
 
-    def __init__(self, client: Client, address: str, tmp: Path) -> None:
+    def __init__(self, client: Client, address: str, tmp: Path, sandbox: bool = False) -> None:
+        # The worker's default runs workflow code outside Temporal's sandbox;
+        # `sandbox` measures the cost of turning it on.
+        self.key = "turnkeeper_sandbox" if sandbox else "turnkeeper"
+        self.label = "turnkeeper, sandbox on" if sandbox else "turnkeeper"
         script = tmp / "script.json"
         script.write_text(json.dumps(SCRIPT))
         self.client = client
         self.settings = Settings.from_env({
+            "TURNKEEPER_WORKFLOW_SANDBOX": "on" if sandbox else "off",
             "TEMPORAL_ADDRESS": address,
             "TURNKEEPER_TASK_QUEUE": f"bench-turnkeeper-{uuid.uuid4().hex[:8]}",
             "TURNKEEPER_DATA_DIR": str(tmp / "data"),
@@ -512,6 +517,10 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
                                                         results["in_process_store"].turns_per_s),
         "turnkeeper/in-process median": ratio(tk_.median_ms, results["in_process"].median_ms),
     }
+    sandboxed = results.get("turnkeeper_sandbox")
+    if sandboxed is not None:
+        ratios["turnkeeper sandbox on/off throughput"] = ratio(sandboxed.turns_per_s, tk_.turns_per_s)
+        ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
     agents = results.get("agents")
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
@@ -559,16 +568,18 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
 # -- main ------------------------------------------------------------------------------------
 
-async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool) -> None:
+async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool, with_sandbox: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
         async with dev_server(tmp, dynamic_config) as server:
             client = await Client.connect(server.address, data_converter=pydantic_data_converter)
-            for sub in ("turnkeeper", "bare", "agents", "inproc", "inproc-store"):
+            for sub in ("turnkeeper", "turnkeeper-sandbox", "bare", "agents", "inproc", "inproc-store"):
                 (tmp / sub).mkdir()
             variants: list[Variant] = [
                 Turnkeeper(client, server.address, tmp / "turnkeeper"),
+                *([Turnkeeper(client, server.address, tmp / "turnkeeper-sandbox", sandbox=True)]
+                  if with_sandbox else []),
                 Bare(client, tmp / "bare"),
                 *([Agents(server.address, tmp / "agents")] if _agents_installed() else []),
                 InProcess(tmp / "inproc", with_store=False),
@@ -605,10 +616,12 @@ def main() -> None:
     parser.add_argument("--fast-dispatch", action="store_true",
                         help="start the dev server with " + ", ".join(f"{k}={v}" for k, v in FAST_DISPATCH.items())
                         + " (no 50 ms workflow-task tick)")
+    parser.add_argument("--sandbox-variant", action="store_true",
+                        help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     dynamic_config = dict(FAST_DISPATCH) if args.fast_dispatch else {}
-    run_and_exit(run(QUICK if args.quick else FULL, dynamic_config, args.json))
+    run_and_exit(run(QUICK if args.quick else FULL, dynamic_config, args.json, args.sandbox_variant))
 
 
 if __name__ == "__main__":

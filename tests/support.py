@@ -82,7 +82,10 @@ class Stack:
 
     # -- workers ---------------------------------------------------------------
     async def start_worker(self, **extra: str) -> None:
-        """A worker in this process (the real `run_worker`), stopped at close."""
+        """A worker in this process (the real `run_worker`), stopped at close. Its
+        workflows run in Temporal's sandbox, so a non-deterministic call in workflow
+        code fails the tests; `spawn_worker` runs the production default (no sandbox)."""
+        extra.setdefault("TURNKEEPER_WORKFLOW_SANDBOX", "on")
         stop = asyncio.Event()
         task = asyncio.create_task(run_worker(self.settings(**extra), client=self.client, stop=stop))
         self._workers.append((stop, task))

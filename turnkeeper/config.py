@@ -20,6 +20,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_RESUME_WINDOW",
     "TURNKEEPER_RECONCILE_EVERY",
     "TURNKEEPER_MAX_CACHED_WORKFLOWS",
+    "TURNKEEPER_WORKFLOW_SANDBOX",
     "TURNKEEPER_MAX_MESSAGE_BYTES",
     "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
     "TURNKEEPER_TOOL_TIMEOUT",
@@ -74,6 +75,21 @@ def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _bool(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be one of {', '.join(_TRUE + _FALSE)}, got {raw!r}")
+
+
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = env.get(name)
     if raw is None:
@@ -104,6 +120,10 @@ class Settings:
     # Turns kept in the worker's workflow cache. A turn waiting for its user is
     # evicted when newer ones need the room, and costs the worker nothing then.
     max_cached_workflows: int = 200
+    # Off by default: the sandbox re-imports the workflow module for every run and
+    # wraps every payload, which cost a third of the worker's CPU per turn. The test
+    # suite turns it on, so a non-deterministic call in workflow code still fails CI.
+    workflow_sandbox: bool = False
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
     openai_base_url: str | None = None
@@ -135,6 +155,7 @@ class Settings:
             shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
             heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
             max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
+            workflow_sandbox=_bool(env, "TURNKEEPER_WORKFLOW_SANDBOX", False),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
