@@ -84,7 +84,9 @@ class Plan:
     history_samples: int  # runs whose history is fetched per Temporal variant
 
 
-FULL = Plan(sequential=30, throughput=200, in_flight=50, rounds=2, history_samples=5)
+# Throughput comes in rounds so that each is compared with its neighbours in time:
+# this machine's speed drifts by a quarter within minutes.
+FULL = Plan(sequential=30, throughput=900, in_flight=50, rounds=6, history_samples=5)
 QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3)
 
 
@@ -366,6 +368,7 @@ class Result:
     latencies_ms: list[float] = field(default_factory=list)
     throughput_turns: int = 0
     throughput_seconds: float = 0.0
+    round_turns_per_s: list[float] = field(default_factory=list)  # one per throughput round
     process_cpu_s: float = 0.0  # this process during the throughput phase
     server_cpu_s: float = 0.0   # the dev server during the throughput phase
     history_events: float | None = None
@@ -396,12 +399,20 @@ class Result:
         return {"label": self.label, "median_ms": self.median_ms, "p90_ms": self.p90_ms,
                 "turns_per_s": self.turns_per_s, "throughput_turns": self.throughput_turns,
                 "throughput_seconds": self.throughput_seconds,
+                "round_turns_per_s": self.round_turns_per_s,
                 "process_cpu_ms_per_turn": self.process_cpu_ms,
                 "server_cpu_ms_per_turn": self.server_cpu_ms,
                 "history_events_per_turn": self.history_events,
                 "history_proto_bytes_per_turn": self.history_proto_bytes,
                 "history_json_bytes_per_turn": self.history_json_bytes,
                 "latencies_ms": self.latencies_ms}
+
+
+def paired_ratio(a: Result, b: Result) -> tuple[float, float, float]:
+    """Median, lowest and highest of a/b throughput over the rounds, each round's
+    pair measured back to back."""
+    ratios = [x / y for x, y in zip(a.round_turns_per_s, b.round_turns_per_s)]
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def alternating(variants: list[Variant], i: int) -> list[Variant]:
@@ -446,7 +457,9 @@ async def measure(variants: list[Variant], plan: Plan, client: Client,
         for v in alternating(variants, i):
             res = results[v.key]
             cpu, server_cpu = time.process_time(), cpu_seconds(server.pid)
-            res.throughput_seconds += await burst(v, per_round, plan.in_flight)
+            seconds = await burst(v, per_round, plan.in_flight)
+            res.throughput_seconds += seconds
+            res.round_turns_per_s.append(per_round / seconds)
             res.process_cpu_s += time.process_time() - cpu
             res.server_cpu_s += cpu_seconds(server.pid) - server_cpu
             res.throughput_turns += per_round
@@ -510,7 +523,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     ratios = {
         "turnkeeper/bare median": ratio(tk_.median_ms, bare.median_ms),
         "turnkeeper/bare p90": ratio(tk_.p90_ms, bare.p90_ms),
-        "turnkeeper/bare throughput": ratio(tk_.turns_per_s, bare.turns_per_s),
+        "turnkeeper/bare throughput": paired_ratio(tk_, bare)[0],
         "turnkeeper/bare events": ratio(tk_.history_events or 0, bare.history_events or 0),
         "turnkeeper/in-process+store median": ratio(tk_.median_ms, results["in_process_store"].median_ms),
         "turnkeeper/in-process+store throughput": ratio(tk_.turns_per_s,
@@ -519,16 +532,22 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     }
     sandboxed = results.get("turnkeeper_sandbox")
     if sandboxed is not None:
-        ratios["turnkeeper sandbox on/off throughput"] = ratio(sandboxed.turns_per_s, tk_.turns_per_s)
+        ratios["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)[0]
         ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
     agents = results.get("agents")
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
-        ratios["turnkeeper/agents throughput"] = ratio(tk_.turns_per_s, agents.turns_per_s)
+        ratios["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)[0]
     print()
-    print("ratios")
+    print("ratios (throughput: the median over the rounds of each round's ratio; lowest-highest after it)")
+    spreads = {"turnkeeper/bare throughput": paired_ratio(tk_, bare)}
+    if sandboxed is not None:
+        spreads["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)
+    if agents is not None:
+        spreads["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)
     for name, value in ratios.items():
-        print(f"  {name:<40}{value:>8.2f}x")
+        spread = f"   {spreads[name][1]:.2f}-{spreads[name][2]:.2f}" if name in spreads else ""
+        print(f"  {name:<40}{value:>8.2f}x{spread}")
 
     goals = [
         ("median <= 250 ms", f"{tk_.median_ms:.1f} ms", tk_.median_ms <= GOAL_MEDIAN_MS),
