@@ -121,7 +121,7 @@ class Settings:
     # evicted when newer ones need the room, and costs the worker nothing then.
     max_cached_workflows: int = 200
     # Off by default: the sandbox re-imports the workflow module for every run and
-    # wraps every payload, which cost a third of the worker's CPU per turn. The test
+    # wraps every payload, adding about a third to the worker's CPU per turn. The test
     # suite turns it on, so a non-deterministic call in workflow code still fails CI.
     workflow_sandbox: bool = False
     dev_server_port: int = 7233
