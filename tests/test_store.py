@@ -343,6 +343,28 @@ async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SessionSto
                        ChatMessage(role="assistant", content=SUPERSEDED_TEXT)]
 
 
+async def test_begin_turn_closes_a_turn_whose_recovery_failed(store: SessionStore) -> None:
+    """Nothing else ever closes a failed/recovery_failed turn: the next message does,
+    as superseded, so the transcript the model sees stays balanced."""
+    await start_turn(store, "run-1", "m1")
+    call = ToolCall(id="call-a", name="write_file", arguments='{"path": "a"}')
+    await store.record_assistant(CHAT, 1, 0, ModelReply(text=None, tool_calls=[call]), final=False)
+    await store.update_turn(CHAT, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
+                                                recovery_id="rec-f", can_continue=False))
+
+    began = await store.begin_turn(CHAT, "run-2", ["m2"])
+    assert began.turn == 2 and began.closed_turn == 1
+    history = await store.history(CHAT)
+    assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
+    assert history[2] == ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT,
+                                     tool_call_id="call-a", name="write_file")
+    assert history[3] == ChatMessage(role="assistant", content=SUPERSEDED_TEXT)
+    closed = await store.get_turn(CHAT, 1)
+    assert closed is not None
+    assert (closed.status, closed.reason, closed.recovery_id) == (TurnStatus.RECOVERED, Reason.SUPERSEDED, "rec-f")
+    assert closed.can_continue is False
+
+
 async def test_begin_turn_leaves_finished_turns_alone(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     await store.record_assistant(CHAT, 1, 0, ModelReply(text="done"), final=True)

@@ -33,6 +33,9 @@ class TurnStatus(str, Enum):
 
 
 OPEN_STATUSES = frozenset({TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING})
+# What a newer user message closes as `superseded` when the next turn begins: an
+# open turn, or one whose recovery failed (nothing else will ever close it).
+SUPERSEDABLE_STATUSES = OPEN_STATUSES | {TurnStatus.FAILED}
 
 
 class Reason(str, Enum):

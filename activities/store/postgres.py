@@ -47,6 +47,7 @@ from activities.store.base import (
 from activities.store.sqlite import TOOL_RESULT_STATUSES, _body, _json, _short, _value
 from turnkeeper.models import (
     OPEN_STATUSES,
+    SUPERSEDABLE_STATUSES,
     ChatMessage,
     Event,
     ModelReply,
@@ -73,6 +74,8 @@ _SCHEMA_LOCK_KEY = 1
 # Constants, not parameters: the partial index `turns_open` matches this predicate.
 _OPEN_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(OPEN_STATUSES, key=lambda s: s.value)))
 _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
+_SUPERSEDABLE_SQL = "status IN ({})".format(
+    ", ".join(f"'{s.value}'" for s in sorted(SUPERSEDABLE_STATUSES, key=lambda s: s.value)))
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 _SCHEMA: tuple[str, ...] = (
@@ -441,7 +444,7 @@ class PostgresStore(SessionStore):
 
         closed_turn: int | None = None
         open_rows = await conn.fetch(
-            f"SELECT * FROM turns WHERE chat_id = $1 AND {_OPEN_SQL} ORDER BY turn", chat_id)
+            f"SELECT * FROM turns WHERE chat_id = $1 AND {_SUPERSEDABLE_SQL} ORDER BY turn", chat_id)
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
             await self._supersede(tx, _decode_turn(row))
             closed_turn = row["turn"]

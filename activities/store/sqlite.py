@@ -31,6 +31,7 @@ from activities.store.base import (
 )
 from turnkeeper.models import (
     OPEN_STATUSES,
+    SUPERSEDABLE_STATUSES,
     ChatMessage,
     Event,
     ModelReply,
@@ -48,6 +49,7 @@ SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
 _OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
+_SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
 
 # One statement per item: executescript() would commit our open transaction.
 _SCHEMA: tuple[str, ...] = (
@@ -374,9 +376,9 @@ class SQLiteStore(SessionStore):
         now = _now()
         closed_turn: int | None = None
         open_rows = conn.execute(
-            f"SELECT * FROM turns WHERE chat_id = ? AND status IN ({','.join('?' * len(_OPEN_VALUES))})"
+            f"SELECT * FROM turns WHERE chat_id = ? AND status IN ({','.join('?' * len(_SUPERSEDABLE_VALUES))})"
             " ORDER BY turn",
-            (chat_id, *_OPEN_VALUES),
+            (chat_id, *_SUPERSEDABLE_VALUES),
         ).fetchall()
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
             self._supersede(conn, _decode_turn(row), now)
