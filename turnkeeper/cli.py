@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.models import Event, RecoveryAction, TurnState, TurnStatus
+from turnkeeper.models import DISMISSED_TEXT, Event, Reason, RecoveryAction, TurnState, TurnStatus
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1
@@ -223,7 +223,35 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def _dismiss_failed_turn(settings: Settings, chat_id: str) -> TurnState | None:
+    """A turn the reconciler could not recover (failed/recovery_failed) has no run
+    to signal: Dismiss closes it in the store, as the workflow would have, with
+    interrupted rows for unanswered calls and one closing row. None when the chat's
+    latest turn is not such a turn."""
+    from activities.store import TurnUpdate
+
+    store = await _store(settings)
+    try:
+        record = await store.get_turn(chat_id)
+        if record is None or record.status != TurnStatus.FAILED:
+            return None
+        await store.close_unanswered_calls(chat_id, record.turn)
+        await store.finish_turn(chat_id, record.turn, TurnUpdate(
+            status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
+            can_continue=record.can_continue, attempts=record.attempts), closing_text=DISMISSED_TEXT)
+        return TurnState(chat_id=chat_id, turn=record.turn, status=TurnStatus.RECOVERED,
+                         reason=Reason.DISMISSED, recovery_id=record.recovery_id,
+                         can_continue=record.can_continue, attempts=record.attempts)
+    finally:
+        await store.close()
+
+
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
+    if update == "dismiss_turn":
+        dismissed = await _dismiss_failed_turn(settings, args.chat)
+        if dismissed is not None:
+            print(_describe_gate(dismissed))
+            return EXIT_OK
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
     state = await _state(client, args.chat)
