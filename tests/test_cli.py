@@ -127,33 +127,46 @@ async def test_stop_cancels_the_running_turn(stack: Stack) -> None:
     assert not (stack.ws / "s.txt").exists()
 
 
-async def test_dismiss_closes_a_turn_whose_recovery_failed(stack: Stack) -> None:
-    """No run waits for a decision on a failed/recovery_failed turn; Dismiss closes it
-    in the store all the same, and only once."""
+async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
+    """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
+    from the store, and Dismiss closes it there, once."""
     from activities.store import TurnUpdate
     from turnkeeper.models import (
         DISMISSED_TEXT, INTERRUPTED_TOOL_TEXT, ModelReply, Reason, ToolCall, TurnStatus, UserMessage,
     )
 
-    store, chat = await stack.store(), stack.chat("failed")
-    await store.begin_turn(chat, "run-long-gone", ["m1"])
-    await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="deploy it")])
+    stack.script([{"text": "first answer"}])
+    await stack.start_worker()
+    chat = stack.chat("failed")
+    assert (await tk(stack, "send", chat, "hi")).returncode == 0
+    # Turn 2 as the reconciler leaves it when its recovery raised: its run long gone.
+    store = await stack.store()
+    await store.begin_turn(chat, "run-long-gone", ["m2"])
+    await store.commit_user_messages(chat, 2, [UserMessage(message_id="m2", text="deploy it")])
     call = ToolCall(id="call-1", name="write_file", arguments='{"path": "a", "content": "x"}')
-    await store.record_assistant(chat, 1, 0, ModelReply(tool_calls=[call]), final=False)
-    await store.update_turn(chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
+    await store.record_assistant(chat, 2, 0, ModelReply(tool_calls=[call]), final=False)
+    await store.update_turn(chat, 2, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
                                                 recovery_id="rec-1", can_continue=False))
+
+    status = await tk(stack, "status", chat, "--json")
+    assert status.returncode == 0, status.stderr
+    shown = json.loads(status.stdout)
+    assert (shown["turn"], shown["status"], shown["reason"], shown["recovery_id"], shown["can_continue"]) == (
+        2, "failed", "recovery_failed", "rec-1", False)
+    refused = await tk(stack, "continue", chat)
+    assert refused.returncode == 1
 
     dismissed = await tk(stack, "dismiss", chat)
     assert dismissed.returncode == 0, dismissed.stderr
     assert "recovered (dismissed)" in dismissed.stdout
-    record = await store.get_turn(chat, 1)
+    record = await store.get_turn(chat, 2)
     assert record is not None
     assert (record.status, record.reason, record.recovery_id) == (TurnStatus.RECOVERED, Reason.DISMISSED, "rec-1")
-    history = await store.history(chat)
-    assert [(m.role, m.content if m.role != "assistant" or not m.tool_calls else "calls") for m in history] == [
+    turn2 = (await store.history(chat))[2:]
+    assert [(m.role, m.content if not m.tool_calls else "calls") for m in turn2] == [
         ("user", "deploy it"), ("assistant", "calls"), ("tool", INTERRUPTED_TOOL_TEXT), ("assistant", DISMISSED_TEXT)]
     assert [e.type for e in await store.events(chat)][-3:] == ["recovery_state", "session_updated", "turn_end"]
 
     again = await tk(stack, "dismiss", chat)
-    assert again.returncode == 1
+    assert again.returncode == 1 and "not waiting for confirmation" in again.stderr
     assert [m.content for m in await store.history(chat)].count(DISMISSED_TEXT) == 1

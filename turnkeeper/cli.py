@@ -66,7 +66,7 @@ def _print_json(obj: Any) -> None:
 def _describe_gate(state: TurnState) -> str:
     lines = [f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
              + (f" ({state.reason.value})" if state.reason else "")]
-    if state.status == TurnStatus.AWAITING_USER:
+    if state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
         lines.append(f"recovery id: {state.recovery_id}")
         if state.can_continue:
             lines.append(f"  turnkeeper continue {state.chat_id}   # run the model again from the saved "
@@ -138,7 +138,11 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    state = await _state(await _client(settings), args.chat)
+    client = await _client(settings)
+    state = await _state(client, args.chat)
+    if (await client.get_workflow_handle(tk.workflow_id(args.chat)).describe()).status != \
+            WorkflowExecutionStatus.RUNNING:
+        state = await _failed_turn(settings, args.chat) or state
     if args.json:
         _print_json(state.model_dump(mode="json"))
         return EXIT_OK
@@ -223,11 +227,17 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-async def _dismiss_failed_turn(settings: Settings, chat_id: str) -> TurnState | None:
-    """A turn the reconciler could not recover (failed/recovery_failed) has no run
-    to signal: Dismiss closes it in the store, as the workflow would have, with
-    interrupted rows for unanswered calls and one closing row. None when the chat's
-    latest turn is not such a turn."""
+def _state_of(record: Any) -> TurnState:
+    return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
+                     recovery_id=record.recovery_id, can_continue=record.can_continue,
+                     attempts=record.attempts)
+
+
+async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) -> TurnState | None:
+    """The chat's latest turn if the reconciler could not recover it (failed /
+    recovery_failed). No run holds such a turn, so the store is its only record:
+    `status` shows it from there, and Dismiss closes it there, as the workflow
+    would have (interrupted rows for unanswered calls, one closing row)."""
     from activities.store import TurnUpdate
 
     store = await _store(settings)
@@ -235,27 +245,27 @@ async def _dismiss_failed_turn(settings: Settings, chat_id: str) -> TurnState | 
         record = await store.get_turn(chat_id)
         if record is None or record.status != TurnStatus.FAILED:
             return None
+        if not dismiss:
+            return _state_of(record)
         await store.close_unanswered_calls(chat_id, record.turn)
         await store.finish_turn(chat_id, record.turn, TurnUpdate(
             status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
             can_continue=record.can_continue, attempts=record.attempts), closing_text=DISMISSED_TEXT)
-        return TurnState(chat_id=chat_id, turn=record.turn, status=TurnStatus.RECOVERED,
-                         reason=Reason.DISMISSED, recovery_id=record.recovery_id,
-                         can_continue=record.can_continue, attempts=record.attempts)
+        return _state_of(await store.get_turn(chat_id, record.turn))
     finally:
         await store.close()
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
-    if update == "dismiss_turn":
-        dismissed = await _dismiss_failed_turn(settings, args.chat)
-        if dismissed is not None:
-            print(_describe_gate(dismissed))
-            return EXIT_OK
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
     state = await _state(client, args.chat)
     desc = await handle.describe()
+    if desc.status != WorkflowExecutionStatus.RUNNING and update == "dismiss_turn":
+        dismissed = await _failed_turn(settings, args.chat, dismiss=True)
+        if dismissed is not None:
+            print(_describe_gate(dismissed))
+            return EXIT_OK
     if desc.status != WorkflowExecutionStatus.RUNNING or not state.recovery_id:
         raise Refused(NOT_WAITING)
     try:
