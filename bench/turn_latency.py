@@ -520,31 +520,31 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
               f"{num(r.history_json_bytes, ',.0f'):>13}")
 
     tk_, bare = results["turnkeeper"], results["bare"]
+    sandboxed, agents = results.get("turnkeeper_sandbox"), results.get("agents")
+    # Throughput: (median, lowest, highest) of the per-round ratios.
+    spreads = {"turnkeeper/bare throughput": paired_ratio(tk_, bare)}
+    if sandboxed is not None:
+        spreads["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)
+    if agents is not None:
+        spreads["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)
     ratios = {
         "turnkeeper/bare median": ratio(tk_.median_ms, bare.median_ms),
         "turnkeeper/bare p90": ratio(tk_.p90_ms, bare.p90_ms),
-        "turnkeeper/bare throughput": paired_ratio(tk_, bare)[0],
+        "turnkeeper/bare throughput": spreads["turnkeeper/bare throughput"][0],
         "turnkeeper/bare events": ratio(tk_.history_events or 0, bare.history_events or 0),
         "turnkeeper/in-process+store median": ratio(tk_.median_ms, results["in_process_store"].median_ms),
         "turnkeeper/in-process+store throughput": ratio(tk_.turns_per_s,
                                                         results["in_process_store"].turns_per_s),
         "turnkeeper/in-process median": ratio(tk_.median_ms, results["in_process"].median_ms),
     }
-    sandboxed = results.get("turnkeeper_sandbox")
     if sandboxed is not None:
-        ratios["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)[0]
+        ratios["turnkeeper sandbox on/off throughput"] = spreads["turnkeeper sandbox on/off throughput"][0]
         ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
-    agents = results.get("agents")
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
-        ratios["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)[0]
+        ratios["turnkeeper/agents throughput"] = spreads["turnkeeper/agents throughput"][0]
     print()
     print("ratios (throughput: the median over the rounds of each round's ratio; lowest-highest after it)")
-    spreads = {"turnkeeper/bare throughput": paired_ratio(tk_, bare)}
-    if sandboxed is not None:
-        spreads["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)
-    if agents is not None:
-        spreads["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)
     for name, value in ratios.items():
         spread = f"   {spreads[name][1]:.2f}-{spreads[name][2]:.2f}" if name in spreads else ""
         print(f"  {name:<40}{value:>8.2f}x{spread}")

@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.models import DISMISSED_TEXT, Event, Reason, RecoveryAction, TurnState, TurnStatus
+from turnkeeper.models import DISMISSED_TEXT, Event, Reason, RecoveryAction, TurnRecord, TurnState, TurnStatus
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1
@@ -227,7 +227,7 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _state_of(record: Any) -> TurnState:
+def _state_of(record: TurnRecord) -> TurnState:
     return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
                      recovery_id=record.recovery_id, can_continue=record.can_continue,
                      attempts=record.attempts)
@@ -251,7 +251,9 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
         await store.finish_turn(chat_id, record.turn, TurnUpdate(
             status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
             can_continue=record.can_continue, attempts=record.attempts), closing_text=DISMISSED_TEXT)
-        return _state_of(await store.get_turn(chat_id, record.turn))
+        closed = await store.get_turn(chat_id, record.turn)
+        assert closed is not None  # written just now
+        return _state_of(closed)
     finally:
         await store.close()
 

@@ -72,10 +72,13 @@ _SCHEMA_LOCK_SPACE = 0x746B7363
 _SCHEMA_LOCK_KEY = 1
 
 # Constants, not parameters: the partial index `turns_open` matches this predicate.
-_OPEN_SQL = "status IN ({})".format(", ".join(f"'{s.value}'" for s in sorted(OPEN_STATUSES, key=lambda s: s.value)))
+def _status_in(statuses: frozenset[TurnStatus]) -> str:
+    return "status IN ({})".format(", ".join(f"'{v}'" for v in sorted(s.value for s in statuses)))
+
+
+_OPEN_SQL = _status_in(OPEN_STATUSES)
 _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
-_SUPERSEDABLE_SQL = "status IN ({})".format(
-    ", ".join(f"'{s.value}'" for s in sorted(SUPERSEDABLE_STATUSES, key=lambda s: s.value)))
+_SUPERSEDABLE_SQL = _status_in(SUPERSEDABLE_STATUSES)
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 _SCHEMA: tuple[str, ...] = (
