@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.support import Stack
+from tests.support import Stack, until
 from turnkeeper import client as tk
 from turnkeeper.models import INTERRUPTED_TOOL_TEXT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 
@@ -56,3 +58,38 @@ async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
     assert ledger.read_text().count("start") == 1 and "done" not in ledger.read_text()
     assert not (stack.ws / "k.txt").exists()
     assert (await stack.history(chat))[-1]["content"].startswith("I could not confirm")
+
+
+def _running(pid: int) -> bool:
+    """True while `pid` runs; a zombie nobody has reaped yet counts as ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
+async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack) -> None:
+    stack.env_extra["TURNKEEPER_TOOLS"] = "exec"
+    stack.script([
+        {"tool_calls": [{"name": "exec", "arguments": {
+            "command": "echo $$ > shell.pid; sleep 4 & echo $! > sleep.pid; wait; echo late >> after.txt"}}]},
+        {"text": "the command was interrupted"},
+    ])
+    worker = stack.spawn_worker()
+    chat = stack.chat("exec-crash")
+    await stack.send(chat, "run the slow command")
+    pid_files = [stack.ws / "shell.pid", stack.ws / "sleep.pid"]
+    await until(lambda: all(p.exists() and p.read_text().strip() for p in pid_files), what="the command to start")
+    shell, sleeper = (int(p.read_text()) for p in pid_files)
+    started = time.monotonic()
+    stack.kill(worker)
+
+    # The shell and what it started die with the worker, not when the command would have ended.
+    await until(lambda: not _running(shell) and not _running(sleeper), timeout=2,
+                what="the command to die with its worker")
+    stack.spawn_worker()
+    state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
+    assert state.reason.value == "tool_state_unknown"
+    await asyncio.sleep(max(0.0, started + 5 - time.monotonic()))  # past the command's own end
+    assert not (stack.ws / "after.txt").exists()

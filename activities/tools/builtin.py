@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,9 @@ HEARTBEAT_INTERVAL = 5.0
 PIPE_GRACE = 1.0
 # How often to check whether the shell has exited while its output pipe stays open.
 POLL_INTERVAL = 0.1
+# On Linux the shell runs under a guard that kills it (and what it started) when
+# the worker dies; elsewhere it runs directly.
+EXEC_GUARD = Path(__file__).with_name("exec_guard.py") if sys.platform.startswith("linux") else None
 
 
 @tool(effect="read")
@@ -131,9 +135,7 @@ async def _run_shell(
 ) -> tuple[int | None, bytes, int]:
     """Run `command`; return (exit code or None on timeout, captured output, bytes dropped)."""
     proc = await asyncio.create_subprocess_exec(
-        "/bin/sh",
-        "-c",
-        command,
+        *_shell_argv(command),
         cwd=cwd,
         env=_exec_env(cwd),
         stdin=subprocess.DEVNULL,
@@ -188,6 +190,12 @@ async def _run_shell(
         reader.cancel()
         waiter.cancel()
     return (None if timed_out else proc.returncode), bytes(captured), dropped
+
+
+def _shell_argv(command: str) -> list[str]:
+    if EXEC_GUARD is None:
+        return ["/bin/sh", "-c", command]
+    return [sys.executable, "-I", str(EXEC_GUARD), str(os.getpid()), command]
 
 
 def _kill_group(pgid: int) -> None:
