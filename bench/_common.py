@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -29,7 +28,7 @@ sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
 from temporalio.api.enums.v1 import EventType, TimeoutType  # noqa: E402
 from temporalio.client import WorkflowHistory  # noqa: E402
 
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
+from turnkeeper.dev_server import is_healthy, start_dev_command  # noqa: E402
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -56,16 +55,11 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None) -> AsyncIterator[Server]:
-    """`temporal server start-dev` on a free port with an on-disk SQLite file in `tmp`,
-    turnkeeper's search attributes registered; stopped on the way out."""
+    """The embedded server's `temporal server start-dev` on a free port, with its
+    SQLite file in `tmp`; stopped on the way out."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-           "--db-filename", str(tmp / "temporal.db"), "--log-level", "error"]
-    for name in SEARCH_ATTRIBUTES:
-        cmd += ["--search-attribute", f"{name}=Keyword"]
-    for key, value in (dynamic_config or {}).items():
-        cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
+    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", dynamic_config=dynamic_config)
     log_path = tmp / "temporal-server.log"
     # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
     with open(log_path, "wb") as log:

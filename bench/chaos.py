@@ -112,7 +112,7 @@ from temporalio.worker import Replayer  # noqa: E402
 from turnkeeper import activity_io as io  # noqa: E402
 from turnkeeper import client as tk  # noqa: E402
 from turnkeeper.config import Settings  # noqa: E402
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, is_healthy, temporal_binary  # noqa: E402
+from turnkeeper.dev_server import is_healthy, start_dev_command  # noqa: E402
 from turnkeeper.models import RecoveryAction, TurnState, TurnStatus, UserMessage  # noqa: E402
 from turnkeeper.testing import FakeChatServer  # noqa: E402
 
@@ -290,10 +290,7 @@ async def dev_server(tmp: Path, attempts: int = 3) -> AsyncIterator[str]:
     for attempt in range(1, attempts + 1):
         port = free_port()
         address = f"127.0.0.1:{port}"
-        cmd = [temporal_binary(), "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port),
-               "--db-filename", str(tmp / f"temporal-{attempt}.db"), "--log-level", "error"]
-        for name in SEARCH_ATTRIBUTES:
-            cmd += ["--search-attribute", f"{name}=Keyword"]
+        cmd = start_dev_command(port, tmp / f"temporal-{attempt}.db", log_level="error")
         log_path = tmp / f"temporal-server-{attempt}.log"
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -520,6 +520,37 @@ async def test_tool_started_reports_a_repeat(store: SessionStore) -> None:
     assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
 
 
+async def test_tool_started_is_synced_to_disk(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one write a tool waits for before it acts is synced; the others are not."""
+    await start_turn(store, "run-1", "m1")
+    seen: list[str] = []
+    if isinstance(store, SQLiteStore):
+        def level(conn: Any) -> str:
+            return {0: "off", 1: "normal", 2: "full", 3: "extra"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
+        inner = store._tool_started_tx
+
+        def spy(conn: Any, *args: Any) -> bool:
+            seen.append(level(conn))
+            return inner(conn, *args)
+    else:
+        async def level_pg(conn: Any) -> str:
+            return await conn.fetchval("SHOW synchronous_commit")
+        inner_pg = store._tool_started_tx
+
+        async def spy(tx: Any, *args: Any) -> bool:  # type: ignore[misc]
+            await tx.conn.execute("SET LOCAL synchronous_commit TO off")  # as a server may default
+            result = await inner_pg(tx, *args)
+            seen.append(await level_pg(tx.conn))
+            return result
+    monkeypatch.setattr(store, "_tool_started_tx", spy)
+    await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
+    assert seen == (["full"] if isinstance(store, SQLiteStore) else ["on"])
+    if isinstance(store, SQLiteStore):
+        monkeypatch.setattr(store, "_tool_result_tx", lambda conn, *a: seen.append(level(conn)))
+        await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+        assert seen[-1] == "normal"
+
+
 async def test_record_tool_result_writes_once(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     seq = await last_seq(store)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import time
 
 import pytest
@@ -46,7 +47,11 @@ async def test_embedded_dev_server_outlives_a_killed_worker(stack: Stack) -> Non
     try:
         first = stack.spawn_worker(**embedded)
         await _wait_healthy(address)
-        assert (settings.data_dir / "temporal.db").exists()
+        db = settings.data_dir / "temporal.db"
+        assert db.exists()
+        # WAL (SQLITE_PRAGMAS): without it every server transaction waits for fsyncs.
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         client = await Client.connect(address, data_converter=pydantic_data_converter)
         chat = stack.chat()
         handle = await tk.send_message(client, settings, chat, tk.new_message("a", settings))

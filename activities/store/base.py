@@ -138,8 +138,9 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def tool_started(self, chat_id: str, turn: int, call: ToolCall, idempotency_key: str) -> bool:
-        """Record that a tool call is about to act (event `tool_started`). Returns
-        False when the key was recorded before: the call has run already."""
+        """Record that a tool call is about to act (event `tool_started`), durably:
+        synced to disk before it returns. Returns False when the key was recorded
+        before: the call has run already."""
 
     @abstractmethod
     async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,

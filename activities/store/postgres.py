@@ -593,6 +593,8 @@ class PostgresStore(SessionStore):
         return await self._write(chat_id, self._tool_started_tx, turn, call, idempotency_key)
 
     async def _tool_started_tx(self, tx: _Tx, turn: int, call: ToolCall, idempotency_key: str) -> bool:
+        # On disk before the tool acts, whatever the server's default.
+        await tx.conn.execute("SET LOCAL synchronous_commit TO on")
         inserted = await tx.conn.fetchval(
             "INSERT INTO tool_runs (idempotency_key, chat_id, turn, tool_call_id, started_at)"
             " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING RETURNING 1",

@@ -263,6 +263,24 @@ class SQLiteStore(SessionStore):
         """`fn(conn, *args)` in a write transaction on the store thread."""
         return await self._call(self._tx, True, lambda conn: fn(conn, *args))
 
+    async def _durable_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """`_write`, synced to disk before it returns. Other writes use WAL's
+        synchronous=NORMAL, which survives a killed process but not a power cut."""
+        return await self._call(self._synced_tx, lambda conn: fn(conn, *args))
+
+    def _synced_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError("the store is not open")
+        try:
+            conn.execute("PRAGMA synchronous = FULL")
+            try:
+                return self._tx(True, fn)
+            finally:
+                conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` in a read transaction on the store thread."""
         return await self._call(self._tx, False, lambda conn: fn(conn, *args))
@@ -551,7 +569,9 @@ class SQLiteStore(SessionStore):
         self._emit(conn, chat_id, "turn_end", payload, now)
 
     async def tool_started(self, chat_id: str, turn: int, call: ToolCall, idempotency_key: str) -> bool:
-        return await self._write(self._tool_started_tx, chat_id, turn, call, idempotency_key)
+        # On disk before the tool acts: should the Temporal server lose its last
+        # moments in a power cut and schedule the call again, this row refuses it.
+        return await self._durable_write(self._tool_started_tx, chat_id, turn, call, idempotency_key)
 
     def _tool_started_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, call: ToolCall,
                          idempotency_key: str) -> bool:
