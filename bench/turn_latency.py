@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -50,6 +51,7 @@ from activities.tools import ToolContext, ToolRegistry, default_registry
 from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
+from turnkeeper.dev_server import DYNAMIC_CONFIG, SQLITE_PRAGMAS
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
 from worker import STICKY_SCHEDULE_TO_START, run_worker
 
@@ -264,6 +266,9 @@ class Agents(Variant):
         from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
         from temporalio.openai_agents.testing import ResponseBuilders
 
+        # The SDK's default tracing stays on, as a user gets it; with no OpenAI key
+        # its exporter warns once per batch, which would bury the report.
+        logging.getLogger("openai.agents").setLevel(logging.ERROR)
         arguments = json.dumps({"path": str(self.path), "content": "x"})
 
         class ScriptedModel(Model):
@@ -509,8 +514,9 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     print(f"{plan.sequential} sequential turns per variant (after {WARMUP_TURNS} warm-up); "
           f"throughput: {plan.throughput // plan.rounds * plan.rounds} turns, {plan.in_flight} in flight; "
           "CPU = this process + dev server, during the throughput runs")
-    print("dev server dynamic config: " + (", ".join(f"{k}={v}" for k, v in dynamic_config.items())
-                                           or "defaults (workflow tasks dispatched on a 50 ms tick)"))
+    print("dev server: the embedded server's settings (SQLite " + ", ".join(SQLITE_PRAGMAS) + "; "
+          + ", ".join(f"{k}={v}" for k, v in {**DYNAMIC_CONFIG, **dynamic_config}.items()) + ")"
+          + ("" if dynamic_config else "; workflow tasks dispatched on a 50 ms tick"))
     print(header)
     print("-" * len(header))
     for r in results.values():
@@ -575,7 +581,8 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
     return {
         "plan": asdict(plan),
-        "dev_server_dynamic_config": dynamic_config,
+        "dev_server_dynamic_config": {**DYNAMIC_CONFIG, **dynamic_config},
+        "dev_server_sqlite_pragmas": list(SQLITE_PRAGMAS),
         "warmup_turns": WARMUP_TURNS,
         "variants": {k: r.summary() for k, r in results.items()},
         "ratios": ratios,
