@@ -54,12 +54,14 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None) -> AsyncIterator[Server]:
+async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
+                     cli_defaults: bool = False) -> AsyncIterator[Server]:
     """The embedded server's `temporal server start-dev` on a free port, with its
-    SQLite file in `tmp`; stopped on the way out."""
+    SQLite file in `tmp` (`cli_defaults`: without its tuning); stopped on the way out."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", dynamic_config=dynamic_config)
+    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", dynamic_config=dynamic_config,
+                            cli_defaults=cli_defaults)
     log_path = tmp / "temporal-server.log"
     # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
     with open(log_path, "wb") as log:

@@ -78,6 +78,22 @@ GOAL_THROUGHPUT_VS_BARE = 1.0
 
 
 @dataclass(frozen=True)
+class ServerSetup:
+    """How the benchmark's dev server is started."""
+    dynamic_config: dict[str, object]  # on top of the embedded server's DYNAMIC_CONFIG
+    cli_defaults: bool                 # without the embedded server's tuning
+
+    def describe(self) -> str:
+        pragmas = () if self.cli_defaults else SQLITE_PRAGMAS
+        config = {**({} if self.cli_defaults else DYNAMIC_CONFIG), **self.dynamic_config}
+        return (("the CLI's defaults" if self.cli_defaults else "the embedded server's settings")
+                + f" (SQLite: {', '.join(pragmas) or 'defaults'}; dynamic config: "
+                + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + ")"
+                + ("" if "history.transferProcessorMaxPollRPS" in config
+                   else "; workflow tasks dispatched on a 50 ms tick"))
+
+
+@dataclass(frozen=True)
 class Plan:
     sequential: int       # latency: turns per variant, one at a time
     throughput: int       # throughput: turns per variant in all
@@ -504,7 +520,7 @@ def ratio(a: float, b: float) -> float:
 
 
 def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, list[dict[str, Any]]]],
-           plan: Plan, dynamic_config: dict[str, object]) -> dict[str, Any]:
+           plan: Plan, server: ServerSetup) -> dict[str, Any]:
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
@@ -514,9 +530,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     print(f"{plan.sequential} sequential turns per variant (after {WARMUP_TURNS} warm-up); "
           f"throughput: {plan.throughput // plan.rounds * plan.rounds} turns, {plan.in_flight} in flight; "
           "CPU = this process + dev server, during the throughput runs")
-    print("dev server: the embedded server's settings (SQLite " + ", ".join(SQLITE_PRAGMAS) + "; "
-          + ", ".join(f"{k}={v}" for k, v in {**DYNAMIC_CONFIG, **dynamic_config}.items()) + ")"
-          + ("" if dynamic_config else "; workflow tasks dispatched on a 50 ms tick"))
+    print("dev server: " + server.describe())
     print(header)
     print("-" * len(header))
     for r in results.values():
@@ -581,8 +595,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
     return {
         "plan": asdict(plan),
-        "dev_server_dynamic_config": {**DYNAMIC_CONFIG, **dynamic_config},
-        "dev_server_sqlite_pragmas": list(SQLITE_PRAGMAS),
+        "dev_server": server.describe(),
         "warmup_turns": WARMUP_TURNS,
         "variants": {k: r.summary() for k, r in results.items()},
         "ratios": ratios,
@@ -594,11 +607,11 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
 # -- main ------------------------------------------------------------------------------------
 
-async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool, with_sandbox: bool) -> None:
+async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
-        async with dev_server(tmp, dynamic_config) as server:
+        async with dev_server(tmp, setup.dynamic_config, cli_defaults=setup.cli_defaults) as server:
             client = await Client.connect(server.address, data_converter=pydantic_data_converter)
             for sub in ("turnkeeper", "turnkeeper-sandbox", "bare", "agents", "inproc", "inproc-store"):
                 (tmp / sub).mkdir()
@@ -619,7 +632,7 @@ async def run(plan: Plan, dynamic_config: dict[str, object], as_json: bool, with
                 timelines = {v.key: await median_timeline(client, turns[v.key])
                              for v in variants if v.temporal}
                 progress("stopping workers and the dev server")
-            summary = report(results, timelines, plan, dynamic_config)
+            summary = report(results, timelines, plan, setup)
     if as_json:
         print()
         print(json.dumps(summary, indent=2))
@@ -644,10 +657,13 @@ def main() -> None:
                         + " (no 50 ms workflow-task tick)")
     parser.add_argument("--sandbox-variant", action="store_true",
                         help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs")
+    parser.add_argument("--cli-server-defaults", action="store_true",
+                        help="start the dev server as `temporal server start-dev` would be by default, without "
+                        "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
-    dynamic_config = dict(FAST_DISPATCH) if args.fast_dispatch else {}
-    run_and_exit(run(QUICK if args.quick else FULL, dynamic_config, args.json, args.sandbox_variant))
+    setup = ServerSetup(dict(FAST_DISPATCH) if args.fast_dispatch else {}, args.cli_server_defaults)
+    run_and_exit(run(QUICK if args.quick else FULL, setup, args.json, args.sandbox_variant))
 
 
 if __name__ == "__main__":

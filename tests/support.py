@@ -25,6 +25,8 @@ from worker import run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"
+# What worker.py logs once its worker polls.
+WORKER_READY = "worker serving task queue"
 
 
 async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
@@ -52,6 +54,7 @@ class Stack:
         self.env_extra: dict[str, str] = {}
         self._workers: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}  # pid -> log file of a spawned worker
         self._store: SessionStore | None = None
 
     # -- configuration ---------------------------------------------------------
@@ -95,11 +98,20 @@ class Stack:
 
     def spawn_worker(self, **extra: str) -> subprocess.Popen[bytes]:
         """`python worker.py` as a real process, in its own process group."""
-        log = open(self.dir / f"worker{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env(**extra),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        path = self.dir / f"worker{len(self.procs)}.log"
+        with open(path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env(**extra),
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
+        self.logs[proc.pid] = path
         return proc
+
+    async def wait_serving(self, *procs: subprocess.Popen[bytes], timeout: float = 90.0) -> None:
+        """Until every spawned worker in `procs` polls its task queue: starting one
+        takes a second or more, which a test with short timeouts cannot spare."""
+        logs = [self.logs[p.pid] for p in procs]
+        await until(lambda: all(WORKER_READY in p.read_text(errors="replace") for p in logs),
+                    timeout, f"{len(logs)} spawned worker(s) serving")
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError):

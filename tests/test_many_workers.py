@@ -5,7 +5,6 @@ completes it)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from turnkeeper.testing import FakeChatServer
 
 pytestmark = pytest.mark.crash
 
-READY = "worker serving task queue"
 SLOW_TOOL_S = 8.0
 QUICK_TOOL_S = 0.3
 
@@ -35,12 +33,6 @@ def _responder(request: dict[str, Any]) -> dict[str, Any]:
         return {"tool_calls": [{"name": "slow_write", "arguments": {
             "path": f"f{len(messages)}.txt", "content": last["content"], "seconds": seconds}}]}
     return {"text": f"finished: {last.get('content')}"}
-
-
-async def _wait_ready(stack: Stack, procs: list[subprocess.Popen[bytes]]) -> None:
-    logs = [stack.dir / f"worker{i}.log" for i in range(len(procs))]
-    await until(lambda: all(p.exists() and READY in p.read_text(errors="replace") for p in logs),
-                 90, "three workers serving")
 
 
 def _ledger_starts(ledger: Path) -> list[str]:
@@ -80,7 +72,7 @@ async def test_three_workers_share_turns_and_survive_a_sigkill(stack: Stack) -> 
         stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
                                 "OPENAI_API_KEY": "k"})
         procs = [stack.spawn_worker() for _ in range(3)]
-        await _wait_ready(stack, procs)
+        await stack.wait_serving(*procs)
         pids = {p.pid for p in procs}
 
         # 1. Twenty chats at once: every turn completes, and the load is shared.

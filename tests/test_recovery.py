@@ -268,7 +268,9 @@ async def test_step_nobody_picks_up_within_the_resume_window_asks_the_user(stack
             await stack.send(chat, "anyone there?")
             gate = await stack.wait_state(chat, _awaiting, timeout=20)
             assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
-            stack.spawn_worker()  # a process: one client holds one worker per queue
+            # A process: one client holds one worker per queue. Serving before the
+            # decision, or the 2 s window could pass again while it starts.
+            await stack.wait_serving(stack.spawn_worker())
             await _decide(stack, chat, "continue_turn", gate.recovery_id)
             done = await stack.wait_turn_done(chat, 1)
             assert done.reason == Reason.CONTINUED

@@ -51,22 +51,23 @@ def temporal_binary() -> str:
 
 
 def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int | None = None,
-                      namespace: str | None = None,
-                      dynamic_config: Mapping[str, object] | None = None) -> list[str]:
+                      namespace: str | None = None, dynamic_config: Mapping[str, object] | None = None,
+                      cli_defaults: bool = False) -> list[str]:
     """The `temporal server start-dev` command line of the embedded server: on-disk
     SQLite with `SQLITE_PRAGMAS`, turnkeeper's search attributes registered,
-    `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI. The
+    `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI;
+    `cli_defaults` leaves out `SQLITE_PRAGMAS` and `DYNAMIC_CONFIG`. The
     benchmarks start theirs with this too."""
     cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
            "--db-filename", str(db_file), "--log-level", log_level]
     cmd += ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
     if namespace is not None:
         cmd += ["--namespace", namespace]
-    for pragma in SQLITE_PRAGMAS:
+    for pragma in () if cli_defaults else SQLITE_PRAGMAS:
         cmd += ["--sqlite-pragma", pragma]
     for name in SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", f"{name}=Keyword"]
-    for key, value in {**DYNAMIC_CONFIG, **(dynamic_config or {})}.items():
+    for key, value in {**({} if cli_defaults else DYNAMIC_CONFIG), **(dynamic_config or {})}.items():
         cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
     return cmd
 
