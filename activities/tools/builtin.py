@@ -195,7 +195,7 @@ async def _run_shell(
 def _shell_argv(command: str) -> list[str]:
     if EXEC_GUARD is None:
         return ["/bin/sh", "-c", command]
-    return [sys.executable, "-I", str(EXEC_GUARD), str(os.getpid()), command]
+    return [sys.executable, "-I", "-S", str(EXEC_GUARD), str(os.getpid()), command]
 
 
 def _kill_group(pgid: int) -> None:
