@@ -127,6 +127,28 @@ async def test_stop_cancels_the_running_turn(stack: Stack) -> None:
     assert not (stack.ws / "s.txt").exists()
 
 
+async def test_status_of_a_turn_whose_run_ended_without_closing_it(stack: Stack) -> None:
+    """A terminated run's last state says `running`; `status` says the run is gone."""
+    from turnkeeper.models import ToolCallStatus
+
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
+    stack.script([{"tool_calls": [{"name": "slow_write",
+                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]},
+                  {"text": "written"}])
+    await stack.start_worker()
+    chat = stack.chat("ended")
+    handle = await stack.send(chat, "write slowly")
+    await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.RUNNING])
+    running = await tk(stack, "status", chat)
+    assert running.returncode == 0 and "run has ended" not in running.stdout
+    await handle.terminate("an operator")
+    ended = await tk(stack, "status", chat)
+    assert ended.returncode == 0, ended.stderr
+    assert "its run has ended (terminated) without closing the turn" in ended.stdout
+    assert "running" in ended.stdout.splitlines()[0]
+
+
 async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
     """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
     from the store, and Dismiss closes it there, once."""

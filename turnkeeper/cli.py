@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.models import DISMISSED_TEXT, Event, Reason, RecoveryAction, TurnRecord, TurnState, TurnStatus
+from turnkeeper.models import DISMISSED_TEXT, OPEN_STATUSES, Event, Reason, RecoveryAction, TurnRecord, TurnState, TurnStatus
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1
@@ -140,13 +140,17 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await _client(settings)
     state = await _state(client, args.chat)
-    if (await client.get_workflow_handle(tk.workflow_id(args.chat)).describe()).status != \
-            WorkflowExecutionStatus.RUNNING:
+    run_status = (await client.get_workflow_handle(tk.workflow_id(args.chat)).describe()).status
+    if run_status != WorkflowExecutionStatus.RUNNING:
         state = await _failed_turn(settings, args.chat) or state
     if args.json:
         _print_json(state.model_dump(mode="json"))
         return EXIT_OK
     print(_describe_gate(state))
+    if run_status != WorkflowExecutionStatus.RUNNING and state.status in OPEN_STATUSES:
+        # Terminated, timed out or failed: its last state is not the turn's end.
+        print(f"its run has ended ({run_status.name.lower().replace('_', ' ')}) without closing the turn; "
+              f"the reconciler recovers it within {settings.reconcile_every} s")
     if state.pending_followups:
         print(f"pending follow-ups: {', '.join(state.pending_followups)}")
     for call in state.tool_calls:
