@@ -415,6 +415,25 @@ async def test_finish_turn_writes_closing_row_and_turn_end_once(store: SessionSt
     assert new[-1].payload == {"turn": 1, "status": "failed", "reason": "model_failed"}
 
 
+async def test_finish_turn_only_from_leaves_a_newer_ending(store: SessionStore) -> None:
+    """A Dismiss that read `failed` must not relabel a turn a new message closed meanwhile."""
+    await start_turn(store, "run-1", "m1")
+    await store.update_turn(CHAT, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED))
+    await store.begin_turn(CHAT, "run-2", ["m2"])  # supersedes the failed turn
+    seq = await last_seq(store)
+    dismiss = TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED)
+    only_failed = frozenset({TurnStatus.FAILED})
+    assert await store.finish_turn(CHAT, 1, dismiss, closing_text="dismissed", only_from=only_failed) is False
+    record = await store.get_turn(CHAT, 1)
+    assert record is not None and (record.status, record.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+    assert await store.events(CHAT, after_seq=seq) == []
+    assert "dismissed" not in [m.content for m in await store.history(CHAT)]
+    # Without the condition, or with a status that matches, it closes as before.
+    await store.update_turn(CHAT, 2, TurnUpdate(status=TurnStatus.FAILED))
+    assert await store.finish_turn(CHAT, 2, dismiss, only_from=only_failed) is True
+    assert (await store.get_turn(CHAT, 2)).reason == Reason.DISMISSED  # type: ignore[union-attr]
+
+
 async def test_finish_turn_refuses_an_open_status(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
     with pytest.raises(ValueError, match="terminal"):

@@ -252,9 +252,12 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
         if not dismiss:
             return _state_of(record)
         await store.close_unanswered_calls(chat_id, record.turn)
-        await store.finish_turn(chat_id, record.turn, TurnUpdate(
-            status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
-            can_continue=record.can_continue, attempts=record.attempts), closing_text=DISMISSED_TEXT)
+        # Only from `failed`: a message sent meanwhile may have closed it as superseded.
+        if not await store.finish_turn(chat_id, record.turn, TurnUpdate(
+                status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
+                can_continue=record.can_continue, attempts=record.attempts),
+                closing_text=DISMISSED_TEXT, only_from=frozenset({TurnStatus.FAILED})):
+            return None
         closed = await store.get_turn(chat_id, record.turn)
         assert closed is not None  # written just now
         return _state_of(closed)

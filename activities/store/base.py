@@ -151,9 +151,12 @@ class SessionStore(ABC):
 
     @abstractmethod
     async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
-                          closing_text: str | None = None) -> None:
+                          closing_text: str | None = None,
+                          only_from: frozenset[TurnStatus] | None = None) -> bool:
         """Close a turn with a terminal status: optionally append an assistant row
-        `closing_text`, then as `update_turn`, then `turn_end`."""
+        `closing_text`, then as `update_turn`, then `turn_end`. With `only_from`,
+        a turn whose status is not in it is left as it is and False returned: a
+        caller that read the status earlier cannot overwrite a newer ending."""
 
     @abstractmethod
     async def close_unanswered_calls(self, chat_id: str, turn: int) -> list[str]:

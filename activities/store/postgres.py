@@ -626,13 +626,18 @@ class PostgresStore(SessionStore):
         return True
 
     async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
-                          closing_text: str | None = None) -> None:
+                          closing_text: str | None = None,
+                          only_from: frozenset[TurnStatus] | None = None) -> bool:
         if update.status in OPEN_STATUSES:
             raise ValueError(f"finish_turn needs a terminal status, got {update.status.value!r}")
-        await self._write(chat_id, self._finish_turn_tx, turn, update, closing_text)
+        return await self._write(chat_id, self._finish_turn_tx, turn, update, closing_text, only_from)
 
-    async def _finish_turn_tx(self, tx: _Tx, turn: int, update: TurnUpdate, closing_text: str | None) -> None:
-        ended = bool((await tx.turn_row(turn))["ended"])
+    async def _finish_turn_tx(self, tx: _Tx, turn: int, update: TurnUpdate, closing_text: str | None,
+                              only_from: frozenset[TurnStatus] | None) -> bool:
+        row = await tx.turn_row(turn)
+        if only_from is not None and row["status"] not in {s.value for s in only_from}:
+            return False
+        ended = bool(row["ended"])
         # A closing row has no key of its own; `ended` keeps a retried call from adding it twice.
         if closing_text is not None and not ended:
             await tx.insert_message(turn, ChatMessage(role="assistant", content=closing_text))
@@ -640,6 +645,7 @@ class PostgresStore(SessionStore):
         if not ended:
             await self._end_turn(tx, turn, {"turn": turn, "status": update.status.value,
                                             "reason": _value(update.reason)})
+        return True
 
     async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
         return await self._write(chat_id, self._adopt_turn_tx, turn, run_id)

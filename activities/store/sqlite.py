@@ -609,15 +609,19 @@ class SQLiteStore(SessionStore):
         return True
 
     async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
-                          closing_text: str | None = None) -> None:
+                          closing_text: str | None = None,
+                          only_from: frozenset[TurnStatus] | None = None) -> bool:
         if update.status in OPEN_STATUSES:
             raise ValueError(f"finish_turn needs a terminal status, got {update.status.value!r}")
-        await self._write(self._finish_turn_tx, chat_id, turn, update, closing_text)
+        return await self._write(self._finish_turn_tx, chat_id, turn, update, closing_text, only_from)
 
     def _finish_turn_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, update: TurnUpdate,
-                        closing_text: str | None) -> None:
+                        closing_text: str | None, only_from: frozenset[TurnStatus] | None) -> bool:
         now = _now()
-        ended = bool(self._turn_row(conn, chat_id, turn)["ended"])
+        row = self._turn_row(conn, chat_id, turn)
+        if only_from is not None and row["status"] not in {s.value for s in only_from}:
+            return False
+        ended = bool(row["ended"])
         # A closing row has no key of its own; `ended` keeps a retried call from adding it twice.
         if closing_text is not None and not ended:
             self._insert_message(conn, chat_id, turn, ChatMessage(role="assistant", content=closing_text))
@@ -626,6 +630,7 @@ class SQLiteStore(SessionStore):
             self._end_turn(conn, chat_id, turn, {
                 "turn": turn, "status": update.status.value, "reason": _value(update.reason),
             }, now)
+        return True
 
     async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
         return await self._write(self._adopt_turn_tx, chat_id, turn, run_id)
