@@ -51,7 +51,7 @@ from activities.tools import ToolContext, ToolRegistry, default_registry
 from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import DYNAMIC_CONFIG, SQLITE_PRAGMAS
+from turnkeeper.dev_server import server_settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
 from worker import STICKY_SCHEDULE_TO_START, run_worker
 
@@ -84,13 +84,11 @@ class ServerSetup:
     cli_defaults: bool                 # without the embedded server's tuning
 
     def describe(self) -> str:
-        pragmas = () if self.cli_defaults else SQLITE_PRAGMAS
-        config = {**({} if self.cli_defaults else DYNAMIC_CONFIG), **self.dynamic_config}
+        pragmas, config = server_settings(self.dynamic_config, self.cli_defaults)
         return (("the CLI's defaults" if self.cli_defaults else "the embedded server's settings")
                 + f" (SQLite: {', '.join(pragmas) or 'defaults'}; dynamic config: "
                 + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + ")"
-                + ("" if "history.transferProcessorMaxPollRPS" in config
-                   else "; workflow tasks dispatched on a 50 ms tick"))
+                + ("" if FAST_DISPATCH.keys() <= config.keys() else "; workflow tasks dispatched on a 50 ms tick"))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,16 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.models import DISMISSED_TEXT, OPEN_STATUSES, Event, Reason, RecoveryAction, TurnRecord, TurnState, TurnStatus
+from turnkeeper.models import (
+    DISMISSED_TEXT,
+    OPEN_STATUSES,
+    Event,
+    Reason,
+    RecoveryAction,
+    TurnRecord,
+    TurnState,
+    TurnStatus,
+)
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1

@@ -50,6 +50,15 @@ def temporal_binary() -> str:
     return found
 
 
+def server_settings(dynamic_config: Mapping[str, object] | None = None,
+                    cli_defaults: bool = False) -> tuple[tuple[str, ...], dict[str, object]]:
+    """The SQLite pragmas and dynamic config `start_dev_command` passes: ours plus
+    `dynamic_config`, or with `cli_defaults` only `dynamic_config`."""
+    if cli_defaults:
+        return (), dict(dynamic_config or {})
+    return SQLITE_PRAGMAS, {**DYNAMIC_CONFIG, **(dynamic_config or {})}
+
+
 def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int | None = None,
                       namespace: str | None = None, dynamic_config: Mapping[str, object] | None = None,
                       cli_defaults: bool = False) -> list[str]:
@@ -63,11 +72,12 @@ def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int 
     cmd += ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
     if namespace is not None:
         cmd += ["--namespace", namespace]
-    for pragma in () if cli_defaults else SQLITE_PRAGMAS:
+    pragmas, config = server_settings(dynamic_config, cli_defaults)
+    for pragma in pragmas:
         cmd += ["--sqlite-pragma", pragma]
     for name in SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", f"{name}=Keyword"]
-    for key, value in {**({} if cli_defaults else DYNAMIC_CONFIG), **(dynamic_config or {})}.items():
+    for key, value in config.items():
         cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
     return cmd
 

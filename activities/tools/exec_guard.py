@@ -1,6 +1,6 @@
 """Runs one `exec` command so that it dies with the worker that started it.
 
-    python -I exec_guard.py WORKER_PID COMMAND
+    python -I -S exec_guard.py WORKER_PID COMMAND
 
 A worker killed with SIGKILL cannot clean up: without this guard the command's
 shell would carry on, and could finish its side effect after the turn had
@@ -8,8 +8,8 @@ already told the user the tool was interrupted. The guard asks Linux to send it
 SIGTERM when its parent dies (PR_SET_PDEATHSIG) and then kills its whole
 process group: itself, the shell and everything the shell started in it.
 
-It is started as a script in isolated mode and uses the standard library only,
-so it starts quickly and never imports the worker's code.
+It is started as a script in isolated mode without `site` and uses the standard
+library only, so it starts quickly and never imports the worker's code.
 """
 from __future__ import annotations
 
