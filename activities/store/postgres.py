@@ -23,7 +23,6 @@ naming it. Connection URLs are shown without user or password.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -32,7 +31,6 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
-from pydantic import ValidationError
 
 from activities.store.base import (
     INTERRUPTED_TOOL_TEXT,
@@ -44,7 +42,15 @@ from activities.store.base import (
     TurnRef,
     TurnUpdate,
 )
-from activities.store.sqlite import TOOL_RESULT_STATUSES, _body, _json, _short, _value
+from activities.store.rows import (
+    TOOL_RESULT_STATUSES,
+    decode_event,
+    decode_message,
+    decode_turn,
+    enum_value,
+    json_text,
+    message_body,
+)
 from turnkeeper.models import (
     OPEN_STATUSES,
     SUPERSEDABLE_STATUSES,
@@ -187,40 +193,6 @@ def _password(url: str) -> str | None:
     return unquote(password) if password else None
 
 
-def _decode_message(chat_id: str, row: Row) -> ChatMessage:
-    try:
-        return ChatMessage.model_validate(json.loads(row["body"]))
-    except (TypeError, ValueError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
-        raise CorruptRowError(
-            f"chat {chat_id!r}: message row id={row['id']} does not decode: {_short(exc)}"
-        ) from exc
-
-
-def _decode_turn(row: Row) -> TurnRecord:
-    fields = {k: row[k] for k in (
-        "chat_id", "turn", "run_id", "status", "reason", "recovery_id",
-        "can_continue", "attempts", "started_at", "updated_at",
-    )}
-    try:
-        return TurnRecord.model_validate(fields)
-    except ValidationError as exc:
-        raise CorruptRowError(
-            f"chat {row['chat_id']!r}: turn row turn={row['turn']} does not decode: {_short(exc)}"
-        ) from exc
-
-
-def _decode_event(row: Row) -> Event:
-    try:
-        return Event.model_validate({
-            "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
-            "payload": json.loads(row["payload"]), "created_at": row["created_at"],
-        })
-    except (TypeError, ValueError) as exc:
-        raise CorruptRowError(
-            f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {_short(exc)}"
-        ) from exc
-
-
 class _Tx:
     """One write transaction on one chat, holding that chat's lock."""
 
@@ -237,7 +209,7 @@ class _Tx:
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = $1", self.chat_id))
         await self.conn.execute(
             "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES ($1, $2, $3, $4, $5)",
-            self.chat_id, self._next_seq, type_, _json(payload), self.now,
+            self.chat_id, self._next_seq, type_, json_text(payload), self.now,
         )
         self._next_seq += 1
 
@@ -253,7 +225,7 @@ class _Tx:
         inserted = await self.conn.fetchval(
             "INSERT INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING id",
-            self.chat_id, turn, message.role, message_id, step, message.tool_call_id, _body(message),
+            self.chat_id, turn, message.role, message_id, step, message.tool_call_id, message_body(message),
         )
         return inserted is not None
 
@@ -396,7 +368,7 @@ class PostgresStore(SessionStore):
 
     async def _set_turn(self, tx: _Tx, turn: int, update: TurnUpdate) -> bool:
         """Write `update` and announce it; False (nothing written) when already in that state."""
-        current = _decode_turn(await tx.turn_row(turn))
+        current = decode_turn(await tx.turn_row(turn))
         if (current.status, current.reason, current.recovery_id, current.can_continue, current.attempts) == (
             update.status, update.reason, update.recovery_id, update.can_continue, update.attempts
         ):
@@ -404,13 +376,13 @@ class PostgresStore(SessionStore):
         await tx.conn.execute(
             "UPDATE turns SET status = $1, reason = $2, recovery_id = $3, can_continue = $4, attempts = $5,"
             " updated_at = $6 WHERE chat_id = $7 AND turn = $8",
-            update.status.value, _value(update.reason), update.recovery_id, update.can_continue,
+            update.status.value, enum_value(update.reason), update.recovery_id, update.can_continue,
             update.attempts, tx.now, tx.chat_id, turn,
         )
         await tx.emit("recovery_state", {
             "turn": turn,
             "status": update.status.value,
-            "reason": _value(update.reason),
+            "reason": enum_value(update.reason),
             "recovery_id": update.recovery_id,
             "can_continue": update.can_continue,
             "attempts": update.attempts,
@@ -449,7 +421,7 @@ class PostgresStore(SessionStore):
         open_rows = await conn.fetch(
             f"SELECT * FROM turns WHERE chat_id = $1 AND {_SUPERSEDABLE_SQL} ORDER BY turn", chat_id)
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
-            await self._supersede(tx, _decode_turn(row))
+            await self._supersede(tx, decode_turn(row))
             closed_turn = row["turn"]
 
         turn = int(await conn.fetchval("SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE chat_id = $1", chat_id))
@@ -483,7 +455,7 @@ class PostgresStore(SessionStore):
         )
         answered: list[str] = []
         for row in rows:
-            for call in _decode_message(tx.chat_id, row).tool_calls or []:
+            for call in decode_message(tx.chat_id, row).tool_calls or []:
                 if await tx.insert_message(turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):
@@ -504,13 +476,13 @@ class PostgresStore(SessionStore):
                     "SELECT * FROM turns WHERE chat_id = $1 ORDER BY turn DESC LIMIT 1", chat_id)
             else:
                 row = await conn.fetchrow("SELECT * FROM turns WHERE chat_id = $1 AND turn = $2", chat_id, turn)
-        return None if row is None else _decode_turn(row)
+        return None if row is None else decode_turn(row)
 
     async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
         async with self._read() as conn:
             rows = await conn.fetch(
                 f"SELECT * FROM turns WHERE {_OPEN_SQL} ORDER BY updated_at, chat_id, turn LIMIT $1", limit)
-        return [_decode_turn(row) for row in rows]
+        return [decode_turn(row) for row in rows]
 
     async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
         async with self._read() as conn:
@@ -533,9 +505,9 @@ class PostgresStore(SessionStore):
                 "   ON latest.chat_id = t.chat_id AND latest.turn = t.turn"
                 " WHERE $1::text IS NULL OR t.status = $1::text"
                 " ORDER BY t.updated_at DESC, t.chat_id LIMIT $2",
-                _value(status), limit,
+                enum_value(status), limit,
             )
-        return [_decode_turn(row) for row in rows]
+        return [decode_turn(row) for row in rows]
 
     # -- transcript ----------------------------------------------------------------------
     async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
@@ -568,12 +540,12 @@ class PostgresStore(SessionStore):
             changed = await tx.insert_message(turn, message, step=step)
         else:
             try:
-                changed = _decode_message(chat_id, row) != message
+                changed = decode_message(chat_id, row) != message
             except CorruptRowError:
                 changed = True  # an undecodable row is exactly what a rewrite should repair
             if changed:
                 # UPDATE in place: the row keeps its id, hence its place in the transcript.
-                await conn.execute("UPDATE messages SET body = $1 WHERE id = $2", _body(message), row["id"])
+                await conn.execute("UPDATE messages SET body = $1 WHERE id = $2", message_body(message), row["id"])
         if changed:
             await tx.emit("assistant_message", {
                 "turn": turn, "step": step, "text": reply.text,
@@ -644,7 +616,7 @@ class PostgresStore(SessionStore):
         await self._set_turn(tx, turn, update)
         if not ended:
             await self._end_turn(tx, turn, {"turn": turn, "status": update.status.value,
-                                            "reason": _value(update.reason)})
+                                            "reason": enum_value(update.reason)})
         return True
 
     async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
@@ -661,12 +633,12 @@ class PostgresStore(SessionStore):
         async with self._read() as conn:
             rows = await conn.fetch(
                 "SELECT id, body FROM messages WHERE chat_id = $1 AND turn = $2 ORDER BY id", chat_id, turn)
-        return [_decode_message(chat_id, row) for row in rows]
+        return [decode_message(chat_id, row) for row in rows]
 
     async def history(self, chat_id: str) -> list[ChatMessage]:
         async with self._read() as conn:
             rows = await conn.fetch("SELECT id, body FROM messages WHERE chat_id = $1 ORDER BY id", chat_id)
-        return [_decode_message(chat_id, row) for row in rows]
+        return [decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
@@ -682,4 +654,4 @@ class PostgresStore(SessionStore):
             rows = await conn.fetch(
                 "SELECT * FROM events WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                 chat_id, after_seq, limit)
-        return [_decode_event(row) for row in rows]
+        return [decode_event(row) for row in rows]

@@ -9,15 +9,12 @@ and CLI open the same file). Each public method is one transaction; writes use
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
-
-from pydantic import ValidationError
 
 from activities.store.base import (
     INTERRUPTED_TOOL_TEXT,
@@ -28,6 +25,15 @@ from activities.store.base import (
     StoreError,
     TurnRef,
     TurnUpdate,
+)
+from activities.store.rows import (
+    TOOL_RESULT_STATUSES,
+    decode_event,
+    decode_message,
+    decode_turn,
+    enum_value,
+    json_text,
+    message_body,
 )
 from turnkeeper.models import (
     OPEN_STATUSES,
@@ -47,7 +53,6 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
-TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
 _OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
 _SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
 
@@ -136,61 +141,6 @@ _SCHEMA: tuple[str, ...] = (
 def _now() -> str:
     # Fixed precision and offset keep the strings sortable as text (list_chats orders by them).
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _body(message: ChatMessage) -> str:
-    return message.model_dump_json(exclude_none=True)
-
-
-def _value(enum: TurnStatus | Reason | None) -> str | None:
-    return None if enum is None else enum.value
-
-
-def _decode_message(chat_id: str, row: sqlite3.Row) -> ChatMessage:
-    try:
-        return ChatMessage.model_validate(json.loads(row["body"]))
-    except (TypeError, ValueError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
-        raise CorruptRowError(
-            f"chat {chat_id!r}: message row id={row['id']} does not decode: {_short(exc)}"
-        ) from exc
-
-
-def _decode_turn(row: sqlite3.Row) -> TurnRecord:
-    fields = {k: row[k] for k in (
-        "chat_id", "turn", "run_id", "status", "reason", "recovery_id",
-        "can_continue", "attempts", "started_at", "updated_at",
-    )}
-    try:
-        return TurnRecord.model_validate(fields)
-    except ValidationError as exc:
-        raise CorruptRowError(
-            f"chat {row['chat_id']!r}: turn row turn={row['turn']} does not decode: {_short(exc)}"
-        ) from exc
-
-
-def _decode_event(row: sqlite3.Row) -> Event:
-    try:
-        payload = json.loads(row["payload"])
-        return Event.model_validate({
-            "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
-            "payload": payload, "created_at": row["created_at"],
-        })
-    except (TypeError, ValueError) as exc:
-        raise CorruptRowError(
-            f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {_short(exc)}"
-        ) from exc
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        return f"{loc}: {first['msg']}" if loc else first["msg"]
-    return str(exc)
 
 
 class SQLiteStore(SessionStore):
@@ -311,7 +261,7 @@ class SQLiteStore(SessionStore):
         ).fetchone()[0]
         conn.execute(
             "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES (?, ?, ?, ?, ?)",
-            (chat_id, seq, type_, _json(payload), now),
+            (chat_id, seq, type_, json_text(payload), now),
         )
 
     @staticmethod
@@ -328,14 +278,14 @@ class SQLiteStore(SessionStore):
         cur = conn.execute(
             "INSERT OR IGNORE INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (chat_id, turn, message.role, message_id, step, message.tool_call_id, _body(message)),
+            (chat_id, turn, message.role, message_id, step, message.tool_call_id, message_body(message)),
         )
         return cur.rowcount == 1
 
     def _set_turn(self, conn: sqlite3.Connection, chat_id: str, turn: int, update: TurnUpdate,
                   now: str) -> bool:
         """Write `update` and announce it; False (nothing written) when already in that state."""
-        current = _decode_turn(self._turn_row(conn, chat_id, turn))
+        current = decode_turn(self._turn_row(conn, chat_id, turn))
         if (current.status, current.reason, current.recovery_id, current.can_continue, current.attempts) == (
             update.status, update.reason, update.recovery_id, update.can_continue, update.attempts
         ):
@@ -343,13 +293,13 @@ class SQLiteStore(SessionStore):
         conn.execute(
             "UPDATE turns SET status = ?, reason = ?, recovery_id = ?, can_continue = ?, attempts = ?,"
             " updated_at = ? WHERE chat_id = ? AND turn = ?",
-            (update.status.value, _value(update.reason), update.recovery_id, int(update.can_continue),
+            (update.status.value, enum_value(update.reason), update.recovery_id, int(update.can_continue),
              update.attempts, now, chat_id, turn),
         )
         self._emit(conn, chat_id, "recovery_state", {
             "turn": turn,
             "status": update.status.value,
-            "reason": _value(update.reason),
+            "reason": enum_value(update.reason),
             "recovery_id": update.recovery_id,
             "can_continue": update.can_continue,
             "attempts": update.attempts,
@@ -399,7 +349,7 @@ class SQLiteStore(SessionStore):
             (chat_id, *_SUPERSEDABLE_VALUES),
         ).fetchall()
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
-            self._supersede(conn, _decode_turn(row), now)
+            self._supersede(conn, decode_turn(row), now)
             closed_turn = row["turn"]
 
         turn = conn.execute(
@@ -435,7 +385,7 @@ class SQLiteStore(SessionStore):
         ).fetchall()
         answered: list[str] = []
         for row in rows:
-            for call in _decode_message(chat_id, row).tool_calls or []:
+            for call in decode_message(chat_id, row).tool_calls or []:
                 if self._insert_message(conn, chat_id, turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):
@@ -461,7 +411,7 @@ class SQLiteStore(SessionStore):
             ).fetchone()
         else:
             row = conn.execute("SELECT * FROM turns WHERE chat_id = ? AND turn = ?", (chat_id, turn)).fetchone()
-        return None if row is None else _decode_turn(row)
+        return None if row is None else decode_turn(row)
 
     async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
         return await self._read(self._open_turns_tx, limit)
@@ -473,7 +423,7 @@ class SQLiteStore(SessionStore):
             " ORDER BY updated_at, chat_id, turn LIMIT ?",
             (*_OPEN_VALUES, limit),
         ).fetchall()
-        return [_decode_turn(row) for row in rows]
+        return [decode_turn(row) for row in rows]
 
     async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
         return await self._read(self._open_turn_refs_tx, limit)
@@ -503,9 +453,9 @@ class SQLiteStore(SessionStore):
             "   ON latest.chat_id = t.chat_id AND latest.turn = t.turn"
             " WHERE ?1 IS NULL OR t.status = ?1"
             " ORDER BY t.updated_at DESC, t.chat_id LIMIT ?2",
-            (_value(status), limit),
+            (enum_value(status), limit),
         ).fetchall()
-        return [_decode_turn(row) for row in rows]
+        return [decode_turn(row) for row in rows]
 
     # -- transcript ----------------------------------------------------------------------
     async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
@@ -542,12 +492,12 @@ class SQLiteStore(SessionStore):
             changed = self._insert_message(conn, chat_id, turn, message, step=step)
         else:
             try:
-                changed = _decode_message(chat_id, row) != message
+                changed = decode_message(chat_id, row) != message
             except CorruptRowError:
                 changed = True  # an undecodable row is exactly what a rewrite should repair
             if changed:
                 # UPDATE in place: the row keeps its id, hence its place in the transcript.
-                conn.execute("UPDATE messages SET body = ? WHERE id = ?", (_body(message), row["id"]))
+                conn.execute("UPDATE messages SET body = ? WHERE id = ?", (message_body(message), row["id"]))
         if changed:
             self._emit(conn, chat_id, "assistant_message", {
                 "turn": turn, "step": step, "text": reply.text,
@@ -628,7 +578,7 @@ class SQLiteStore(SessionStore):
         self._set_turn(conn, chat_id, turn, update, now)
         if not ended:
             self._end_turn(conn, chat_id, turn, {
-                "turn": turn, "status": update.status.value, "reason": _value(update.reason),
+                "turn": turn, "status": update.status.value, "reason": enum_value(update.reason),
             }, now)
         return True
 
@@ -650,7 +600,7 @@ class SQLiteStore(SessionStore):
     def _turn_messages_tx(conn: sqlite3.Connection, chat_id: str, turn: int) -> list[ChatMessage]:
         rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? ORDER BY id",
                             (chat_id, turn)).fetchall()
-        return [_decode_message(chat_id, row) for row in rows]
+        return [decode_message(chat_id, row) for row in rows]
 
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._read(self._history_tx, chat_id)
@@ -658,7 +608,7 @@ class SQLiteStore(SessionStore):
     @staticmethod
     def _history_tx(conn: sqlite3.Connection, chat_id: str) -> list[ChatMessage]:
         rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [_decode_message(chat_id, row) for row in rows]
+        return [decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
@@ -677,4 +627,4 @@ class SQLiteStore(SessionStore):
         rows = conn.execute(
             "SELECT * FROM events WHERE chat_id = ? AND seq > ? ORDER BY seq LIMIT ?", (chat_id, after_seq, limit)
         ).fetchall()
-        return [_decode_event(row) for row in rows]
+        return [decode_event(row) for row in rows]

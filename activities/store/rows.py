@@ -1,0 +1,75 @@
+"""How store rows are written and read back, the same for SQLite and PostgreSQL:
+bodies and payloads are compact JSON text, enums their values, and a row that
+does not decode raises `CorruptRowError` naming the row, never a bare
+ValidationError from deep inside a turn."""
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from activities.store.base import CorruptRowError
+from turnkeeper.models import ChatMessage, Event, Reason, TurnRecord, TurnStatus
+
+TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
+
+_TURN_COLUMNS = ("chat_id", "turn", "run_id", "status", "reason", "recovery_id",
+                 "can_continue", "attempts", "started_at", "updated_at")
+
+
+class Row(Protocol):
+    """`sqlite3.Row` and `asyncpg.Record` alike: columns by name."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_body(message: ChatMessage) -> str:
+    return message.model_dump_json(exclude_none=True)
+
+
+def enum_value(enum: TurnStatus | Reason | None) -> str | None:
+    return None if enum is None else enum.value
+
+
+def decode_message(chat_id: str, row: Row) -> ChatMessage:
+    try:
+        return ChatMessage.model_validate(json.loads(row["body"]))
+    except (TypeError, ValueError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
+        raise CorruptRowError(
+            f"chat {chat_id!r}: message row id={row['id']} does not decode: {short_error(exc)}"
+        ) from exc
+
+
+def decode_turn(row: Row) -> TurnRecord:
+    try:
+        return TurnRecord.model_validate({k: row[k] for k in _TURN_COLUMNS})
+    except ValidationError as exc:
+        raise CorruptRowError(
+            f"chat {row['chat_id']!r}: turn row turn={row['turn']} does not decode: {short_error(exc)}"
+        ) from exc
+
+
+def decode_event(row: Row) -> Event:
+    try:
+        return Event.model_validate({
+            "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
+            "payload": json.loads(row["payload"]), "created_at": row["created_at"],
+        })
+    except (TypeError, ValueError) as exc:
+        raise CorruptRowError(
+            f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {short_error(exc)}"
+        ) from exc
+
+
+def short_error(exc: Exception) -> str:
+    """The first validation error as `field: message`, or the exception's text."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        return f"{loc}: {first['msg']}" if loc else first["msg"]
+    return str(exc)
