@@ -149,6 +149,30 @@ async def test_status_of_a_turn_whose_run_ended_without_closing_it(stack: Stack)
     assert "running" in ended.stdout.splitlines()[0]
 
 
+async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: Stack) -> None:
+    """The run of the turn `send` waits on is terminated; the chat's next message
+    closes that turn as superseded, and the waiting `send` says so and returns."""
+    from turnkeeper.models import ToolCallStatus
+
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
+    stack.script([{"tool_calls": [{"name": "slow_write",
+                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]},
+                  {"text": "unused: the superseded row is assistant call 1"},
+                  {"text": "the next turn's answer"},
+                  {"text": "the chat goes on"}])
+    await stack.start_worker()
+    chat = stack.chat("superseded")
+    waiting = asyncio.create_task(tk(stack, "send", chat, "write slowly"))
+    await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.RUNNING])
+    await stack.client.get_workflow_handle(f"chat-{chat}").terminate("an operator")
+    assert (await tk(stack, "send", chat, "never mind", "--no-wait")).returncode == 0
+    first = await asyncio.wait_for(waiting, 60)
+    assert first.returncode == 0, first.stderr
+    assert "turn 1 ended: recovered (superseded)" in first.stdout
+    later = await tk(stack, "send", chat, "and now?")
+    assert later.returncode == 0 and "the chat goes on" in later.stdout, later.stderr
+
 async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
     """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
     from the store, and Dismiss closes it there, once."""

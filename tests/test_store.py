@@ -322,12 +322,15 @@ async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: Sess
     assert (closed.recovery_id, closed.attempts) == ("rec-1", 2)  # kept, none minted
 
     new = await store.events(CHAT, after_seq=seq)
-    assert [e.type for e in new] == ["tool_interrupted", "recovery_state", "session_updated", "turn_started"]
+    assert [e.type for e in new] == ["tool_interrupted", "recovery_state", "session_updated", "turn_end",
+                                     "turn_started"]
     assert new[0].payload == {"turn": 1, "tool_call_id": "call-b", "name": "write_file"}
     assert new[1].payload == {"turn": 1, "status": "recovered", "reason": "superseded",
                               "recovery_id": "rec-1", "can_continue": True, "attempts": 2}
     assert new[2].payload == {"scope": "thread"}
-    assert new[3].payload == {"turn": 2, "run_id": "run-2"}
+    # The old turn ends in the log, so whoever waits on it (`send`, a UI) stops waiting.
+    assert new[3].payload == {"turn": 1, "status": "recovered", "reason": "superseded"}
+    assert new[4].payload == {"turn": 2, "run_id": "run-2"}
 
     # Retrying begin_turn answers the same and closes nothing again.
     assert await store.begin_turn(CHAT, "run-2", ["m2"]) == began
@@ -432,6 +435,39 @@ async def test_finish_turn_only_from_leaves_a_newer_ending(store: SessionStore) 
     await store.update_turn(CHAT, 2, TurnUpdate(status=TurnStatus.FAILED))
     assert await store.finish_turn(CHAT, 2, dismiss, only_from=only_failed) is True
     assert (await store.get_turn(CHAT, 2)).reason == Reason.DISMISSED  # type: ignore[union-attr]
+
+
+async def test_dismiss_racing_a_new_message_closes_the_turn_once(backend: Backend) -> None:
+    """The CLI's Dismiss of a failed turn and the next message's `begin_turn`, from
+    two stores at once (two processes): one of them closes the turn, never both."""
+    worker, cli = backend.new_store(), backend.new_store()
+    await worker.open()
+    await cli.open()
+    try:
+        chats = [f"race-{i}" for i in range(12)]
+        for chat in chats:
+            await worker.begin_turn(chat, "run-1", ["m1"])
+            await worker.update_turn(chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED))
+        dismiss = TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED)
+        outcomes = await asyncio.gather(*(
+            asyncio.gather(
+                cli.finish_turn(chat, 1, dismiss, closing_text="dismissed",
+                                only_from=frozenset({TurnStatus.FAILED})),
+                worker.begin_turn(chat, "run-2", ["m2"]))
+            for chat in chats))
+        for chat, (dismissed, begun) in zip(chats, outcomes):
+            assert begun.turn == 2
+            record = await worker.get_turn(chat, 1)
+            assert record is not None and record.status == TurnStatus.RECOVERED
+            assert record.reason == (Reason.DISMISSED if dismissed else Reason.SUPERSEDED), chat
+            assert (begun.closed_turn is None) == dismissed, chat
+            endings = [e for e in await worker.events(chat) if e.type == "turn_end" and e.payload["turn"] == 1]
+            assert len(endings) == 1, chat
+            closing = [m for m in await worker.turn_messages(chat, 1) if m.role == "assistant"]
+            assert len(closing) == 1, chat
+    finally:
+        await worker.close()
+        await cli.close()
 
 
 async def test_finish_turn_refuses_an_open_status(store: SessionStore) -> None:

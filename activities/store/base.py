@@ -81,11 +81,12 @@ class SessionStore(ABC):
         1. `duplicate_ids` = those of `message_ids` the chat already holds. If no
            id is left, return `BeginTurn(turn=None, duplicate_ids=...)` and write nothing.
         2. If an earlier turn of the chat is still open (running, awaiting_user,
-           resuming): give each of its assistant tool calls without a tool row an
-           interrupted tool row (`INTERRUPTED_TOOL_TEXT`, event `tool_interrupted`),
-           append one assistant row `SUPERSEDED_TEXT`, set that turn to
-           recovered/superseded and append `recovery_state` then `session_updated`
-           (`{"scope": "thread"}`). Report it as `closed_turn`.
+           resuming) or its recovery failed (failed): give each of its assistant
+           tool calls without a tool row an interrupted tool row
+           (`INTERRUPTED_TOOL_TEXT`, event `tool_interrupted`), append one
+           assistant row `SUPERSEDED_TEXT`, set that turn to recovered/superseded
+           and append `recovery_state`, `session_updated` (`{"scope": "thread"}`)
+           and `turn_end` (turn, status, reason). Report it as `closed_turn`.
         3. Insert turn max+1 as running with `run_id`; event `turn_started`.
         Idempotent: a turn already opened by the same `run_id` is returned as is.
         """

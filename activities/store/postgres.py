@@ -446,6 +446,11 @@ class PostgresStore(SessionStore):
             can_continue=record.can_continue,
             attempts=record.attempts,
         ))
+        # Whoever waits on this turn (`turnkeeper send`, a UI) sees it end.
+        if not (await tx.turn_row(turn))["ended"]:
+            await self._end_turn(tx, turn, {
+                "turn": turn, "status": TurnStatus.RECOVERED.value, "reason": Reason.SUPERSEDED.value,
+            })
 
     async def _answer_unanswered(self, tx: _Tx, turn: int) -> list[str]:
         """An interrupted tool row for every tool call of the turn that has no answer."""

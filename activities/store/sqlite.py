@@ -376,6 +376,11 @@ class SQLiteStore(SessionStore):
             can_continue=record.can_continue,
             attempts=record.attempts,
         ), now)
+        # Whoever waits on this turn (`turnkeeper send`, a UI) sees it end.
+        if not self._turn_row(conn, chat_id, turn)["ended"]:
+            self._end_turn(conn, chat_id, turn, {
+                "turn": turn, "status": TurnStatus.RECOVERED.value, "reason": Reason.SUPERSEDED.value,
+            }, now)
 
     def _answer_unanswered(self, conn: sqlite3.Connection, chat_id: str, turn: int, now: str) -> list[str]:
         """An interrupted tool row for every tool call of the turn that has no answer."""
