@@ -46,8 +46,9 @@ waits until no chat is running. Then the checker asserts:
    signal-with-start returned is exactly one user row of its chat, with its
    text, in the order sent; unacknowledged ids at most once; no unknown rows;
 3. no turn stuck: no chat is running or resuming at the end, no turn row is
-   open without a running workflow, no ChatTurn run failed, was terminated or
-   timed out;
+   open without a running workflow, every closed turn has exactly one
+   `turn_end` event (what reads the log would otherwise show it working), no
+   ChatTurn run failed, was terminated or timed out;
 4. no non-determinism: no `nondeterminism`/`NondeterminismError`/`Failed
    activation` line in any worker log, no workflow task failure other than the
    benign "unhandled command" (a signal that raced a completion), and every
@@ -931,6 +932,7 @@ class Chaos:
         # -- events: gates, and turns written to after their end -----------------------------
         gates: Counter[str] = Counter()
         ended: dict[tuple[str, int], int] = {}
+        turn_ends: Counter[tuple[str, int]] = Counter()
         assistant_writes: Counter[tuple[str, int, int]] = Counter()
         for e in events:
             payload = json.loads(e["payload"])
@@ -947,6 +949,7 @@ class Chaos:
                     evidence_chats[e["chat_id"]].append(f"turn {payload.get('turn')} reopened after turn_end")
             elif e["type"] == "turn_end":
                 ended.setdefault(key, e["seq"])
+                turn_ends[key] += 1
             elif e["type"] == "assistant_message":
                 assistant_writes[(e["chat_id"], payload.get("turn"), payload.get("step"))] += 1
         report.gates_by_reason = dict(gates)
@@ -1087,6 +1090,12 @@ class Chaos:
                 report.failures.append(f"chat {r['chat_id']} turn {r['turn']}: store says awaiting_user "
                                        "but no run is waiting")
                 evidence_chats[r["chat_id"]].append(f"turn {r['turn']} awaiting in the store without a run")
+            elif r["status"] in CLOSED_TURN and turn_ends[(r["chat_id"], r["turn"])] != 1:
+                # What reads the event log (`send`, a UI) would show it working forever, or end it twice.
+                det["closed_turns_without_one_turn_end"] += 1
+                report.failures.append(f"chat {r['chat_id']} turn {r['turn']}: {r['status']}/{r['reason']} "
+                                       f"with {turn_ends[(r['chat_id'], r['turn'])]} turn_end events")
+                evidence_chats[r["chat_id"]].append(f"turn {r['turn']} closed without one turn_end")
         for text in self.slow_turns:
             report.anomalies.append(text)
         for text in self.run_errors:
@@ -1103,7 +1112,8 @@ class Chaos:
                 report.failures.append(f"run {wf.id}/{wf.run_id} ended {wf.status.name}")
                 evidence_chats[wf.id.removeprefix("chat-")].append(f"run {wf.run_id} {wf.status.name}")
         inv["stuck_turns"] = sum(det[k] for k in ("chats_running_at_end", "open_turn_rows_without_run",
-                                                  "gates_without_run", "runs_ended_abnormally", "run_errors"))
+                                                  "gates_without_run", "closed_turns_without_one_turn_end",
+                                                  "runs_ended_abnormally", "run_errors"))
 
         sem = asyncio.Semaphore(8)
 

@@ -173,6 +173,30 @@ async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: 
     later = await tk(stack, "send", chat, "and now?")
     assert later.returncode == 0 and "the chat goes on" in later.stdout, later.stderr
 
+async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack) -> None:
+    """The reconciler marks the turn `send` waits on failed/recovery_failed: no run
+    will ever end it, so `send` shows what the user can do and exits 3."""
+    from activities.store import TurnUpdate
+    from turnkeeper.models import Reason, ToolCallStatus, TurnStatus
+
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
+    stack.script([{"tool_calls": [{"name": "slow_write",
+                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]}])
+    await stack.start_worker()
+    chat = stack.chat("failing")
+    waiting = asyncio.create_task(tk(stack, "send", chat, "write slowly"))
+    await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.RUNNING])
+    await stack.client.get_workflow_handle(f"chat-{chat}").terminate("an operator")
+    store = await stack.store()  # as the reconciler leaves a turn whose recovery raised
+    await store.update_turn(chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
+                                                recovery_id="rec-1", can_continue=False))
+    sent = await asyncio.wait_for(waiting, 60)
+    assert sent.returncode == 3, sent.stderr
+    assert "turn 1: failed (recovery_failed)" in sent.stdout
+    assert f"turnkeeper dismiss {chat}" in sent.stdout
+
+
 async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
     """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
     from the store, and Dismiss closes it there, once."""

@@ -135,6 +135,11 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
                 print(_describe_gate(await _state(client, chat_id)))
                 return EXIT_AWAITING
+            elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
+                # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.
+                record = await store.get_turn(chat_id, turn)
+                print(_describe_gate(_state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
+                return EXIT_AWAITING
             elif ev.type == "turn_end":
                 if answer is not None:
                     print(answer)
