@@ -51,6 +51,21 @@ async def test_send_shows_tools_and_prints_the_answer(stack: Stack) -> None:
     assert [r["status"] for r in listed if r["chat_id"] == chat] == ["completed"]
 
 
+async def test_send_retried_with_the_same_message_id_shows_its_turn(stack: Stack) -> None:
+    """A retry of a message already committed (same --message-id, e.g. after a lost
+    connection) starts no turn; `send` shows the turn that took it instead of waiting."""
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"text": "wrote a.txt"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    first = await tk(stack, "send", chat, "please write a.txt", "--message-id", "m-1")
+    assert first.returncode == 0, first.stderr
+    again = await tk(stack, "send", chat, "please write a.txt", "--message-id", "m-1", "--timeout", "20")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+    assert [m.get("content") for m in await stack.history(chat)].count("please write a.txt") == 1
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()
