@@ -66,6 +66,18 @@ async def test_send_retried_with_the_same_message_id_shows_its_turn(stack: Stack
     assert [m.get("content") for m in await stack.history(chat)].count("please write a.txt") == 1
 
 
+async def test_send_without_a_worker_says_so(stack: Stack) -> None:
+    stack.script([{"text": "later"}])
+    chat = stack.chat()
+    r = await tk(stack, "send", chat, "hello", "--timeout", "7")
+    assert r.returncode == 1
+    assert f"no worker is serving task queue {stack.settings().task_queue!r}" in r.stderr
+    assert "no answer within 7 s (the message is safe" in r.stderr
+    await stack.start_worker()  # and it was safe
+    await stack.wait_turn_done(chat, 1)
+    assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()

@@ -14,6 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -32,6 +35,9 @@ from turnkeeper.models import (
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1
+# A turn normally shows its message within a second; after this long, `send`
+# checks whether any worker serves the queue and says so if none does.
+NO_WORKER_CHECK_S = 5.0
 NOT_WAITING = "not waiting for confirmation"
 
 
@@ -108,18 +114,25 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         print(f"sent {message.message_id} to chat {args.chat}")
         return EXIT_OK
     try:
-        return await _follow_turn(client, store, args.chat, message.message_id, after, args.timeout)
+        return await _follow_turn(client, store, args.chat, message.message_id, after, args.timeout,
+                                  task_queue=settings.task_queue)
     finally:
         await store.close()
 
 
 async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str, after: int,
-                       timeout: float) -> int:
+                       timeout: float, task_queue: str) -> int:
     """Show the turn that takes our message: its tools as they run, then its answer."""
     turn: int | None = None
     answer: str | None = None
     deadline = time.monotonic() + timeout
+    check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
     while time.monotonic() < deadline:
+        if turn is None and time.monotonic() >= check_worker_at:
+            check_worker_at = deadline  # once
+            if await _no_worker_polls(client, task_queue):
+                print(f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
+                      "and waits for one (start it with `turnkeeper worker`)", file=sys.stderr, flush=True)
         for ev in await store.events(chat_id, after_seq=after):
             after = ev.seq
             p = ev.payload
@@ -152,6 +165,16 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
         await asyncio.sleep(POLL_S)
     raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
                   f"see `turnkeeper status {chat_id}`")
+
+
+async def _no_worker_polls(client: Client, task_queue: str) -> bool:
+    """True when the server has seen no worker poll the queue lately (False if it cannot tell)."""
+    request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+                                       task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+    try:
+        return not (await client.workflow_service.describe_task_queue(request)).pollers
+    except RPCError:
+        return False
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
