@@ -78,6 +78,28 @@ async def test_send_without_a_worker_says_so(stack: Stack) -> None:
     assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
 
 
+async def test_events_prints_a_long_log_whole_and_refuses_a_missing_chat(stack: Stack) -> None:
+    from turnkeeper.models import NewEvent
+
+    chat = stack.chat("long")
+    store = await stack.store()
+    await store.append_events(chat, [NewEvent(type="session_updated", payload={"scope": "thread", "i": i})
+                                     for i in range(2500)])
+    printed = await tk(stack, "events", chat, "--json")
+    assert printed.returncode == 0, printed.stderr
+    assert [json.loads(line)["seq"] for line in printed.stdout.splitlines()] == list(range(1, 2501))
+
+    missing = await tk(stack, "events", stack.chat("none"))
+    assert missing.returncode == 1 and "no chat" in missing.stderr
+
+    # A reader that stops early (`| head`) is no error: no traceback, exit 0.
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", f"{TURNKEEPER} events {chat} --json | head -n 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        env=stack.env(), cwd=stack.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, err.decode()) == (0, "")
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ POLL_S = 0.1
 # A turn normally shows its message within a second; after this long, `send`
 # checks whether any worker serves the queue and says so if none does.
 NO_WORKER_CHECK_S = 5.0
+EVENTS_PAGE = 1000
 NOT_WAITING = "not waiting for confirmation"
 
 
@@ -231,13 +233,18 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     after = args.after
     try:
         while True:
-            for ev in await store.events(args.chat, after_seq=after):
+            page = await store.events(args.chat, after_seq=after, limit=EVENTS_PAGE)
+            if not page and after == 0 and not args.follow:
+                raise Refused(f"no chat {args.chat!r}: it has no events")
+            for ev in page:
                 after = ev.seq
                 if args.json:
                     print(_event_line(ev), flush=True)
                 else:
                     print(f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} "
                           f"{json.dumps(ev.payload, ensure_ascii=False)}", flush=True)
+            if len(page) == EVENTS_PAGE:
+                continue  # more already written
             if not args.follow:
                 return EXIT_OK
             await asyncio.sleep(0.25)
@@ -422,7 +429,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = run(argv)
     except SystemExit as exit_:  # argparse: bad usage is 2
         code = exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`turnkeeper events CHAT | head`): nothing went wrong here.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_OK
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
     sys.stderr.flush()
     # A Temporal runtime can abort at interpreter exit (sdk-python #300).
     os._exit(code)
