@@ -19,10 +19,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.assemble import build_activities
 from activities.providers import load_provider
-from activities.store import open_store
+from activities.store import StoreError, open_store
 from activities.tools import default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings
+from turnkeeper.dev_server import DevServerError
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from workflows.chat_turn import ChatTurn
@@ -113,6 +114,10 @@ def main() -> None:
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
         code = 2
+    except (DevServerError, StoreError) as err:
+        # What the user must fix outside the code (a port, a database): no traceback.
+        print(f"turnkeeper: cannot start: {err}", file=sys.stderr)
+        code = 1
     except Exception as err:  # noqa: BLE001 — report, then exit non-zero
         log.exception("worker failed: %s", err)
         code = 1

@@ -81,3 +81,18 @@ async def test_bad_configuration_is_a_clear_error(stack: Stack) -> None:
     proc = stack.spawn_worker(TURNKEEPER_MODEL="gpt-nonsense")
     assert proc.wait(timeout=60) == 2
     assert "TURNKEEPER_MODEL" in (stack.dir / "worker1.log").read_text()
+
+
+async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:
+    """The embedded server cannot bind its UI port: the worker says which variables
+    to set, without a traceback, and exits 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = stack.spawn_worker(TEMPORAL_ADDRESS="", TURNKEEPER_DATA_DIR=str(stack.dir / "own"),
+                                  TURNKEEPER_DEV_SERVER_PORT=str(_free_port()),
+                                  TURNKEEPER_DEV_UI_PORT=str(taken.getsockname()[1]))
+        assert proc.wait(timeout=60) == 1
+    log = (stack.dir / "worker0.log").read_text()
+    assert "address already in use" in log and "TURNKEEPER_DEV_UI_PORT" in log
+    assert "Traceback" not in log

@@ -101,15 +101,21 @@ async def ensure_dev_server(settings: Settings) -> str:
                             ui_port=settings.dev_ui_port, namespace=settings.namespace)
     log_path = settings.data_dir / "temporal-server.log"
     with open(log_path, "ab") as out:
+        logged_before = out.tell()  # the log is appended to: show only this start's lines
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     (settings.data_dir / "temporal-server.pid").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-800:]
+            with open(log_path, "rb") as log_file:
+                log_file.seek(logged_before)
+                tail = log_file.read().decode(errors="replace").strip()[-800:]
+            hint = ("\nAnother program holds the port: set TURNKEEPER_DEV_SERVER_PORT and "
+                    "TURNKEEPER_DEV_UI_PORT to free ones, or TEMPORAL_ADDRESS to use a Temporal "
+                    "server of your own." if "address already in use" in tail else "")
             raise DevServerError(f"the Temporal dev server exited at start (code {proc.returncode}); "
-                                 f"see {log_path}:\n{tail}")
+                                 f"see {log_path}:\n{tail}{hint}")
         if await is_healthy(address):
             log.info("started the Temporal dev server at %s (UI http://127.0.0.1:%d, pid %d)",
                      address, settings.dev_ui_port, proc.pid)
