@@ -73,20 +73,23 @@ async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack) 
     stack.env_extra["TURNKEEPER_TOOLS"] = "exec"
     stack.script([
         {"tool_calls": [{"name": "exec", "arguments": {
-            "command": "echo $$ > shell.pid; sleep 4 & echo $! > sleep.pid; wait; echo late >> after.txt"}}]},
+            # The setsid'ed part leaves the process group, as a daemon would.
+            "command": "setsid sh -c 'echo $$ > escaped.pid; sleep 4; echo late >> after.txt' "
+                       "</dev/null >/dev/null 2>&1 & "
+                       "echo $$ > shell.pid; sleep 4 & echo $! > sleep.pid; wait; echo late >> after.txt"}}]},
         {"text": "the command was interrupted"},
     ])
     worker = stack.spawn_worker()
     chat = stack.chat("exec-crash")
     await stack.send(chat, "run the slow command")
-    pid_files = [stack.ws / "shell.pid", stack.ws / "sleep.pid"]
+    pid_files = [stack.ws / "shell.pid", stack.ws / "sleep.pid", stack.ws / "escaped.pid"]
     await until(lambda: all(p.exists() and p.read_text().strip() for p in pid_files), what="the command to start")
-    shell, sleeper = (int(p.read_text()) for p in pid_files)
+    pids = [int(p.read_text()) for p in pid_files]
     started = time.monotonic()
     stack.kill(worker)
 
     # The shell and what it started die with the worker, not when the command would have ended.
-    await until(lambda: not _running(shell) and not _running(sleeper), timeout=2,
+    await until(lambda: not any(_running(pid) for pid in pids), timeout=2,
                 what="the command to die with its worker")
     stack.spawn_worker()
     state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)

@@ -520,6 +520,37 @@ async def test_exec_cancellation_kills_the_command(workspace: Path) -> None:
     assert not _alive(int(pid_file.read_text()))
 
 
+# A process that leaves the command's process group, as a daemon does.
+_ESCAPE = "setsid sh -c 'echo $$ > esc.pid; sleep 30' </dev/null >/dev/null 2>&1 & "
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
+async def test_exec_timeout_kills_a_process_that_left_the_group(workspace: Path) -> None:
+    ctx = make_ctx(workspace, exec_timeout=1)
+    out = await run_builtin(workspace, "exec", {"command": _ESCAPE + "sleep 30"}, enabled=WITH_EXEC, ctx=ctx)
+    assert out.content.startswith("Error: TimeoutError")
+    escaped = int((workspace / "esc.pid").read_text())
+    await asyncio.sleep(0.3)
+    assert not _alive(escaped)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
+async def test_exec_cancellation_kills_a_process_that_left_the_group(workspace: Path) -> None:
+    task = asyncio.create_task(run_builtin(workspace, "exec", {"command": _ESCAPE + "sleep 30"}, enabled=WITH_EXEC))
+    pid_file = workspace / "esc.pid"
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    escaped = int(pid_file.read_text())
+    assert _alive(escaped)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.3)
+    assert not _alive(escaped)
+
+
 def _alive(pid: int) -> bool:
     """True if `pid` runs; a zombie (killed, not yet reaped by init) counts as dead."""
     try:

@@ -176,7 +176,7 @@ async def _run_shell(
             # background child still holds the pipe.
             await asyncio.wait(pending, timeout=min(POLL_INTERVAL, deadline - now), return_when=asyncio.FIRST_COMPLETED)
         if timed_out:
-            _kill_group(proc.pid)
+            _stop_command(proc.pid)
         await asyncio.wait({reader}, timeout=PIPE_GRACE)
         if not reader.done():
             # Leftover background processes would hold the pipe (and the workspace): kill them.
@@ -186,7 +186,9 @@ async def _run_shell(
     finally:
         # Also reached on cancellation: never leave the command running behind us.
         if not (reader.done() and waiter.done()):
-            _kill_group(proc.pid)
+            _stop_command(proc.pid)
+            # Should the guard not get to it, the group goes all the same.
+            asyncio.get_running_loop().call_later(PIPE_GRACE, _kill_group, proc.pid)
         reader.cancel()
         waiter.cancel()
     return (None if timed_out else proc.returncode), bytes(captured), dropped
@@ -196,6 +198,16 @@ def _shell_argv(command: str) -> list[str]:
     if EXEC_GUARD is None:
         return ["/bin/sh", "-c", command]
     return [sys.executable, "-I", "-S", str(EXEC_GUARD), str(os.getpid()), command]
+
+
+def _stop_command(pid: int) -> None:
+    """Kill a running command: through its guard, which also finds the processes
+    that left the group, or else the group itself."""
+    if EXEC_GUARD is None:
+        _kill_group(pid)
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def _kill_group(pgid: int) -> None:

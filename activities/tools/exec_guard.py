@@ -5,8 +5,13 @@
 A worker killed with SIGKILL cannot clean up: without this guard the command's
 shell would carry on, and could finish its side effect after the turn had
 already told the user the tool was interrupted. The guard asks Linux to send it
-SIGTERM when its parent dies (PR_SET_PDEATHSIG) and then kills its whole
-process group: itself, the shell and everything the shell started in it.
+SIGTERM when its parent dies (PR_SET_PDEATHSIG); on SIGTERM it kills every
+process the command started and then its whole process group: itself, the
+shell and everything the shell started in it. The guard is also a child
+subreaper (PR_SET_CHILD_SUBREAPER), so a process that left the group (`setsid`,
+a daemon's double fork) is re-parented to the guard instead of to init and is
+still found among its descendants. The worker sends the same SIGTERM on a
+timeout or a cancelled call.
 
 It is started as a script in isolated mode without `site` and uses the standard
 library only, so it starts quickly and never imports the worker's code.
@@ -20,9 +25,44 @@ import sys
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# Killing a process re-parents its own children to us: look again, a bounded number of times.
+KILL_ROUNDS = 20
 
 
-def _kill_group(signum: int, frame: FrameType | None) -> None:
+def _descendants(root: int) -> list[int]:
+    """Live processes below `root`, found through the parent ids in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if fields[0] not in (b"Z", b"X"):  # a zombie has nothing left to do
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def _kill_all(signum: int, frame: FrameType | None) -> None:
+    me = os.getpid()
+    for _ in range(KILL_ROUNDS):
+        pids = _descendants(me)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     os.killpg(0, signal.SIGKILL)
 
 
@@ -31,13 +71,14 @@ def main() -> None:
     if os.getpgrp() != os.getpid():
         # Killing the group must never reach the worker's own group.
         sys.exit("exec guard: must lead its own process group (start it with start_new_session)")
-    signal.signal(signal.SIGTERM, _kill_group)
+    signal.signal(signal.SIGTERM, _kill_all)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-        sys.exit(f"exec guard: prctl failed (errno {ctypes.get_errno()})")
+    for option, value in ((PR_SET_CHILD_SUBREAPER, 1), (PR_SET_PDEATHSIG, signal.SIGTERM)):
+        if libc.prctl(option, value, 0, 0, 0) != 0:
+            sys.exit(f"exec guard: prctl({option}) failed (errno {ctypes.get_errno()})")
     if os.getppid() != worker_pid:
         # The worker died before the death signal was armed.
-        _kill_group(signal.SIGTERM, None)
+        _kill_all(signal.SIGTERM, None)
     pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if code < 0:
