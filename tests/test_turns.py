@@ -213,6 +213,46 @@ async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> Non
     assert all("malformed" in r["reason"] for r in rejected[1:])
 
 
+
+async def test_undecodable_payloads_are_refused_at_once(stack: Stack) -> None:
+    """Payloads the data converter cannot read (an unknown encoding, broken JSON),
+    as any Temporal client can send them: refused with a `message_rejected` event
+    while the run still waits for its first message, and the chat goes on."""
+    from temporalio.api.common.v1 import Payload, Payloads, WorkflowType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import SignalWithStartWorkflowExecutionRequest
+
+    stack.script([{"text": "fine"}])
+    await stack.start_worker()
+    chat = stack.chat()
+
+    def raw(encoding: bytes, data: bytes) -> Payloads:
+        return Payloads(payloads=[Payload(metadata={"encoding": encoding}, data=data)])
+
+    for i, signal_input in enumerate([raw(b"foo/bar", b"x"), raw(b"json/plain", b"{not json")]):
+        await stack.client.workflow_service.signal_with_start_workflow_execution(SignalWithStartWorkflowExecutionRequest(
+            namespace=stack.client.namespace, workflow_id=tk.workflow_id(chat), request_id=f"{chat}-{i}",
+            workflow_type=WorkflowType(name=tk.WORKFLOW_TYPE), task_queue=TaskQueue(name=stack.task_queue),
+            input=raw(b"json/plain", b'{"chat_id": "%s"}' % chat.encode()),
+            signal_name="user_message", signal_input=signal_input))
+    store = await stack.store()
+    reasons: list[str] = []
+    for _ in range(100):  # long before the run's idle timeout
+        reasons = [e.payload["reason"] for e in await store.events(chat) if e.type == "message_rejected"]
+        if len(reasons) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert reasons == ["malformed user_message payload: Unknown payload encoding foo/bar",
+                       reasons[1]] and reasons[1].startswith("malformed user_message payload: not JSON")
+    assert (await stack.state(chat)).turn == 0  # no turn began
+
+    handle = await stack.send(chat, "hi")
+    final = await handle.result()
+    assert final.status == TurnStatus.COMPLETED and final.turn == 1
+    assert [m.get("content") for m in await stack.history(chat)] == ["hi", "fine"]
+    types = await stack.event_types(chat)
+    assert types[:3] == ["message_rejected", "message_rejected", "turn_started"]
+
 async def test_next_message_closes_a_turn_that_ended_abnormally(stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
     stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
 from temporalio.workflow import ActivityCancellationType
 from temporalio.exceptions import (
     ActivityError,
@@ -64,6 +64,9 @@ IDLE_TIMEOUT = timedelta(minutes=10)
 # A model call cut off by a graceful shutdown is scheduled again this many times.
 MAX_SHUTDOWN_RESCHEDULES = 5
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+# Patch ids: behaviour that running turns recorded without must replay as it was.
+REFUSE_UNDECODABLE = "refuse-undecodable-user-message"
+ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
 
 
 class _Cancelled(Exception):
@@ -93,6 +96,9 @@ class ChatTurn:
         self._decision: recovery.Action | None = None
         self._interrupt: Reason | None = None  # Stop, or a message that supersedes a gate
         self._superseding: list[str] = []  # ids received at a gate, to check against the store
+        # Until a turn begins no step announces events: refusals are announced by a task of their own.
+        self._before_turn = input.recovery is None
+        self._idle_refusals: asyncio.Task[None] | None = None
         for message in input.pending:
             self._accept(message)
 
@@ -102,11 +108,17 @@ class ChatTurn:
 
     # -- handlers: they only change state; `run` acts on it -------------------
     @workflow.signal(name="user_message")
-    def user_message(self, payload: Any = None) -> None:
+    def user_message(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
+        # Raw, so that a payload the converter cannot decode is refused here
+        # instead of being dropped by the SDK with nothing but a worker log line.
         try:
-            message = UserMessage.model_validate(payload)
+            message = UserMessage.model_validate(_decode(payload))
         except ValidationError as err:
             self._reject_message(None, f"malformed user_message payload: {_first_error(err)}")
+            return
+        except _Undecodable as err:
+            if workflow.patched(REFUSE_UNDECODABLE):  # earlier runs dropped these unseen
+                self._reject_message(None, f"malformed user_message payload: {err}")
             return
         size = len(message.text.encode())
         if size > self._max_message_bytes:
@@ -161,10 +173,13 @@ class ChatTurn:
             self._upsert_search_attributes()
         if input.recovery is not None:
             await self._recover(input.recovery)
-        elif not await self._wait_for_first_message():
-            pass
-        elif await self._begin():
-            await self._turn_loop(step=0, batch=self._take_inbox())
+        else:
+            waited = await self._wait_for_first_message()
+            self._before_turn = False
+            if self._idle_refusals is not None:
+                await self._idle_refusals  # announced before the turn's own events
+            if waited and await self._begin():
+                await self._turn_loop(step=0, batch=self._take_inbox())
         await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._inbox:
@@ -476,6 +491,11 @@ class ChatTurn:
                                   recovery_id=s.recovery_id, can_continue=s.can_continue,
                                   attempts=s.attempts)
 
+    async def _announce_refusals(self) -> None:
+        # Refusals that arrive while one batch is being written go in the next.
+        while self._events and self._before_turn:
+            await self._flush_events()
+
     async def _flush_events(self) -> None:
         if not self._events:
             return
@@ -518,6 +538,11 @@ class ChatTurn:
         workflow.logger.warning("user_message refused for chat %s: %s", self._state.chat_id, why)
         self._events.append(NewEvent(type="message_rejected",
                                      payload={"message_id": message_id, "reason": why}))
+        if (self._before_turn and (self._idle_refusals is None or self._idle_refusals.done())
+                and workflow.patched(ANNOUNCE_IDLE_REFUSALS)):
+            # A run still waiting for its first valid message would otherwise hold
+            # the refusal until IDLE_TIMEOUT.
+            self._idle_refusals = asyncio.create_task(self._announce_refusals())
 
 
 def _show_result(handle: "asyncio.Future[io.ToolCallResult]", view: ToolCallView) -> None:
@@ -534,6 +559,25 @@ def _error_type(err: ActivityError) -> str | None:
 def _timeout_type(err: ActivityError) -> TimeoutType | None:
     cause = err.cause
     return cause.type if isinstance(cause, TemporalTimeoutError) else None
+
+
+class _Undecodable(Exception):
+    """A signal payload the data converter cannot read (unknown encoding, not JSON)."""
+
+
+def _decode(payload: RawValue | None) -> Any:
+    if payload is None:
+        return None
+    try:
+        return workflow.payload_converter().from_payload(payload.payload, None)
+    except ValidationError as err:  # the JSON itself is broken
+        raise _Undecodable(f"not JSON ({first_error_text(err)})") from None
+    except Exception as err:  # noqa: BLE001 — e.g. KeyError for an unknown encoding
+        raise _Undecodable(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
+
+
+def first_error_text(err: ValidationError) -> str:
+    return str(err.errors()[0].get("msg"))
 
 
 def _first_error(err: ValidationError) -> str:
