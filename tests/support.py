@@ -155,6 +155,16 @@ class Stack:
         return await tk.send_message(self.client, settings, chat_id,
                                      tk.new_message(text, settings, message_id=message_id))
 
+    async def signal_undecodable(self, chat_id: str, signal: str) -> None:
+        """A signal whose payload no data converter reads (an unknown encoding), as
+        any Temporal client could send it."""
+        from temporalio.api.common.v1 import Payload, Payloads, WorkflowExecution
+        from temporalio.api.workflowservice.v1 import SignalWorkflowExecutionRequest
+
+        await self.client.workflow_service.signal_workflow_execution(SignalWorkflowExecutionRequest(
+            namespace=self.client.namespace, workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat_id)),
+            signal_name=signal, input=Payloads(payloads=[Payload(metadata={"encoding": b"foo/bar"}, data=b"x")])))
+
     async def state(self, chat_id: str) -> TurnState:
         return await tk.query_state(self.client, chat_id)
 

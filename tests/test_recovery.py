@@ -114,10 +114,14 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
     await handle.signal("continue", {"recovery_id": "not-the-id"})
     await handle.signal("dismiss", {"recovery_id": "also-wrong"})
+    # Unreadable ones are refused and recorded too, never dropped unseen.
+    await stack.signal_undecodable(chat, "continue")
+    await stack.signal_undecodable(chat, "dismiss")
     await asyncio.sleep(0.5)
     assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
-    types = await stack.event_types(chat)
-    assert types.count("recovery_action_rejected") == 2
+    rejected = [e.payload for e in await (await stack.store()).events(chat) if e.type == "recovery_action_rejected"]
+    assert [(r["action"], r["recovery_id"]) for r in rejected] == [
+        ("continue", "not-the-id"), ("dismiss", "also-wrong"), ("continue", None), ("dismiss", None)]
 
     await _decide(stack, chat, "continue_turn", gate.recovery_id)
     with pytest.raises(WorkflowUpdateFailedError) as again:
@@ -242,7 +246,7 @@ async def test_stop_keeps_completed_results_and_interrupts_running_tools(stack: 
     handle = await stack.send(chat, "do both")
     await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [
         ToolCallStatus.DONE, ToolCallStatus.RUNNING])
-    await stack.client.get_workflow_handle(tk.workflow_id(chat)).signal("stop", {})
+    await stack.signal_undecodable(chat, "stop")  # Stop needs no argument: whatever it carries works
     final = await asyncio.wait_for(handle.result(), 30)
     assert (final.status, final.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
     assert [c.status for c in final.tool_calls] == [ToolCallStatus.DONE, ToolCallStatus.INTERRUPTED]

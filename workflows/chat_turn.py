@@ -131,16 +131,19 @@ class ChatTurn:
             self._interrupt = self._interrupt or Reason.SUPERSEDED
 
     @workflow.signal(name="stop")
-    def stop(self, payload: Any = None) -> None:
+    def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
+        # Whatever it carries: Stop needs no argument.
+        if not _readable(payload) and not workflow.patched(REFUSE_UNDECODABLE):
+            return  # earlier runs never saw such a signal
         if self._state.turn and self._state.status in OPEN_STATUSES:
             self._interrupt = Reason.STOPPED  # the user's explicit word wins
 
     @workflow.signal(name="continue")
-    def continue_signal(self, payload: Any = None) -> None:
+    def continue_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._act_by_signal("continue", payload)
 
     @workflow.signal(name="dismiss")
-    def dismiss_signal(self, payload: Any = None) -> None:
+    def dismiss_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._act_by_signal("dismiss", payload)
 
     @workflow.update(name="continue_turn")
@@ -443,11 +446,15 @@ class ChatTurn:
         await workflow.wait_condition(lambda: self._decision is None)
         return self.state()
 
-    def _act_by_signal(self, action: recovery.Action, payload: Any) -> None:
+    def _act_by_signal(self, action: recovery.Action, payload: RawValue | None) -> None:
+        recovery_id: str | None = None  # none readable: refused below, and recorded
         try:
-            recovery_id: str | None = RecoveryAction.model_validate(payload).recovery_id
+            recovery_id = RecoveryAction.model_validate(_decode(payload)).recovery_id
         except ValidationError:
-            recovery_id = None
+            pass
+        except _Undecodable:
+            if not workflow.patched(REFUSE_UNDECODABLE):
+                return  # earlier runs never saw such a signal
         why = self._refusal(action, recovery_id)
         if why is not None:
             workflow.logger.warning("%s refused for chat %s: %s", action, self._state.chat_id, why)
@@ -571,13 +578,17 @@ def _decode(payload: RawValue | None) -> Any:
     try:
         return workflow.payload_converter().from_payload(payload.payload, None)
     except ValidationError as err:  # the JSON itself is broken
-        raise _Undecodable(f"not JSON ({first_error_text(err)})") from None
+        raise _Undecodable(f"not JSON ({err.errors()[0].get('msg')})") from None
     except Exception as err:  # noqa: BLE001 — e.g. KeyError for an unknown encoding
         raise _Undecodable(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
 
 
-def first_error_text(err: ValidationError) -> str:
-    return str(err.errors()[0].get("msg"))
+def _readable(payload: RawValue | None) -> bool:
+    try:
+        _decode(payload)
+    except _Undecodable:
+        return False
+    return True
 
 
 def _first_error(err: ValidationError) -> str:
