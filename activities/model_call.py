@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.providers import ModelProvider, ProviderError
-from activities.store import SessionStore
+from activities.store import CorruptRowError, SessionStore
 from activities.tools import ToolRegistry
 from turnkeeper import activity_io as io
 from turnkeeper.config import Settings
@@ -29,12 +29,17 @@ class ModelCallActivity:
     @activity.defn(name=io.MODEL_CALL)
     async def model_call(self, inp: io.ModelCallInput) -> io.ModelCallResult:
         async with heartbeating():
-            if inp.answer_lost_calls:
-                await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
-            committed: list[str] = []
-            if inp.new_messages:
-                committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)
-            history = await self._store.history(inp.chat_id)
+            try:
+                if inp.answer_lost_calls:
+                    await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
+                committed: list[str] = []
+                if inp.new_messages:
+                    committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)
+                history = await self._store.history(inp.chat_id)
+            except CorruptRowError as err:
+                # Retrying reads the same row: the user sees it named, and can Dismiss.
+                raise ApplicationError(f"the chat's stored transcript cannot be read: {err}",
+                                       type=io.CHECKPOINT_INVALID_ERROR, non_retryable=True) from None
             call_index = sum(1 for m in history if m.role == "assistant")
             tools = self._registry.specs(self._settings.tools)
             try:

@@ -100,6 +100,23 @@ async def test_events_prints_a_long_log_whole_and_refuses_a_missing_chat(stack: 
     assert (proc.returncode, err.decode()) == (0, "")
 
 
+async def test_history_with_an_unreadable_row_names_it(stack: Stack) -> None:
+    import sqlite3
+
+    from turnkeeper.models import UserMessage
+
+    chat = stack.chat("broken")
+    store = await stack.store()
+    begun = await store.begin_turn(chat, "run-1", ["m1"])
+    await store.commit_user_messages(chat, begun.turn or 1, [UserMessage(message_id="m1", text="hi")])
+    with sqlite3.connect(stack.settings().sqlite_path) as db:
+        db.execute("UPDATE messages SET body = '{broken' WHERE chat_id = ?", (chat,))
+    shown = await tk(stack, "history", chat)
+    assert shown.returncode == 1
+    assert shown.stderr.startswith(f"turnkeeper: session store: chat {chat!r}: message row id=")
+    assert "does not decode" in shown.stderr and "Traceback" not in shown.stderr
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()

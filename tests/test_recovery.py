@@ -365,3 +365,28 @@ async def test_21_follow_ups_around_a_kill_are_committed_once_in_order(stack: St
     assert hist[-1]["content"] in ("read all 21", "spare"), (state, hist[-6:])
     turn1 = await (await stack.store()).get_turn(chat, 1)
     assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
+
+
+async def test_an_unreadable_stored_row_asks_the_user_without_continue(stack: Stack) -> None:
+    """A transcript row that does not decode: no model call can be made from the
+    transcript, so the turn waits as checkpoint_invalid (no Continue), names the
+    row, and Dismiss closes it (DESIGN rule 3: whatever state is corrupt)."""
+    import sqlite3
+
+    stack.script([{"text": "first answer"}, {"text": "never asked"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "hi")).result()
+    with sqlite3.connect(stack.settings().sqlite_path) as db:
+        db.execute("UPDATE messages SET body = '{broken' WHERE chat_id = ? AND role = 'assistant'", (chat,))
+
+    await stack.send(chat, "and now?")
+    gate = await stack.wait_state(chat, lambda s: s.turn == 2 and _awaiting(s))
+    assert (gate.reason, gate.can_continue) == (Reason.CHECKPOINT_INVALID, False)
+    failure = (await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()).events
+    assert any("message row id=2 does not decode" in e.activity_task_failed_event_attributes.failure.message
+               for e in failure if e.HasField("activity_task_failed_event_attributes"))
+    with pytest.raises(WorkflowUpdateFailedError):
+        await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+    assert (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)

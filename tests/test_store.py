@@ -505,6 +505,26 @@ async def test_unknown_turn_status_raises_corrupt_row(store: SessionStore, backe
     assert await store.open_turns() == []  # filtered by status in SQL: the bad row is not open
 
 
+
+async def test_closing_a_turn_works_with_an_unreadable_assistant_row(store: SessionStore, backend: Backend) -> None:
+    """Dismiss is always possible, whatever the store holds: an assistant row that does
+    not decode is left as it is (its calls cannot be known) and the rest is answered."""
+    await start_turn(store, "run-1", "m1")
+    calls = [ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}')]
+    await store.record_assistant(CHAT, 1, 0, ModelReply(tool_calls=calls), final=False)
+    await store.record_assistant(CHAT, 1, 1, ModelReply(tool_calls=[
+        ToolCall(id="call-b", name="read_file", arguments='{"path": "b"}')]), final=False)
+    await backend.execute("UPDATE messages SET body = '{broken' WHERE chat_id = ? AND step = 0 AND role = 'assistant'",
+                          CHAT)
+    assert await store.close_unanswered_calls(CHAT, 1) == ["call-b"]
+    assert await store.finish_turn(CHAT, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED),
+                                   closing_text="dismissed")
+    record = await store.get_turn(CHAT, 1)
+    assert record is not None and record.reason == Reason.DISMISSED
+    with pytest.raises(CorruptRowError, match=r"message row id=\d+ does not decode"):
+        await store.history(CHAT)  # reading the transcript stays strict
+
+
 # -- transcript --------------------------------------------------------------------------------
 
 

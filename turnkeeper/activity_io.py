@@ -24,6 +24,9 @@ APPEND_EVENTS = "turnkeeper.append_events"
 WORKER_SHUTDOWN_ERROR = "WorkerShutdown"
 # A provider failure that its own retries could not fix.
 MODEL_FAILED_ERROR = "ModelFailed"
+# The chat's stored transcript has a row that does not decode: no model call can
+# be made from it until the row is repaired, so Continue is not offered.
+CHECKPOINT_INVALID_ERROR = "CheckpointInvalid"
 
 
 class TurnSettings(BaseModel):

@@ -420,6 +420,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     except Refused as err:
         print(f"turnkeeper: {err}", file=sys.stderr)
         return EXIT_REFUSED
+    except Exception as err:
+        # The store is imported lazily, so is its error class: once something failed.
+        from activities.store.base import StoreError
+
+        if not isinstance(err, StoreError):
+            raise
+        # e.g. a row that does not decode, named in the message
+        print(f"turnkeeper: session store: {err}", file=sys.stderr)
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         return 130
 

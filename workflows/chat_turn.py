@@ -76,10 +76,11 @@ class _Cancelled(Exception):
 class _Interrupted(Exception):
     """A step was lost; carries the reason the gate opens with."""
 
-    def __init__(self, reason: Reason, committed: bool = False) -> None:
+    def __init__(self, reason: Reason, committed: bool = False, can_continue: bool = True) -> None:
         super().__init__(reason.value)
         self.reason = reason
         self.committed = committed  # the call's messages are in the store for sure
+        self.can_continue = can_continue
 
 
 @workflow.defn(name="ChatTurn")
@@ -241,7 +242,7 @@ class ChatTurn:
             except _Interrupted as lost:
                 if lost.committed:
                     self._in_flight = []
-                if await self._gate(lost.reason) != "continue":
+                if await self._gate(lost.reason, can_continue=lost.can_continue) != "continue":
                     return
                 # A new step: the lost one may have written tool calls that never
                 # ran; they are answered as interrupted, never replaced.
@@ -301,6 +302,8 @@ class ChatTurn:
                 if _error_type(err) == io.MODEL_FAILED_ERROR:
                     # Raised after the activity committed the messages.
                     raise _Interrupted(Reason.MODEL_FAILED, committed=True) from None
+                if _error_type(err) == io.CHECKPOINT_INVALID_ERROR:
+                    raise _Interrupted(Reason.CHECKPOINT_INVALID, can_continue=False) from None
                 raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
         raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION)
 

@@ -34,8 +34,9 @@ def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | 
 
 def open_gate(state: TurnState, reason: Reason, recovery_id: str, can_continue: bool = True) -> None:
     """An interruption: the turn waits for its user. A step lost while resuming
-    is a loop: never retried by itself, the user decides again."""
-    if state.status == TurnStatus.RESUMING:
+    is a loop: never retried by itself, the user decides again. A reason that
+    rules Continue out says more than `loop_guard`, and is kept."""
+    if state.status == TurnStatus.RESUMING and can_continue:
         reason = Reason.LOOP_GUARD
     state.status = TurnStatus.AWAITING_USER
     state.reason = reason

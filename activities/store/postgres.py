@@ -50,6 +50,7 @@ from activities.store.rows import (
     enum_value,
     json_text,
     message_body,
+    tool_calls_of,
 )
 from turnkeeper.models import (
     OPEN_STATUSES,
@@ -460,7 +461,7 @@ class PostgresStore(SessionStore):
         )
         answered: list[str] = []
         for row in rows:
-            for call in decode_message(tx.chat_id, row).tool_calls or []:
+            for call in tool_calls_of(tx.chat_id, row):
                 if await tx.insert_message(turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):

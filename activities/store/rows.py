@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from activities.store.base import CorruptRowError
-from turnkeeper.models import ChatMessage, Event, Reason, TurnRecord, TurnStatus
+from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
 
@@ -43,6 +43,16 @@ def decode_message(chat_id: str, row: Row) -> ChatMessage:
         raise CorruptRowError(
             f"chat {chat_id!r}: message row id={row['id']} does not decode: {short_error(exc)}"
         ) from exc
+
+
+def tool_calls_of(chat_id: str, row: Row) -> list[ToolCall]:
+    """The tool calls of an assistant row, or none if it does not decode: closing
+    a turn must work whatever the store holds (Dismiss is always possible), and
+    the calls of an unreadable row cannot be answered anyway."""
+    try:
+        return decode_message(chat_id, row).tool_calls or []
+    except CorruptRowError:
+        return []
 
 
 def decode_turn(row: Row) -> TurnRecord:

@@ -34,6 +34,7 @@ from activities.store.rows import (
     enum_value,
     json_text,
     message_body,
+    tool_calls_of,
 )
 from turnkeeper.models import (
     OPEN_STATUSES,
@@ -390,7 +391,7 @@ class SQLiteStore(SessionStore):
         ).fetchall()
         answered: list[str] = []
         for row in rows:
-            for call in decode_message(chat_id, row).tool_calls or []:
+            for call in tool_calls_of(chat_id, row):
                 if self._insert_message(conn, chat_id, turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):
