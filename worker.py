@@ -20,7 +20,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from activities.assemble import build_activities
 from activities.providers import load_provider
 from activities.store import StoreError, open_store
-from activities.tools import default_registry, load_tool_modules
+from activities.tools import ToolLoadError, default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.dev_server import DevServerError
@@ -40,7 +40,13 @@ HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 def check_tools(settings: Settings) -> None:
     registry = default_registry()
-    load_tool_modules(settings.tool_modules)
+    try:
+        load_tool_modules(settings.tool_modules)
+    except ToolLoadError as err:
+        if not isinstance(err.__cause__, (ModuleNotFoundError, ValueError)):
+            # The module itself raised: where, in its own code, is worth showing.
+            log.error("tool module %r raised while loading", err.name, exc_info=err.__cause__)
+        raise ConfigError(f"TURNKEEPER_TOOL_MODULES: {err}") from None
     unknown = [n for n in settings.tools if registry.get(n) is None]
     if unknown:
         raise ConfigError(f"TURNKEEPER_TOOLS names unknown tools {unknown}; "

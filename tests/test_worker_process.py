@@ -81,6 +81,11 @@ async def test_bad_configuration_is_a_clear_error(stack: Stack) -> None:
     proc = stack.spawn_worker(TURNKEEPER_MODEL="gpt-nonsense")
     assert proc.wait(timeout=60) == 2
     assert "TURNKEEPER_MODEL" in (stack.dir / "worker1.log").read_text()
+    proc = stack.spawn_worker(TURNKEEPER_TOOL_MODULES="tk_no_such_tools")
+    assert proc.wait(timeout=60) == 2
+    log = (stack.dir / "worker2.log").read_text()
+    assert "TURNKEEPER_TOOL_MODULES: cannot load tool module 'tk_no_such_tools'" in log
+    assert "Traceback" not in log
 
 
 async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:
