@@ -151,6 +151,30 @@ async def test_refusals_and_usage_errors(stack: Stack) -> None:
     assert (await tk(stack, "send", chat)).returncode == 2
 
 
+async def test_continue_wait_follows_the_resumed_turn(stack: Stack) -> None:
+    from turnkeeper.testing import FakeChatServer
+
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "refused"},
+                       {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                       {"status": 400, "message": "refused again"},
+                       {"text": "wrote a.txt at last"}])
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                                "OPENAI_API_KEY": "k"})
+        await stack.start_worker()
+        chat = stack.chat()
+        assert (await tk(stack, "send", chat, "write a.txt")).returncode == 3
+        resumed = await tk(stack, "continue", chat, "--wait")
+        assert resumed.returncode == 3, resumed.stderr  # the resumed turn failed again: it asks again
+        lines = resumed.stdout.splitlines()
+        assert "resuming (user_confirmed)" in lines[0]
+        assert lines[1:3] == ["  -> write_file started", "  <- write_file done"]
+        assert "awaiting_user (loop_guard)" in lines[3]
+        finished = await tk(stack, "continue", chat, "--wait")
+        assert finished.returncode == 0, finished.stderr
+        assert finished.stdout.splitlines()[1:] == ["wrote a.txt at last"]
+
+
 async def test_send_that_ends_at_a_gate_exits_3(stack: Stack) -> None:
     stack.script([{"error": "the provider refused this request"}])
     await stack.start_worker()

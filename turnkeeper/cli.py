@@ -122,10 +122,10 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         await store.close()
 
 
-async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str, after: int,
-                       timeout: float, task_queue: str) -> int:
-    """Show the turn that takes our message: its tools as they run, then its answer."""
-    turn: int | None = None
+async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str | None, after: int,
+                       timeout: float, task_queue: str, turn: int | None = None) -> int:
+    """Show the turn that takes our message (or `turn`): its tools as they run,
+    then its answer; exit 3 if it waits for its user again."""
     answer: str | None = None
     deadline = time.monotonic() + timeout
     check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
@@ -138,9 +138,10 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
         for ev in await store.events(chat_id, after_seq=after):
             after = ev.seq
             p = ev.payload
-            if ev.type == "message_rejected" and p.get("message_id") == message_id:
+            ours = message_id is not None and p.get("message_id") == message_id
+            if ev.type == "message_rejected" and ours:
                 raise Refused(f"message refused: {p.get('reason')}")
-            if ev.type == "user_message" and p.get("message_id") == message_id:
+            if ev.type == "user_message" and ours:
                 turn = p.get("turn")
             if turn is None or p.get("turn") != turn:
                 continue
@@ -324,17 +325,26 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
             return EXIT_OK
     if desc.status != WorkflowExecutionStatus.RUNNING or not state.recovery_id:
         raise Refused(NOT_WAITING)
+    store = await _store(settings) if getattr(args, "wait", False) else None
     try:
-        new_state = await handle.execute_update(update, RecoveryAction(recovery_id=state.recovery_id),
-                                                result_type=TurnState)
-    except WorkflowUpdateFailedError as err:
-        raise Refused(str(err.cause.message if err.cause else err)) from None
-    except RPCError as err:
-        if "already completed" in str(err):
-            raise Refused(NOT_WAITING) from None
-        raise
-    print(_describe_gate(new_state))
-    return EXIT_OK
+        seen = await store.events(args.chat, after_seq=0, limit=1_000_000) if store else []
+        try:
+            new_state = await handle.execute_update(update, RecoveryAction(recovery_id=state.recovery_id),
+                                                    result_type=TurnState)
+        except WorkflowUpdateFailedError as err:
+            raise Refused(str(err.cause.message if err.cause else err)) from None
+        except RPCError as err:
+            if "already completed" in str(err):
+                raise Refused(NOT_WAITING) from None
+            raise
+        print(_describe_gate(new_state), flush=True)
+        if store is None:
+            return EXIT_OK
+        return await _follow_turn(client, store, args.chat, None, seen[-1].seq if seen else 0, args.timeout,
+                                  task_queue=settings.task_queue, turn=new_state.turn)
+    finally:
+        if store is not None:
+            await store.close()
 
 
 async def cmd_continue(args: argparse.Namespace, settings: Settings) -> int:
@@ -401,6 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                               ("stop", cmd_stop, "Stop the running turn")):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
+        if name == "continue":
+            c.add_argument("--wait", action="store_true",
+                           help="follow the resumed turn like `send`: its tools, then its answer")
+            c.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
         c.set_defaults(func=func)
     return p
 
