@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 import time
@@ -457,6 +458,14 @@ async def test_symlinked_directory_escape(workspace: Path, outside: Path) -> Non
     assert out.status == "error" and "top secret" not in out.content
     out = await run_builtin(workspace, "list_dir", {"path": "linkdir"})
     assert out.status == "error" and "secret.txt" not in out.content
+
+
+async def test_read_file_refuses_what_is_not_a_regular_file(workspace: Path) -> None:
+    os.mkfifo(workspace / "pipe")  # opening it for reading would wait for a writer
+    start = time.monotonic()
+    out = await run_builtin(workspace, "read_file", {"path": "pipe"})
+    assert out.status == "error" and "not a regular file" in out.content
+    assert time.monotonic() - start < 2
 
 
 # --- exec ------------------------------------------------------------------------------------------

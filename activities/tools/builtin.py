@@ -46,6 +46,9 @@ def read_file(path: str, *, ctx: ToolContext) -> str:
         raise FileNotFoundError(f"no such file: {path!r}")
     if target.is_dir():
         raise IsADirectoryError(f"{path!r} is a directory; use list_dir")
+    if not target.is_file():
+        # A FIFO or a socket would block the read until the tool timed out.
+        raise OSError(f"{path!r} is not a regular file")
     with target.open("rb") as f:
         return f.read(READ_LIMIT).decode("utf-8", errors="replace")
 
