@@ -42,16 +42,7 @@ from activities.store.base import (
     TurnRef,
     TurnUpdate,
 )
-from activities.store.rows import (
-    TOOL_RESULT_STATUSES,
-    decode_event,
-    decode_message,
-    decode_turn,
-    enum_value,
-    json_text,
-    message_body,
-    tool_calls_of,
-)
+from activities.store import codec
 from turnkeeper.models import (
     OPEN_STATUSES,
     SUPERSEDABLE_STATUSES,
@@ -210,7 +201,7 @@ class _Tx:
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = $1", self.chat_id))
         await self.conn.execute(
             "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES ($1, $2, $3, $4, $5)",
-            self.chat_id, self._next_seq, type_, json_text(payload), self.now,
+            self.chat_id, self._next_seq, type_, codec.json_text(payload), self.now,
         )
         self._next_seq += 1
 
@@ -226,7 +217,7 @@ class _Tx:
         inserted = await self.conn.fetchval(
             "INSERT INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING id",
-            self.chat_id, turn, message.role, message_id, step, message.tool_call_id, message_body(message),
+            self.chat_id, turn, message.role, message_id, step, message.tool_call_id, codec.message_body(message),
         )
         return inserted is not None
 
@@ -369,7 +360,7 @@ class PostgresStore(SessionStore):
 
     async def _set_turn(self, tx: _Tx, turn: int, update: TurnUpdate) -> bool:
         """Write `update` and announce it; False (nothing written) when already in that state."""
-        current = decode_turn(await tx.turn_row(turn))
+        current = codec.decode_turn(await tx.turn_row(turn))
         if (current.status, current.reason, current.recovery_id, current.can_continue, current.attempts) == (
             update.status, update.reason, update.recovery_id, update.can_continue, update.attempts
         ):
@@ -377,13 +368,13 @@ class PostgresStore(SessionStore):
         await tx.conn.execute(
             "UPDATE turns SET status = $1, reason = $2, recovery_id = $3, can_continue = $4, attempts = $5,"
             " updated_at = $6 WHERE chat_id = $7 AND turn = $8",
-            update.status.value, enum_value(update.reason), update.recovery_id, update.can_continue,
+            update.status.value, codec.enum_value(update.reason), update.recovery_id, update.can_continue,
             update.attempts, tx.now, tx.chat_id, turn,
         )
         await tx.emit("recovery_state", {
             "turn": turn,
             "status": update.status.value,
-            "reason": enum_value(update.reason),
+            "reason": codec.enum_value(update.reason),
             "recovery_id": update.recovery_id,
             "can_continue": update.can_continue,
             "attempts": update.attempts,
@@ -422,7 +413,7 @@ class PostgresStore(SessionStore):
         open_rows = await conn.fetch(
             f"SELECT * FROM turns WHERE chat_id = $1 AND {_SUPERSEDABLE_SQL} ORDER BY turn", chat_id)
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
-            await self._supersede(tx, decode_turn(row))
+            await self._supersede(tx, codec.decode_turn(row))
             closed_turn = row["turn"]
 
         turn = int(await conn.fetchval("SELECT COALESCE(MAX(turn), 0) + 1 FROM turns WHERE chat_id = $1", chat_id))
@@ -461,7 +452,7 @@ class PostgresStore(SessionStore):
         )
         answered: list[str] = []
         for row in rows:
-            for call in tool_calls_of(tx.chat_id, row):
+            for call in codec.tool_calls_of(tx.chat_id, row):
                 if await tx.insert_message(turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):
@@ -482,13 +473,13 @@ class PostgresStore(SessionStore):
                     "SELECT * FROM turns WHERE chat_id = $1 ORDER BY turn DESC LIMIT 1", chat_id)
             else:
                 row = await conn.fetchrow("SELECT * FROM turns WHERE chat_id = $1 AND turn = $2", chat_id, turn)
-        return None if row is None else decode_turn(row)
+        return None if row is None else codec.decode_turn(row)
 
     async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
         async with self._read() as conn:
             rows = await conn.fetch(
                 f"SELECT * FROM turns WHERE {_OPEN_SQL} ORDER BY updated_at, chat_id, turn LIMIT $1", limit)
-        return [decode_turn(row) for row in rows]
+        return [codec.decode_turn(row) for row in rows]
 
     async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
         async with self._read() as conn:
@@ -511,9 +502,9 @@ class PostgresStore(SessionStore):
                 "   ON latest.chat_id = t.chat_id AND latest.turn = t.turn"
                 " WHERE $1::text IS NULL OR t.status = $1::text"
                 " ORDER BY t.updated_at DESC, t.chat_id LIMIT $2",
-                enum_value(status), limit,
+                codec.enum_value(status), limit,
             )
-        return [decode_turn(row) for row in rows]
+        return [codec.decode_turn(row) for row in rows]
 
     # -- transcript ----------------------------------------------------------------------
     async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
@@ -546,12 +537,13 @@ class PostgresStore(SessionStore):
             changed = await tx.insert_message(turn, message, step=step)
         else:
             try:
-                changed = decode_message(chat_id, row) != message
+                changed = codec.decode_message(chat_id, row) != message
             except CorruptRowError:
                 changed = True  # an undecodable row is exactly what a rewrite should repair
             if changed:
                 # UPDATE in place: the row keeps its id, hence its place in the transcript.
-                await conn.execute("UPDATE messages SET body = $1 WHERE id = $2", message_body(message), row["id"])
+                await conn.execute("UPDATE messages SET body = $1 WHERE id = $2",
+                                   codec.message_body(message), row["id"])
         if changed:
             await tx.emit("assistant_message", {
                 "turn": turn, "step": step, "text": reply.text,
@@ -587,8 +579,8 @@ class PostgresStore(SessionStore):
 
     async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,
                                  content: str, status: str) -> bool:
-        if status not in TOOL_RESULT_STATUSES:
-            raise ValueError(f"tool result status must be one of {sorted(TOOL_RESULT_STATUSES)}, got {status!r}")
+        if status not in codec.TOOL_RESULT_STATUSES:
+            raise ValueError(f"tool result status must be one of {sorted(codec.TOOL_RESULT_STATUSES)}, got {status!r}")
         return await self._write(chat_id, self._tool_result_tx, turn, tool_call_id, name, content, status)
 
     async def _tool_result_tx(self, tx: _Tx, turn: int, tool_call_id: str, name: str, content: str,
@@ -622,7 +614,7 @@ class PostgresStore(SessionStore):
         await self._set_turn(tx, turn, update)
         if not ended:
             await self._end_turn(tx, turn, {"turn": turn, "status": update.status.value,
-                                            "reason": enum_value(update.reason)})
+                                            "reason": codec.enum_value(update.reason)})
         return True
 
     async def adopt_turn(self, chat_id: str, turn: int, run_id: str) -> int:
@@ -639,12 +631,12 @@ class PostgresStore(SessionStore):
         async with self._read() as conn:
             rows = await conn.fetch(
                 "SELECT id, body FROM messages WHERE chat_id = $1 AND turn = $2 ORDER BY id", chat_id, turn)
-        return [decode_message(chat_id, row) for row in rows]
+        return [codec.decode_message(chat_id, row) for row in rows]
 
     async def history(self, chat_id: str) -> list[ChatMessage]:
         async with self._read() as conn:
             rows = await conn.fetch("SELECT id, body FROM messages WHERE chat_id = $1 ORDER BY id", chat_id)
-        return [decode_message(chat_id, row) for row in rows]
+        return [codec.decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
@@ -660,4 +652,4 @@ class PostgresStore(SessionStore):
             rows = await conn.fetch(
                 "SELECT * FROM events WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                 chat_id, after_seq, limit)
-        return [decode_event(row) for row in rows]
+        return [codec.decode_event(row) for row in rows]

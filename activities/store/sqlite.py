@@ -26,16 +26,7 @@ from activities.store.base import (
     TurnRef,
     TurnUpdate,
 )
-from activities.store.rows import (
-    TOOL_RESULT_STATUSES,
-    decode_event,
-    decode_message,
-    decode_turn,
-    enum_value,
-    json_text,
-    message_body,
-    tool_calls_of,
-)
+from activities.store import codec
 from turnkeeper.models import (
     OPEN_STATUSES,
     SUPERSEDABLE_STATUSES,
@@ -262,7 +253,7 @@ class SQLiteStore(SessionStore):
         ).fetchone()[0]
         conn.execute(
             "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES (?, ?, ?, ?, ?)",
-            (chat_id, seq, type_, json_text(payload), now),
+            (chat_id, seq, type_, codec.json_text(payload), now),
         )
 
     @staticmethod
@@ -279,14 +270,14 @@ class SQLiteStore(SessionStore):
         cur = conn.execute(
             "INSERT OR IGNORE INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (chat_id, turn, message.role, message_id, step, message.tool_call_id, message_body(message)),
+            (chat_id, turn, message.role, message_id, step, message.tool_call_id, codec.message_body(message)),
         )
         return cur.rowcount == 1
 
     def _set_turn(self, conn: sqlite3.Connection, chat_id: str, turn: int, update: TurnUpdate,
                   now: str) -> bool:
         """Write `update` and announce it; False (nothing written) when already in that state."""
-        current = decode_turn(self._turn_row(conn, chat_id, turn))
+        current = codec.decode_turn(self._turn_row(conn, chat_id, turn))
         if (current.status, current.reason, current.recovery_id, current.can_continue, current.attempts) == (
             update.status, update.reason, update.recovery_id, update.can_continue, update.attempts
         ):
@@ -294,13 +285,13 @@ class SQLiteStore(SessionStore):
         conn.execute(
             "UPDATE turns SET status = ?, reason = ?, recovery_id = ?, can_continue = ?, attempts = ?,"
             " updated_at = ? WHERE chat_id = ? AND turn = ?",
-            (update.status.value, enum_value(update.reason), update.recovery_id, int(update.can_continue),
+            (update.status.value, codec.enum_value(update.reason), update.recovery_id, int(update.can_continue),
              update.attempts, now, chat_id, turn),
         )
         self._emit(conn, chat_id, "recovery_state", {
             "turn": turn,
             "status": update.status.value,
-            "reason": enum_value(update.reason),
+            "reason": codec.enum_value(update.reason),
             "recovery_id": update.recovery_id,
             "can_continue": update.can_continue,
             "attempts": update.attempts,
@@ -350,7 +341,7 @@ class SQLiteStore(SessionStore):
             (chat_id, *_SUPERSEDABLE_VALUES),
         ).fetchall()
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
-            self._supersede(conn, decode_turn(row), now)
+            self._supersede(conn, codec.decode_turn(row), now)
             closed_turn = row["turn"]
 
         turn = conn.execute(
@@ -391,7 +382,7 @@ class SQLiteStore(SessionStore):
         ).fetchall()
         answered: list[str] = []
         for row in rows:
-            for call in tool_calls_of(chat_id, row):
+            for call in codec.tool_calls_of(chat_id, row):
                 if self._insert_message(conn, chat_id, turn, ChatMessage(
                     role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id=call.id, name=call.name,
                 )):
@@ -417,7 +408,7 @@ class SQLiteStore(SessionStore):
             ).fetchone()
         else:
             row = conn.execute("SELECT * FROM turns WHERE chat_id = ? AND turn = ?", (chat_id, turn)).fetchone()
-        return None if row is None else decode_turn(row)
+        return None if row is None else codec.decode_turn(row)
 
     async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
         return await self._read(self._open_turns_tx, limit)
@@ -429,7 +420,7 @@ class SQLiteStore(SessionStore):
             " ORDER BY updated_at, chat_id, turn LIMIT ?",
             (*_OPEN_VALUES, limit),
         ).fetchall()
-        return [decode_turn(row) for row in rows]
+        return [codec.decode_turn(row) for row in rows]
 
     async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
         return await self._read(self._open_turn_refs_tx, limit)
@@ -459,9 +450,9 @@ class SQLiteStore(SessionStore):
             "   ON latest.chat_id = t.chat_id AND latest.turn = t.turn"
             " WHERE ?1 IS NULL OR t.status = ?1"
             " ORDER BY t.updated_at DESC, t.chat_id LIMIT ?2",
-            (enum_value(status), limit),
+            (codec.enum_value(status), limit),
         ).fetchall()
-        return [decode_turn(row) for row in rows]
+        return [codec.decode_turn(row) for row in rows]
 
     # -- transcript ----------------------------------------------------------------------
     async def commit_user_messages(self, chat_id: str, turn: int, messages: list[UserMessage]) -> list[str]:
@@ -498,12 +489,12 @@ class SQLiteStore(SessionStore):
             changed = self._insert_message(conn, chat_id, turn, message, step=step)
         else:
             try:
-                changed = decode_message(chat_id, row) != message
+                changed = codec.decode_message(chat_id, row) != message
             except CorruptRowError:
                 changed = True  # an undecodable row is exactly what a rewrite should repair
             if changed:
                 # UPDATE in place: the row keeps its id, hence its place in the transcript.
-                conn.execute("UPDATE messages SET body = ? WHERE id = ?", (message_body(message), row["id"]))
+                conn.execute("UPDATE messages SET body = ? WHERE id = ?", (codec.message_body(message), row["id"]))
         if changed:
             self._emit(conn, chat_id, "assistant_message", {
                 "turn": turn, "step": step, "text": reply.text,
@@ -546,8 +537,8 @@ class SQLiteStore(SessionStore):
 
     async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,
                                  content: str, status: str) -> bool:
-        if status not in TOOL_RESULT_STATUSES:
-            raise ValueError(f"tool result status must be one of {sorted(TOOL_RESULT_STATUSES)}, got {status!r}")
+        if status not in codec.TOOL_RESULT_STATUSES:
+            raise ValueError(f"tool result status must be one of {sorted(codec.TOOL_RESULT_STATUSES)}, got {status!r}")
         return await self._write(self._tool_result_tx, chat_id, turn, tool_call_id, name, content, status)
 
     def _tool_result_tx(self, conn: sqlite3.Connection, chat_id: str, turn: int, tool_call_id: str,
@@ -584,7 +575,7 @@ class SQLiteStore(SessionStore):
         self._set_turn(conn, chat_id, turn, update, now)
         if not ended:
             self._end_turn(conn, chat_id, turn, {
-                "turn": turn, "status": update.status.value, "reason": enum_value(update.reason),
+                "turn": turn, "status": update.status.value, "reason": codec.enum_value(update.reason),
             }, now)
         return True
 
@@ -606,7 +597,7 @@ class SQLiteStore(SessionStore):
     def _turn_messages_tx(conn: sqlite3.Connection, chat_id: str, turn: int) -> list[ChatMessage]:
         rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? AND turn = ? ORDER BY id",
                             (chat_id, turn)).fetchall()
-        return [decode_message(chat_id, row) for row in rows]
+        return [codec.decode_message(chat_id, row) for row in rows]
 
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._read(self._history_tx, chat_id)
@@ -614,7 +605,7 @@ class SQLiteStore(SessionStore):
     @staticmethod
     def _history_tx(conn: sqlite3.Connection, chat_id: str) -> list[ChatMessage]:
         rows = conn.execute("SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)).fetchall()
-        return [decode_message(chat_id, row) for row in rows]
+        return [codec.decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
@@ -633,4 +624,4 @@ class SQLiteStore(SessionStore):
         rows = conn.execute(
             "SELECT * FROM events WHERE chat_id = ? AND seq > ? ORDER BY seq LIMIT ?", (chat_id, after_seq, limit)
         ).fetchall()
-        return [decode_event(row) for row in rows]
+        return [codec.decode_event(row) for row in rows]
