@@ -1,0 +1,75 @@
+"""The recovery rules of `workflows/recovery.py`, as plain functions over a
+`TurnState`: no Temporal here. tests/test_recovery.py runs them in real turns."""
+from __future__ import annotations
+
+import pytest
+
+from turnkeeper.models import Reason, TurnState, TurnStatus
+from workflows import recovery
+
+GATE_ID = "rec-1"
+
+
+def gated(reason: Reason = Reason.TOOL_STATE_UNKNOWN, can_continue: bool = True,
+          status: TurnStatus = TurnStatus.RUNNING) -> TurnState:
+    state = TurnState(chat_id="c", turn=1, status=status)
+    recovery.open_gate(state, reason, GATE_ID, can_continue)
+    return state
+
+
+def test_open_gate_waits_for_the_user_with_a_fresh_id() -> None:
+    state = gated()
+    assert (state.status, state.reason, state.recovery_id, state.can_continue) == (
+        TurnStatus.AWAITING_USER, Reason.TOOL_STATE_UNKNOWN, GATE_ID, True)
+
+
+def test_a_step_lost_while_resuming_is_a_loop_guard_never_a_retry() -> None:
+    state = gated(status=TurnStatus.RESUMING, reason=Reason.RESTART_REQUIRES_CONFIRMATION)
+    assert (state.status, state.reason) == (TurnStatus.AWAITING_USER, Reason.LOOP_GUARD)
+
+
+def test_a_reason_that_rules_out_continue_is_kept_while_resuming() -> None:
+    state = gated(status=TurnStatus.RESUMING, reason=Reason.CHECKPOINT_INVALID, can_continue=False)
+    assert (state.reason, state.can_continue) == (Reason.CHECKPOINT_INVALID, False)
+
+
+@pytest.mark.parametrize("recovery_id", [None, "", "rec-0"])
+def test_a_stale_or_missing_id_is_refused_for_both_actions(recovery_id: str | None) -> None:
+    state = gated()
+    for action in ("continue", "dismiss"):
+        assert recovery.refusal(state, action, recovery_id) == f"recovery id {recovery_id!r} is stale"
+
+
+def test_continue_needs_a_waiting_gate_that_can_continue() -> None:
+    assert recovery.refusal(gated(), "continue", GATE_ID) is None
+    assert recovery.refusal(gated(can_continue=False), "continue", GATE_ID) == recovery.CONTEXT_UNAVAILABLE
+    resuming = gated()
+    recovery.accept_continue(resuming)
+    assert recovery.refusal(resuming, "continue", GATE_ID) == recovery.NOT_WAITING
+
+
+def test_dismiss_is_possible_for_the_current_id_whatever_the_saved_state() -> None:
+    assert recovery.refusal(gated(can_continue=False), "dismiss", GATE_ID) is None
+    resuming = gated()
+    recovery.accept_continue(resuming)
+    assert recovery.refusal(resuming, "dismiss", GATE_ID) is None
+    failed = gated(reason=Reason.RECOVERY_FAILED, can_continue=False)
+    failed.status = TurnStatus.FAILED
+    assert recovery.refusal(failed, "dismiss", GATE_ID) is None
+    ended = gated()
+    recovery.end_recovered(ended, Reason.DISMISSED)
+    assert recovery.refusal(ended, "dismiss", GATE_ID) == recovery.NOT_WAITING
+
+
+def test_continue_counts_attempts_and_a_committed_resume_is_recovered() -> None:
+    state = gated()
+    recovery.accept_continue(state)
+    assert (state.status, state.reason, state.attempts) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+    recovery.finish(state)
+    assert (state.status, state.reason, state.recovery_id) == (TurnStatus.RECOVERED, Reason.CONTINUED, GATE_ID)
+
+
+def test_a_turn_without_a_gate_finishes_completed() -> None:
+    state = TurnState(chat_id="c", turn=1)
+    recovery.finish(state)
+    assert (state.status, state.reason) == (TurnStatus.COMPLETED, None)
