@@ -117,6 +117,19 @@ async def test_history_with_an_unreadable_row_names_it(stack: Stack) -> None:
     assert "does not decode" in shown.stderr and "Traceback" not in shown.stderr
 
 
+async def test_status_of_a_run_with_no_usable_message_yet(stack: Stack) -> None:
+    stack.script([{"text": "unused"}])
+    await stack.start_worker()
+    chat = stack.chat("idle")
+    await stack.client.start_workflow(  # a message without an id: refused, the run waits on
+        "ChatTurn", {"chat_id": chat}, id=f"chat-{chat}", task_queue=stack.task_queue,
+        start_signal="user_message", start_signal_args=[{"text": "no id"}])
+    await stack.wait_state(chat, lambda s: s.chat_id == chat)
+    shown = await tk(stack, "status", chat)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == f"chat {chat}: no turn yet, waiting for its first message"
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()

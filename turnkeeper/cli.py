@@ -81,6 +81,9 @@ def _print_json(obj: Any) -> None:
 
 
 def _describe_gate(state: TurnState) -> str:
+    if not state.turn and state.status == TurnStatus.RUNNING:
+        # A run started without a usable message (e.g. only refused ones) waits for one.
+        return f"chat {state.chat_id}: no turn yet, waiting for its first message"
     lines = [f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
              + (f" ({state.reason.value})" if state.reason else "")]
     if state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
