@@ -214,6 +214,21 @@ async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> Non
 
 
 
+async def test_an_answer_over_the_payload_limit_still_completes_the_turn(stack: Stack) -> None:
+    """Bigger than Temporal's 2 MB payload limit: the model activity's result cannot
+    be recorded, but the answer is already committed in the store, and the store's
+    completion wins, so the turn completes with it (and the history stays small)."""
+    answer = "x" * (2_500_000)
+    stack.script([{"text": answer}])
+    await stack.start_worker()
+    chat = stack.chat()
+    final = await (await stack.send(chat, "write a lot")).result()
+    assert final.status == TurnStatus.COMPLETED
+    assert (await stack.history(chat))[-1]["content"] == answer
+    history = await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()
+    assert sum(e.ByteSize() for e in history.events) < 20_000
+
+
 async def test_undecodable_payloads_are_refused_at_once(stack: Stack) -> None:
     """Payloads the data converter cannot read (an unknown encoding, broken JSON),
     as any Temporal client can send them: refused with a `message_rejected` event
