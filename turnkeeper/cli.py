@@ -112,7 +112,8 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         seen = await store.events(args.chat, after_seq=0, limit=1_000_000)
         after = seen[-1].seq if seen else 0
         # A retry of a message the chat already holds starts no turn: follow the one that took it.
-        taken = [e.seq for e in seen if e.type == "user_message" and e.payload.get("message_id") == message.message_id]
+        taken = [e.seq for e in seen
+                 if e.type == "user_message" and e.payload.get("message_id") == message.message_id]
         after = taken[0] - 1 if taken else after
     await tk.send_message(client, settings, args.chat, message)
     if store is None:
