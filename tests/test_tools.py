@@ -560,6 +560,25 @@ async def test_exec_cancellation_kills_a_process_that_left_the_group(workspace: 
     assert not _alive(escaped)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
+async def test_exec_ends_what_the_command_left_running(workspace: Path) -> None:
+    """Background jobs and daemons get a short grace when the shell exits, then die:
+    nothing the call started acts after its result was reported."""
+    command = ("(sleep 0.2; echo quick > quick.txt) >/dev/null 2>&1 & "
+               "sleep 30 >/dev/null 2>&1 & echo $! > bg.pid; "
+               "setsid sh -c 'echo $$ > esc.pid; sleep 2; echo late > late.txt' </dev/null >/dev/null 2>&1 & "
+               "echo done")
+    start = time.monotonic()
+    out = await run_builtin(workspace, "exec", {"command": command}, enabled=WITH_EXEC)
+    assert out == ToolOutcome(status="done", content="exit code 0\ndone\n")
+    assert time.monotonic() - start < 5
+    assert (workspace / "quick.txt").read_text() == "quick\n"  # finished within the grace
+    for name in ("bg.pid", "esc.pid"):
+        assert not _alive(int((workspace / name).read_text())), name
+    await asyncio.sleep(2.5)
+    assert not (workspace / "late.txt").exists()
+
+
 def _alive(pid: int) -> bool:
     """True if `pid` runs; a zombie (killed, not yet reaped by init) counts as dead."""
     try:

@@ -105,7 +105,8 @@ async def exec_command(command: str, *, ctx: ToolContext) -> str:
 
     The command runs with `/bin/sh -c` in the workspace directory, stdin empty,
     stdout and stderr combined. It is killed (with any processes it started)
-    after the configured timeout. This is NOT a sandbox: the command runs as the
+    after the configured timeout; background processes it leaves behind are
+    killed shortly after it exits. This is NOT a sandbox: the command runs as the
     worker's user and can reach anything the worker can; it gets PATH and the
     locale only, never the worker's environment (API keys, database URLs).
     """

@@ -11,7 +11,9 @@ shell and everything the shell started in it. The guard is also a child
 subreaper (PR_SET_CHILD_SUBREAPER), so a process that left the group (`setsid`,
 a daemon's double fork) is re-parented to the guard instead of to init and is
 still found among its descendants. The worker sends the same SIGTERM on a
-timeout or a cancelled call.
+timeout or a cancelled call. When the shell exits, what it left running gets
+LEFTOVER_GRACE to finish and is then killed: a tool call's processes end with
+the call, so nothing acts after its result was reported.
 
 It is started as a script in isolated mode without `site` and uses the standard
 library only, so it starts quickly and never imports the worker's code.
@@ -22,12 +24,15 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # Killing a process re-parents its own children to us: look again, a bounded number of times.
 KILL_ROUNDS = 20
+# Background jobs and daemons still running when the shell exits get this long.
+LEFTOVER_GRACE_S = 1.0
 
 
 def _descendants(root: int) -> list[int]:
@@ -52,7 +57,7 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _kill_all(signum: int, frame: FrameType | None) -> None:
+def _kill_descendants() -> None:
     me = os.getpid()
     for _ in range(KILL_ROUNDS):
         pids = _descendants(me)
@@ -63,7 +68,29 @@ def _kill_all(signum: int, frame: FrameType | None) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _kill_all(signum: int, frame: FrameType | None) -> None:
+    _kill_descendants()
     os.killpg(0, signal.SIGKILL)
+
+
+def _end_leftovers() -> None:
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while _descendants(os.getpid()) and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.05)
+    _kill_descendants()
+    _reap()
+
+
+def _reap() -> None:
+    """Collect exited children, our own and re-parented orphans alike."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
 
 
 def main() -> None:
@@ -81,6 +108,7 @@ def main() -> None:
         _kill_all(signal.SIGTERM, None)
     pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _end_leftovers()
     if code < 0:
         # Report a shell killed by a signal the way the shell itself would have.
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
