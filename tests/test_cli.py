@@ -130,6 +130,33 @@ async def test_status_of_a_run_with_no_usable_message_yet(stack: Stack) -> None:
     assert shown.stdout.strip() == f"chat {chat}: no turn yet, waiting for its first message"
 
 
+async def test_commands_that_need_a_worker_say_so_when_none_runs(stack: Stack) -> None:
+    """The `state` query needs a worker. Without one: `status` shows the store's record,
+    `continue` is refused at once with the reason, and `stop` is sent all the same
+    (a signal waits in the run's history) and takes effect when a worker starts."""
+    stack.script([{"error": "the provider refused this request"}])
+    worker = stack.spawn_worker()
+    await stack.wait_serving(worker)
+    chat = stack.chat("no-worker")
+    assert (await tk(stack, "send", chat, "hello")).returncode == 3
+    stack.kill(worker)
+
+    status = await tk(stack, "status", chat)
+    assert status.returncode == 0, status.stderr
+    assert "awaiting_user (model_failed)" in status.stdout.splitlines()[0]
+    assert "no worker answered" in status.stderr and "session store's record" in status.stderr
+    refused = await tk(stack, "continue", chat)
+    assert refused.returncode == 1 and "no worker answered" in refused.stderr
+    assert "Traceback" not in status.stderr + refused.stderr
+    stopped = await tk(stack, "stop", chat)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "the turn stops when one starts" in stopped.stdout
+
+    stack.spawn_worker()
+    final = await stack.wait_turn_done(chat, 1, timeout=60)
+    assert (final.status.value, final.reason.value) == ("recovered", "stopped")
+
+
 async def test_send_no_wait_returns_once_durable(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -39,6 +40,8 @@ POLL_S = 0.1
 # A turn normally shows its message within a second; after this long, `send`
 # checks whether any worker serves the queue and says so if none does.
 NO_WORKER_CHECK_S = 5.0
+# A worker answers `state` in milliseconds; without one the server would hold the query.
+QUERY_TIMEOUT = timedelta(seconds=10)
 EVENTS_PAGE = 1000
 NOT_WAITING = "not waiting for confirmation"
 
@@ -67,12 +70,23 @@ async def _store(settings: Settings):  # -> SessionStore, imported lazily: the C
     return store
 
 
+class NoWorker(Refused):
+    """No worker answered the `state` query: the run's state is out of reach."""
+
+
 async def _state(client: Client, chat_id: str) -> TurnState:
     try:
-        return await tk.query_state(client, chat_id)
+        return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise Refused(f"no chat {chat_id!r}: nothing was ever sent to it") from None
+        # "no poller seen for task queue recently", or no answer in time (the client
+        # reports its own timeout as CANCELLED "Timeout expired"): a query needs a
+        # worker, and none is serving the chat's task queue.
+        if err.status in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
+                          RPCStatusCode.CANCELLED):
+            raise NoWorker(f"no worker answered for chat {chat_id!r} ({err.message}); "
+                           "start one with `turnkeeper worker`") from None
         raise
 
 
@@ -186,8 +200,13 @@ async def _no_worker_polls(client: Client, task_queue: str) -> bool:
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     client = await _client(settings)
-    state = await _state(client, args.chat)
-    run_status = (await client.get_workflow_handle(tk.workflow_id(args.chat)).describe()).status
+    run_status = (await _describe(client, args.chat)).status
+    try:
+        state = await _state(client, args.chat)
+    except NoWorker as err:
+        # The store still knows the turn: show that, and say why it is all we show.
+        state = await _stored_turn(settings, args.chat)
+        print(f"turnkeeper: {err}; showing the session store's record", file=sys.stderr)
     if run_status != WorkflowExecutionStatus.RUNNING:
         state = await _failed_turn(settings, args.chat) or state
     if args.json:
@@ -283,6 +302,26 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def _describe(client: Client, chat_id: str) -> Any:
+    try:
+        return await client.get_workflow_handle(tk.workflow_id(chat_id)).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise Refused(f"no chat {chat_id!r}: nothing was ever sent to it") from None
+        raise
+
+
+async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
+    store = await _store(settings)
+    try:
+        record = await store.get_turn(chat_id)
+    finally:
+        await store.close()
+    if record is None:
+        return TurnState(chat_id=chat_id)
+    return _state_of(record)
+
+
 def _state_of(record: TurnRecord) -> TurnState:
     return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
                      recovery_id=record.recovery_id, can_continue=record.can_continue,
@@ -320,14 +359,17 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
+    desc = await _describe(client, args.chat)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
+        if update == "dismiss_turn":
+            dismissed = await _failed_turn(settings, args.chat, dismiss=True)
+            if dismissed is not None:
+                print(_describe_gate(dismissed))
+                return EXIT_OK
+        raise Refused(NOT_WAITING)
     state = await _state(client, args.chat)
-    desc = await handle.describe()
-    if desc.status != WorkflowExecutionStatus.RUNNING and update == "dismiss_turn":
-        dismissed = await _failed_turn(settings, args.chat, dismiss=True)
-        if dismissed is not None:
-            print(_describe_gate(dismissed))
-            return EXIT_OK
-    if desc.status != WorkflowExecutionStatus.RUNNING or not state.recovery_id:
+    if not state.recovery_id:
         raise Refused(NOT_WAITING)
     store = await _store(settings) if getattr(args, "wait", False) else None
     try:
@@ -362,10 +404,16 @@ async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
 async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
-    state = await _state(client, args.chat)
-    desc = await handle.describe()
-    if desc.status != WorkflowExecutionStatus.RUNNING or state.status not in (
-            TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING) or not state.turn:
+    if (await _describe(client, args.chat)).status != WorkflowExecutionStatus.RUNNING:
+        raise Refused(f"no turn of chat {args.chat!r} is running")
+    later = ""
+    try:
+        state = await _state(client, args.chat)
+    except NoWorker:
+        # A signal is durable: the run acts on it once a worker serves it again.
+        state = await _stored_turn(settings, args.chat)
+        later = " (no worker is serving it now: the turn stops when one starts)"
+    if state.status not in OPEN_STATUSES or not state.turn:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     try:
         await handle.signal("stop", {})
@@ -373,7 +421,7 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
         if "already completed" in str(err):
             raise Refused(f"no turn of chat {args.chat!r} is running") from None
         raise
-    print(f"stop sent to chat {args.chat}, turn {state.turn}")
+    print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
     return EXIT_OK
 
 

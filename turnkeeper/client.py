@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -91,6 +92,6 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     )
 
 
-async def query_state(client: Client, chat_id: str) -> TurnState:
+async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
     handle = client.get_workflow_handle(workflow_id(chat_id))
-    return await handle.query("state", result_type=TurnState)
+    return await handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)
