@@ -1,0 +1,64 @@
+"""Workflows for bench/overhead_breakdown.py: the bare loop of bench/bare_loop.py
+with one of turnkeeper's contract extras added at a time. In a module of their
+own so the workflow sandbox can import them."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from bare_loop import ACTIVITY_OPTIONS, MODEL, TOOL, BareModelInput, BareToolInput
+    from turnkeeper.models import ModelReply
+
+NOOP = "breakdown.noop"
+
+
+async def _loop(turn_id: str) -> str:
+    step = 0
+    while True:
+        reply: ModelReply = await workflow.execute_activity(
+            MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply, **ACTIVITY_OPTIONS)
+        if reply.is_final:
+            return reply.text or ""
+        for call in reply.tool_calls:
+            await workflow.execute_activity(
+                TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS)
+        step += 1
+
+
+@workflow.defn(name="BreakdownPlain")
+class Plain:
+    """The bare loop; started with or without search attributes."""
+
+    @workflow.run
+    async def run(self, turn_id: str) -> str:
+        return await _loop(turn_id)
+
+
+@workflow.defn(name="BreakdownSignalled")
+class Signalled:
+    """Started by signal-with-start, as a turn is: it runs once the signal is in."""
+
+    def __init__(self) -> None:
+        self._received = False
+
+    @workflow.signal(name="user_message")
+    def user_message(self, payload: Any = None) -> None:
+        self._received = True
+
+    @workflow.run
+    async def run(self, turn_id: str) -> str:
+        await workflow.wait_condition(lambda: self._received)
+        return await _loop(turn_id)
+
+
+@workflow.defn(name="BreakdownLocalActivity")
+class WithLocalActivity:
+    """A local activity in the first workflow task, as turnkeeper numbers its turn."""
+
+    @workflow.run
+    async def run(self, turn_id: str) -> str:
+        await workflow.execute_local_activity(NOOP, turn_id, start_to_close_timeout=timedelta(seconds=30))
+        return await _loop(turn_id)
