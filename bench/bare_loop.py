@@ -39,18 +39,23 @@ class BareToolInput(BaseModel):
     call: ToolCall
 
 
+async def bare_loop(turn_id: str) -> str:
+    """The loop itself, also run by the variants of bench/breakdown_loops.py."""
+    step = 0
+    while True:
+        reply: ModelReply = await workflow.execute_activity(
+            MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply,
+            **ACTIVITY_OPTIONS)
+        if reply.is_final:
+            return reply.text or ""
+        for call in reply.tool_calls:
+            await workflow.execute_activity(
+                TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS)
+        step += 1
+
+
 @workflow.defn(name="BareTurn")
 class BareTurn:
     @workflow.run
     async def run(self, turn_id: str) -> str:
-        step = 0
-        while True:
-            reply: ModelReply = await workflow.execute_activity(
-                MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply,
-                **ACTIVITY_OPTIONS)
-            if reply.is_final:
-                return reply.text or ""
-            for call in reply.tool_calls:
-                await workflow.execute_activity(
-                    TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS)
-            step += 1
+        return await bare_loop(turn_id)

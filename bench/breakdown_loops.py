@@ -9,23 +9,9 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from bare_loop import ACTIVITY_OPTIONS, MODEL, TOOL, BareModelInput, BareToolInput
-    from turnkeeper.models import ModelReply
+    from bare_loop import bare_loop
 
 NOOP = "breakdown.noop"
-
-
-async def _loop(turn_id: str) -> str:
-    step = 0
-    while True:
-        reply: ModelReply = await workflow.execute_activity(
-            MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply, **ACTIVITY_OPTIONS)
-        if reply.is_final:
-            return reply.text or ""
-        for call in reply.tool_calls:
-            await workflow.execute_activity(
-                TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS)
-        step += 1
 
 
 @workflow.defn(name="BreakdownPlain")
@@ -34,7 +20,7 @@ class Plain:
 
     @workflow.run
     async def run(self, turn_id: str) -> str:
-        return await _loop(turn_id)
+        return await bare_loop(turn_id)
 
 
 @workflow.defn(name="BreakdownSignalled")
@@ -51,7 +37,7 @@ class Signalled:
     @workflow.run
     async def run(self, turn_id: str) -> str:
         await workflow.wait_condition(lambda: self._received)
-        return await _loop(turn_id)
+        return await bare_loop(turn_id)
 
 
 @workflow.defn(name="BreakdownLocalActivity")
@@ -61,4 +47,4 @@ class WithLocalActivity:
     @workflow.run
     async def run(self, turn_id: str) -> str:
         await workflow.execute_local_activity(NOOP, turn_id, start_to_close_timeout=timedelta(seconds=30))
-        return await _loop(turn_id)
+        return await bare_loop(turn_id)
