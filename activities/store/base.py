@@ -54,6 +54,12 @@ class TurnUpdate(BaseModel):
     attempts: int = 0
 
 
+def superseded(record: TurnRecord) -> TurnUpdate:
+    """The ending of a turn a newer message closed: its recovery fields kept."""
+    return TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.SUPERSEDED, recovery_id=record.recovery_id,
+                      can_continue=record.can_continue, attempts=record.attempts)
+
+
 class TurnRef(BaseModel):
     """An open turn as the reconciler lists it."""
 

@@ -41,6 +41,7 @@ from activities.store.base import (
     StoreError,
     TurnRef,
     TurnUpdate,
+    superseded,
 )
 from activities.store import codec
 from turnkeeper.models import (
@@ -50,7 +51,6 @@ from turnkeeper.models import (
     Event,
     ModelReply,
     NewEvent,
-    Reason,
     ToolCall,
     TurnRecord,
     TurnStatus,
@@ -427,22 +427,10 @@ class PostgresStore(SessionStore):
 
     async def _supersede(self, tx: _Tx, record: TurnRecord) -> None:
         """Close an open turn so the transcript stays well formed for the model:
-        every tool call gets an answer, and the turn ends with an assistant row."""
-        turn = record.turn
-        await self._answer_unanswered(tx, turn)
-        await tx.insert_message(turn, ChatMessage(role="assistant", content=SUPERSEDED_TEXT))
-        await self._set_turn(tx, turn, TurnUpdate(
-            status=TurnStatus.RECOVERED,
-            reason=Reason.SUPERSEDED,
-            recovery_id=record.recovery_id,
-            can_continue=record.can_continue,
-            attempts=record.attempts,
-        ))
-        # Whoever waits on this turn (`turnkeeper send`, a UI) sees it end.
-        if not (await tx.turn_row(turn))["ended"]:
-            await self._end_turn(tx, turn, {
-                "turn": turn, "status": TurnStatus.RECOVERED.value, "reason": Reason.SUPERSEDED.value,
-            })
+        every tool call gets an answer, the turn ends with an assistant row, and
+        its `turn_end` tells whoever waits on it (`turnkeeper send`, a UI)."""
+        await self._answer_unanswered(tx, record.turn)
+        await self._finish_turn_tx(tx, record.turn, superseded(record), SUPERSEDED_TEXT, None)
 
     async def _answer_unanswered(self, tx: _Tx, turn: int) -> list[str]:
         """An interrupted tool row for every tool call of the turn that has no answer."""

@@ -25,6 +25,7 @@ from activities.store.base import (
     StoreError,
     TurnRef,
     TurnUpdate,
+    superseded,
 )
 from activities.store import codec
 from turnkeeper.models import (
@@ -34,7 +35,6 @@ from turnkeeper.models import (
     Event,
     ModelReply,
     NewEvent,
-    Reason,
     ToolCall,
     TurnRecord,
     TurnStatus,
@@ -357,22 +357,10 @@ class SQLiteStore(SessionStore):
 
     def _supersede(self, conn: sqlite3.Connection, record: TurnRecord, now: str) -> None:
         """Close an open turn so the transcript stays well formed for the model:
-        every tool call gets an answer, and the turn ends with an assistant row."""
-        chat_id, turn = record.chat_id, record.turn
-        self._answer_unanswered(conn, chat_id, turn, now)
-        self._insert_message(conn, chat_id, turn, ChatMessage(role="assistant", content=SUPERSEDED_TEXT))
-        self._set_turn(conn, chat_id, turn, TurnUpdate(
-            status=TurnStatus.RECOVERED,
-            reason=Reason.SUPERSEDED,
-            recovery_id=record.recovery_id,
-            can_continue=record.can_continue,
-            attempts=record.attempts,
-        ), now)
-        # Whoever waits on this turn (`turnkeeper send`, a UI) sees it end.
-        if not self._turn_row(conn, chat_id, turn)["ended"]:
-            self._end_turn(conn, chat_id, turn, {
-                "turn": turn, "status": TurnStatus.RECOVERED.value, "reason": Reason.SUPERSEDED.value,
-            }, now)
+        every tool call gets an answer, the turn ends with an assistant row, and
+        its `turn_end` tells whoever waits on it (`turnkeeper send`, a UI)."""
+        self._answer_unanswered(conn, record.chat_id, record.turn, now)
+        self._finish_turn_tx(conn, record.chat_id, record.turn, superseded(record), SUPERSEDED_TEXT, None)
 
     def _answer_unanswered(self, conn: sqlite3.Connection, chat_id: str, turn: int, now: str) -> list[str]:
         """An interrupted tool row for every tool call of the turn that has no answer."""
