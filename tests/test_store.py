@@ -674,6 +674,23 @@ async def test_events_paging(store: SessionStore) -> None:
     assert [e.seq for e in await store.events("other")] == [1]  # seq is per chat
 
 
+async def test_follow_from_a_new_message_a_retry_and_a_new_chat(store: SessionStore, backend: Backend) -> None:
+    assert await store.follow_from(CHAT, "m1") == 0  # no chat yet
+    await start_turn(store, "run-1", "m1")
+    await store.append_events(CHAT, [NewEvent(type="session_updated")])
+    await start_turn(store, "run-2", "m2")
+    seq_of_m2 = next(e.seq for e in await store.events(CHAT)
+                     if e.type == "user_message" and e.payload["message_id"] == "m2")
+    latest = await last_seq(store)
+    assert await store.follow_from(CHAT) == latest
+    assert await store.follow_from(CHAT, "m3") == latest      # not held: what comes next
+    assert await store.follow_from(CHAT, "m2") == seq_of_m2 - 1  # held: the turn that took it
+    assert await store.follow_from("other", "m2") == 0         # message ids are per chat
+    # An unreadable event payload is passed over, not raised: the CLI must still follow.
+    await backend.execute("UPDATE events SET payload = '{not json' WHERE chat_id = ? AND seq = 1", CHAT)
+    assert await store.follow_from(CHAT, "m2") == seq_of_m2 - 1
+
+
 async def test_two_stores_on_one_database_see_each_others_writes(backend: Backend) -> None:
     worker, cli = backend.new_store(), backend.new_store()
     await worker.open()

@@ -121,14 +121,8 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         raise Refused(str(err)) from None
     client = await _client(settings)
     store = await _store(settings) if not args.no_wait else None
-    after = 0
-    if store is not None:
-        seen = await store.events(args.chat, after_seq=0, limit=1_000_000)
-        after = seen[-1].seq if seen else 0
-        # A retry of a message the chat already holds starts no turn: follow the one that took it.
-        taken = [e.seq for e in seen
-                 if e.type == "user_message" and e.payload.get("message_id") == message.message_id]
-        after = taken[0] - 1 if taken else after
+    # A retry of a message the chat already holds starts no turn: it follows the one that took it.
+    after = await store.follow_from(args.chat, message.message_id) if store is not None else 0
     await tk.send_message(client, settings, args.chat, message)
     if store is None:
         print(f"sent {message.message_id} to chat {args.chat}")
@@ -373,7 +367,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
         raise Refused(NOT_WAITING)
     store = await _store(settings) if getattr(args, "wait", False) else None
     try:
-        seen = await store.events(args.chat, after_seq=0, limit=1_000_000) if store else []
+        after = await store.follow_from(args.chat) if store else 0
         try:
             new_state = await handle.execute_update(update, RecoveryAction(recovery_id=state.recovery_id),
                                                     result_type=TurnState)
@@ -386,7 +380,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
         print(_describe_gate(new_state), flush=True)
         if store is None:
             return EXIT_OK
-        return await _follow_turn(client, store, args.chat, None, seen[-1].seq if seen else 0, args.timeout,
+        return await _follow_turn(client, store, args.chat, None, after, args.timeout,
                                   task_queue=settings.task_queue, turn=new_state.turn)
     finally:
         if store is not None:

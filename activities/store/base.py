@@ -192,3 +192,10 @@ class SessionStore(ABC):
     @abstractmethod
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
         """Events with seq > after_seq, in order."""
+
+    @abstractmethod
+    async def follow_from(self, chat_id: str, message_id: str | None = None) -> int:
+        """Where a client starts following the turn that takes `message_id`: the seq
+        just before the chat's `user_message` event for it if the chat holds the
+        message already (a retry), else the chat's latest seq (0 for a new chat).
+        Cheap however long the chat: clients call it before every message."""

@@ -76,6 +76,15 @@ def decode_event(row: Row) -> Event:
         ) from exc
 
 
+def names_message(payload: str, message_id: str) -> bool:
+    """Whether an event payload names `message_id`; False for one that does not decode."""
+    try:
+        decoded = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(decoded, dict) and decoded.get("message_id") == message_id
+
+
 def short_error(exc: Exception) -> str:
     """The first validation error as `field: message`, or the exception's text."""
     if isinstance(exc, ValidationError):

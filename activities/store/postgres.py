@@ -641,3 +641,16 @@ class PostgresStore(SessionStore):
                 "SELECT * FROM events WHERE chat_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                 chat_id, after_seq, limit)
         return [codec.decode_event(row) for row in rows]
+
+    async def follow_from(self, chat_id: str, message_id: str | None = None) -> int:
+        async with self._read() as conn, conn.transaction(readonly=True):
+            held = message_id is not None and await conn.fetchval(
+                "SELECT 1 FROM messages WHERE chat_id = $1 AND message_id = $2", chat_id, message_id)
+            if held:
+                rows = await conn.fetch("SELECT seq, payload FROM events WHERE chat_id = $1"
+                                        " AND type = 'user_message' ORDER BY seq", chat_id)
+                for row in rows:
+                    if codec.names_message(row["payload"], message_id):
+                        return int(row["seq"]) - 1
+            return int(await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = $1",
+                                           chat_id))

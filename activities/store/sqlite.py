@@ -607,6 +607,22 @@ class SQLiteStore(SessionStore):
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
         return await self._read(self._events_tx, chat_id, after_seq, limit)
 
+    async def follow_from(self, chat_id: str, message_id: str | None = None) -> int:
+        return await self._read(self._follow_from_tx, chat_id, message_id)
+
+    @staticmethod
+    def _follow_from_tx(conn: sqlite3.Connection, chat_id: str, message_id: str | None) -> int:
+        held = message_id is not None and conn.execute(
+            "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)).fetchone()
+        if held:
+            rows = conn.execute("SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message'"
+                                " ORDER BY seq", (chat_id,))
+            for row in rows:
+                if codec.names_message(row["payload"], message_id):
+                    return int(row["seq"]) - 1
+        return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = ?",
+                                (chat_id,)).fetchone()[0])
+
     @staticmethod
     def _events_tx(conn: sqlite3.Connection, chat_id: str, after_seq: int, limit: int) -> list[Event]:
         rows = conn.execute(
