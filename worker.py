@@ -14,7 +14,13 @@ import sys
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import (
+    PollerBehavior,
+    PollerBehaviorAutoscaling,
+    PollerBehaviorSimpleMaximum,
+    UnsandboxedWorkflowRunner,
+    Worker,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.assemble import build_activities
@@ -36,10 +42,15 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 # The SDK holds heartbeats back for up to 0.8 x the timeout by default; ours
 # must reach the server every beat, or a dead worker is noticed seconds later.
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
-# Pollers follow the server's hints (Temporal Server 1.28+) instead of the SDK's
-# fixed five: with many turns in flight, more tasks are handed straight to a
-# waiting poll instead of being written to the task queue's backlog first.
-POLLERS = PollerBehaviorAutoscaling()
+
+
+def poller_behavior(settings: Settings) -> PollerBehavior:
+    """By default pollers follow the server's hints (Temporal Server 1.28+) rather
+    than the SDK's fixed five: with many turns in flight more tasks then go straight
+    to a waiting poll instead of through the task queue's backlog first."""
+    if settings.max_pollers is None:
+        return PollerBehaviorAutoscaling()
+    return PollerBehaviorSimpleMaximum(settings.max_pollers)
 
 
 def check_tools(settings: Settings) -> None:
@@ -93,8 +104,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-        workflow_task_poller_behavior=POLLERS,
-        activity_task_poller_behavior=POLLERS,
+        workflow_task_poller_behavior=poller_behavior(settings),
+        activity_task_poller_behavior=poller_behavior(settings),
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),

@@ -9,7 +9,8 @@ Every variant runs the same turn: model call -> `write_file` tool -> model call
   turnkeeper        the real worker (`worker.run_worker`) with its defaults: ChatTurn,
                     signal-with-start, SQLite session store, local store activities,
                     search attributes, workflow code outside the sandbox
-                    (--sandbox-variant adds the same with TURNKEEPER_WORKFLOW_SANDBOX=on)
+                    (--sandbox-variant adds the same with TURNKEEPER_WORKFLOW_SANDBOX=on,
+                    --fixed-pollers-variant with TURNKEEPER_POLLERS=5)
   bare Temporal     bench/bare_loop.py: three plain activities, nothing else
   in-process        the same three steps as plain awaits, without Temporal
   in-process+store  the same, plus the SQLiteStore calls turnkeeper's activities make
@@ -183,19 +184,24 @@ class Variant(ABC):
         return TurnRecord((time.perf_counter() - start) * 1000, workflow_id, run_id)
 
 
+# What the optional turnkeeper variants change: workflow code in Temporal's sandbox
+# (its CPU cost), and the SDK's former fixed five pollers (what autoscaling gains).
+SANDBOX_ON = {"TURNKEEPER_WORKFLOW_SANDBOX": "on"}
+FIXED_POLLERS = {"TURNKEEPER_POLLERS": "5"}
+
+
 class Turnkeeper(Variant):
     temporal = True
 
-    def __init__(self, client: Client, address: str, tmp: Path, sandbox: bool = False) -> None:
-        # The worker's default runs workflow code outside Temporal's sandbox;
-        # `sandbox` measures the cost of turning it on.
-        self.key = "turnkeeper_sandbox" if sandbox else "turnkeeper"
-        self.label = "turnkeeper, sandbox on" if sandbox else "turnkeeper"
+    def __init__(self, client: Client, address: str, tmp: Path, key: str = "turnkeeper",
+                 label: str = "turnkeeper", env: dict[str, str] | None = None) -> None:
+        # `env` departs from the worker's defaults (see SANDBOX_ON, FIXED_POLLERS).
+        self.key, self.label = key, label
         script = tmp / "script.json"
         script.write_text(json.dumps(SCRIPT))
         self.client = client
         self.settings = Settings.from_env({
-            "TURNKEEPER_WORKFLOW_SANDBOX": "on" if sandbox else "off",
+            **(env or {}),
             "TEMPORAL_ADDRESS": address,
             "TURNKEEPER_TASK_QUEUE": f"bench-turnkeeper-{uuid.uuid4().hex[:8]}",
             "TURNKEEPER_DATA_DIR": str(tmp / "data"),
@@ -539,10 +545,13 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
     tk_, bare = results["turnkeeper"], results["bare"]
     sandboxed, agents = results.get("turnkeeper_sandbox"), results.get("agents")
+    fixed = results.get("turnkeeper_fixed_pollers")
     # Throughput: (median, lowest, highest) of the per-round ratios.
     spreads = {"turnkeeper/bare throughput": paired_ratio(tk_, bare)}
     if sandboxed is not None:
         spreads["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)
+    if fixed is not None:
+        spreads["turnkeeper autoscaled/fixed pollers"] = paired_ratio(tk_, fixed)
     if agents is not None:
         spreads["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)
     ratios = {
@@ -558,6 +567,9 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     if sandboxed is not None:
         ratios["turnkeeper sandbox on/off throughput"] = spreads["turnkeeper sandbox on/off throughput"][0]
         ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
+    if fixed is not None:
+        ratios["turnkeeper autoscaled/fixed pollers"] = spreads["turnkeeper autoscaled/fixed pollers"][0]
+        ratios["fixed pollers/bare throughput"] = paired_ratio(fixed, bare)[0]
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
         ratios["turnkeeper/agents throughput"] = spreads["turnkeeper/agents throughput"][0]
@@ -605,18 +617,22 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
 # -- main ------------------------------------------------------------------------------------
 
-async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool) -> None:
+async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool, with_fixed_pollers: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
         async with dev_server(tmp, setup.dynamic_config, cli_defaults=setup.cli_defaults) as server:
             client = await Client.connect(server.address, data_converter=pydantic_data_converter)
-            for sub in ("turnkeeper", "turnkeeper-sandbox", "bare", "agents", "inproc", "inproc-store"):
+            for sub in ("turnkeeper", "turnkeeper-sandbox", "turnkeeper-fixed", "bare", "agents", "inproc",
+                        "inproc-store"):
                 (tmp / sub).mkdir()
             variants: list[Variant] = [
                 Turnkeeper(client, server.address, tmp / "turnkeeper"),
-                *([Turnkeeper(client, server.address, tmp / "turnkeeper-sandbox", sandbox=True)]
-                  if with_sandbox else []),
+                *([Turnkeeper(client, server.address, tmp / "turnkeeper-sandbox", key="turnkeeper_sandbox",
+                              label="turnkeeper, sandbox on", env=SANDBOX_ON)] if with_sandbox else []),
+                *([Turnkeeper(client, server.address, tmp / "turnkeeper-fixed", key="turnkeeper_fixed_pollers",
+                              label="turnkeeper, 5 fixed pollers", env=FIXED_POLLERS)]
+                  if with_fixed_pollers else []),
                 Bare(client, tmp / "bare"),
                 *([Agents(server.address, tmp / "agents")] if _agents_installed() else []),
                 InProcess(tmp / "inproc", with_store=False),
@@ -655,13 +671,17 @@ def main() -> None:
                         + " (no 50 ms workflow-task tick)")
     parser.add_argument("--sandbox-variant", action="store_true",
                         help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs")
+    parser.add_argument("--fixed-pollers-variant", action="store_true",
+                        help="also run turnkeeper with TURNKEEPER_POLLERS=5 (the SDK's fixed default), to show "
+                        "what the autoscaled pollers gain")
     parser.add_argument("--cli-server-defaults", action="store_true",
                         help="start the dev server as `temporal server start-dev` would be by default, without "
                         "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     setup = ServerSetup(dict(FAST_DISPATCH) if args.fast_dispatch else {}, args.cli_server_defaults)
-    run_and_exit(run(QUICK if args.quick else FULL, setup, args.json, args.sandbox_variant))
+    run_and_exit(run(QUICK if args.quick else FULL, setup, args.json, args.sandbox_variant,
+                        args.fixed_pollers_variant))
 
 
 if __name__ == "__main__":

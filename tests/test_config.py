@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import pytest
+from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
 from turnkeeper.config import ConfigError, Settings
+from worker import poller_behavior
 
 
 def test_defaults_without_any_variable() -> None:
@@ -33,3 +35,24 @@ def test_a_switch_that_is_neither_on_nor_off_is_refused() -> None:
 def test_a_bad_number_is_refused_with_its_name(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_HEARTBEAT_TIMEOUT {message}"):
         Settings.from_env({"TURNKEEPER_HEARTBEAT_TIMEOUT": raw})
+
+
+@pytest.mark.parametrize("raw, expected", [("", None), ("auto", None), (" AUTO ", None), ("2", 2), ("20", 20)])
+def test_pollers_autoscale_unless_a_fixed_maximum_is_given(raw: str, expected: int | None) -> None:
+    settings = Settings.from_env({"TURNKEEPER_POLLERS": raw})
+    assert settings.max_pollers == expected
+    behavior = poller_behavior(settings)
+    if expected is None:
+        assert isinstance(behavior, PollerBehaviorAutoscaling)
+    else:
+        assert behavior == PollerBehaviorSimpleMaximum(expected)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("many", "must be `auto` or a whole number, got 'many'"),
+    ("1", "must be at least 2, got 1"),
+    ("-3", "must be `auto` or a whole number, got '-3'"),
+])
+def test_a_bad_poller_setting_is_refused_with_its_name(raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"TURNKEEPER_POLLERS {message}"):
+        Settings.from_env({"TURNKEEPER_POLLERS": raw})

@@ -21,6 +21,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_RECONCILE_EVERY",
     "TURNKEEPER_MAX_CACHED_WORKFLOWS",
     "TURNKEEPER_WORKFLOW_SANDBOX",
+    "TURNKEEPER_POLLERS",
     "TURNKEEPER_MAX_MESSAGE_BYTES",
     "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
     "TURNKEEPER_TOOL_TIMEOUT",
@@ -90,6 +91,20 @@ def _bool(env: dict[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be one of {', '.join(_TRUE + _FALSE)}, got {raw!r}")
 
 
+# The SDK needs two workflow-task polls at least (one for the sticky queue).
+MIN_FIXED_POLLERS = 2
+
+
+def _pollers(env: dict[str, str], name: str) -> int | None:
+    """None (`auto`, the default) or a fixed maximum of polls per task type."""
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if not raw.isdigit():
+        raise ConfigError(f"{name} must be `auto` or a whole number, got {raw!r}")
+    return _int(env, name, 0, minimum=MIN_FIXED_POLLERS)
+
+
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = env.get(name)
     if raw is None:
@@ -124,6 +139,9 @@ class Settings:
     # wraps every payload, adding about a third to the worker's CPU per turn. The test
     # suite turns it on, so a non-deterministic call in workflow code still fails CI.
     workflow_sandbox: bool = False
+    # None: pollers scale on the server's hints; a number: at most that many polls
+    # per task type, as workers for a server before 1.28 need.
+    max_pollers: int | None = None
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
     openai_base_url: str | None = None
@@ -156,6 +174,7 @@ class Settings:
             heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
             max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
             workflow_sandbox=_bool(env, "TURNKEEPER_WORKFLOW_SANDBOX", False),
+            max_pollers=_pollers(env, "TURNKEEPER_POLLERS"),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
