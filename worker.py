@@ -44,12 +44,18 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
+# A task that finds no poll waiting goes through the task queue's backlog: a
+# write and a read on the server. With autoscaled pollers kept at 50 or more
+# (the SDK's own floor is 1), 50 turns in flight left almost none there.
+AUTOSCALED_POLLERS_MIN = 50
+AUTOSCALED_POLLERS_INITIAL = 50
+
+
 def poller_behavior(settings: Settings) -> PollerBehavior:
-    """By default pollers follow the server's hints (Temporal Server 1.28+) rather
-    than the SDK's fixed five: with many turns in flight more tasks then go straight
-    to a waiting poll instead of through the task queue's backlog first."""
+    """By default pollers scale on the server's hints (Temporal Server 1.28+)
+    between 50 and 100, rather than the SDK's fixed five."""
     if settings.max_pollers is None:
-        return PollerBehaviorAutoscaling()
+        return PollerBehaviorAutoscaling(minimum=AUTOSCALED_POLLERS_MIN, initial=AUTOSCALED_POLLERS_INITIAL)
     return PollerBehaviorSimpleMaximum(settings.max_pollers)
 
 
