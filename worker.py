@@ -44,18 +44,14 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
-# A task that finds no poll waiting goes through the task queue's backlog: a
-# write and a read on the server. With autoscaled pollers kept at 50 or more
-# (the SDK's own floor is 1), 50 turns in flight left almost none there.
-AUTOSCALED_POLLERS_MIN = 50
-AUTOSCALED_POLLERS_INITIAL = 50
-
-
 def poller_behavior(settings: Settings) -> PollerBehavior:
     """By default pollers scale on the server's hints (Temporal Server 1.28+)
-    between 50 and 100, rather than the SDK's fixed five."""
+    rather than staying at the SDK's fixed five: with turns in flight fewer tasks
+    then go through the task queue's backlog (a write and a read on the server).
+    The SDK's floor of one poll is kept: a higher floor drew a burst of turns
+    onto the worker whose polls waited longest, instead of sharing it."""
     if settings.max_pollers is None:
-        return PollerBehaviorAutoscaling(minimum=AUTOSCALED_POLLERS_MIN, initial=AUTOSCALED_POLLERS_INITIAL)
+        return PollerBehaviorAutoscaling()
     return PollerBehaviorSimpleMaximum(settings.max_pollers)
 
 

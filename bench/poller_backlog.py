@@ -1,0 +1,119 @@
+"""How many tasks go through the task queue's backlog per turn, by poller setting:
+
+    .venv/bin/python bench/poller_backlog.py [--pollers auto,5,50] [--rounds 2] [--turns 300]
+
+A workflow or activity task that finds no poll waiting is written to the task
+queue's backlog and read back later: server work a waiting poll saves. The dev
+server here runs with `--metrics-port`; its `persistence_requests` counter for
+`CreateTasks` is read before and after each burst of `--turns` turns at 50 in
+flight. Every setting of `TURNKEEPER_POLLERS` gets its own real worker and task
+queue on the one server; bursts alternate between them. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+# First of the project's imports: importing _common puts the project on sys.path.
+from _common import SERVER_START_TIMEOUT_S, free_port, progress, run_and_exit
+from turn_latency import Turnkeeper, cpu_seconds
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.dev_server import is_healthy, start_dev_command
+
+IN_FLIGHT = 50
+WARMUP_TURNS = 5
+
+
+def create_tasks(metrics_port: int) -> float:
+    """The server's backlog writes so far."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(r'persistence_requests\{.*operation="(\w+)".*\} (\S+)$', line)
+        if m and m.group(1) == "CreateTasks":
+            total += float(m.group(2))
+    return total
+
+
+async def run(pollers: list[str], rounds: int, turns: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="tk-pollers-") as tmp_name:
+        tmp = Path(tmp_name)
+        port, metrics_port = free_port(), free_port()
+        cmd = start_dev_command(port, tmp / "temporal.db", log_level="error") + ["--metrics-port", str(metrics_port)]
+        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+        address = f"127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+            while not await is_healthy(address):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the Temporal dev server did not start")
+                await asyncio.sleep(0.2)
+            client = await tk.connect(Settings.from_env({"TEMPORAL_ADDRESS": address}))
+            variants = []
+            for setting in pollers:
+                (tmp / setting).mkdir()
+                variants.append(Turnkeeper(client, address, tmp / setting, key=setting,
+                                           label=f"TURNKEEPER_POLLERS={setting}",
+                                           env={"TURNKEEPER_POLLERS": setting}))
+            results: dict[str, list[tuple[float, float, float]]] = {v.key: [] for v in variants}
+            async with contextlib.AsyncExitStack() as stack:
+                for v in variants:
+                    await v.start()
+                    stack.push_async_callback(v.close)
+                progress(f"warm-up: {WARMUP_TURNS} turns per setting")
+                for v in variants:
+                    for _ in range(WARMUP_TURNS):
+                        await v.turn()
+                for i in range(rounds):
+                    progress(f"round {i + 1} of {rounds}: {turns} turns per setting, {IN_FLIGHT} in flight")
+                    for v in (variants if i % 2 == 0 else variants[::-1]):
+                        results[v.key].append(await burst(v, turns, metrics_port, server.pid))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+    print(f"\nper turn, {turns} turns per burst at {IN_FLIGHT} in flight; one line per burst")
+    print(f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'server CPU ms':>15}")
+    for key, rows in results.items():
+        for tps, create, server_ms in rows:
+            print(f"{key:<20}{tps:>9.1f}{create:>13.2f}{server_ms:>15.1f}")
+
+
+async def burst(v: Turnkeeper, turns: int, metrics_port: int,
+                server_pid: int) -> tuple[float, float, float]:
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one() -> None:
+        async with gate:
+            await v.turn()
+
+    before, cpu_before, start = create_tasks(metrics_port), cpu_seconds(server_pid), time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(turns)))
+    elapsed = time.perf_counter() - start
+    return (turns / elapsed, (create_tasks(metrics_port) - before) / turns,
+            (cpu_seconds(server_pid) - cpu_before) * 1000 / turns)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pollers", default="auto,5,50",
+                        help="comma-separated TURNKEEPER_POLLERS settings (default auto,5,50)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=300, help="turns per setting per round")
+    args = parser.parse_args()
+    run_and_exit(run([p.strip() for p in args.pollers.split(",") if p.strip()], args.rounds, args.turns))
+
+
+if __name__ == "__main__":
+    main()
