@@ -155,6 +155,21 @@ def print_timeline(title: str, rows: list[dict[str, Any]]) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
+async def alternate_rounds(variants: Sequence[T], *, warmup: int, rounds: int, per_round: str,
+                           burst: Callable[[T], Coroutine[Any, Any, None]]) -> None:
+    """Warm every variant up (`warmup` turns each, through its `turn()`), then run
+    `burst` on each in `rounds` rounds, in reversed order every other round, so
+    that a slow spell of the machine falls on all variants alike."""
+    progress(f"warm-up: {warmup} turns per variant")
+    for v in variants:
+        for _ in range(warmup):
+            await v.turn()  # type: ignore[attr-defined]
+    for i in range(rounds):
+        progress(f"round {i + 1} of {rounds}: {per_round}")
+        for v in (variants if i % 2 == 0 else variants[::-1]):
+            await burst(v)
+
+
 def run_and_exit(main: Coroutine[Any, Any, None]) -> NoReturn:
     """Run a script's main coroutine, report a failure, and exit with os._exit."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -34,7 +34,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 # First of the project's imports: importing _common puts the project on sys.path.
-from _common import dev_server, progress, run_and_exit
+from _common import alternate_rounds, dev_server, run_and_exit
 from breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
 from turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
 from worker import STICKY_SCHEDULE_TO_START
@@ -105,14 +105,9 @@ async def run(rounds: int, turns: int) -> None:
             async with worker:
                 await turnkeeper.start()
                 try:
-                    progress(f"warm-up: {WARMUP_TURNS} turns per variant")
-                    for v in variants:
-                        for _ in range(WARMUP_TURNS):
-                            await v.turn()
-                    for i in range(rounds):
-                        progress(f"round {i + 1} of {rounds}: {turns} turns per variant, {IN_FLIGHT} in flight")
-                        for v in (variants if i % 2 == 0 else variants[::-1]):
-                            await burst(v, turns, server.pid)
+                    await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
+                                           burst=lambda v: burst(v, turns, server.pid),
+                                           per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
                 finally:
                     await turnkeeper.close()
             report(variants, rounds, turns)

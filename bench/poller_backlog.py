@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 # First of the project's imports: importing _common puts the project on sys.path.
-from _common import SERVER_START_TIMEOUT_S, free_port, progress, run_and_exit
+from _common import SERVER_START_TIMEOUT_S, alternate_rounds, free_port, run_and_exit
 from turn_latency import Turnkeeper, cpu_seconds
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
@@ -71,14 +71,12 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
                 for v in variants:
                     await v.start()
                     stack.push_async_callback(v.close)
-                progress(f"warm-up: {WARMUP_TURNS} turns per setting")
-                for v in variants:
-                    for _ in range(WARMUP_TURNS):
-                        await v.turn()
-                for i in range(rounds):
-                    progress(f"round {i + 1} of {rounds}: {turns} turns per setting, {IN_FLIGHT} in flight")
-                    for v in (variants if i % 2 == 0 else variants[::-1]):
-                        results[v.key].append(await burst(v, turns, metrics_port, server.pid))
+
+                async def measure(v: Turnkeeper) -> None:
+                    results[v.key].append(await burst(v, turns, metrics_port, server.pid))
+
+                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measure,
+                                       per_round=f"{turns} turns per setting, {IN_FLIGHT} in flight")
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGTERM)
