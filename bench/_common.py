@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
@@ -55,13 +55,16 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
-                     cli_defaults: bool = False) -> AsyncIterator[Server]:
+                     cli_defaults: bool = False, metrics_port: int | None = None) -> AsyncIterator[Server]:
     """The embedded server's `temporal server start-dev` on a free port, with its
-    SQLite file in `tmp` (`cli_defaults`: without its tuning); stopped on the way out."""
+    SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
+    Prometheus metrics served there); stopped on the way out."""
     port = free_port()
     address = f"127.0.0.1:{port}"
     cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", dynamic_config=dynamic_config,
                             cli_defaults=cli_defaults)
+    if metrics_port is not None:
+        cmd += ["--metrics-port", str(metrics_port)]
     log_path = tmp / "temporal-server.log"
     # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
     with open(log_path, "wb") as log:
@@ -155,15 +158,24 @@ def print_timeline(title: str, rows: list[dict[str, Any]]) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
-async def alternate_rounds(variants: Sequence[T], *, warmup: int, rounds: int, per_round: str,
-                           burst: Callable[[T], Coroutine[Any, Any, None]]) -> None:
+class Measured(Protocol):
+    """A benchmark variant: one turn to its end per call."""
+
+    def turn(self) -> Awaitable[object]: ...
+
+
+V = TypeVar("V", bound=Measured)
+
+
+async def alternate_rounds(variants: Sequence[V], *, warmup: int, rounds: int, per_round: str,
+                           burst: Callable[[V], Awaitable[None]]) -> None:
     """Warm every variant up (`warmup` turns each, through its `turn()`), then run
     `burst` on each in `rounds` rounds, in reversed order every other round, so
     that a slow spell of the machine falls on all variants alike."""
     progress(f"warm-up: {warmup} turns per variant")
     for v in variants:
         for _ in range(warmup):
-            await v.turn()  # type: ignore[attr-defined]
+            await v.turn()
     for i in range(rounds):
         progress(f"round {i + 1} of {rounds}: {per_round}")
         for v in (variants if i % 2 == 0 else variants[::-1]):

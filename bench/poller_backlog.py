@@ -14,28 +14,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import re
-import signal
-import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 # First of the project's imports: importing _common puts the project on sys.path.
-from _common import SERVER_START_TIMEOUT_S, alternate_rounds, free_port, run_and_exit
+from _common import alternate_rounds, dev_server, free_port, run_and_exit
 from turn_latency import Turnkeeper, cpu_seconds
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import is_healthy, start_dev_command
 
 IN_FLIGHT = 50
 WARMUP_TURNS = 5
 
 
-def create_tasks(metrics_port: int) -> float:
+async def create_tasks(metrics_port: int) -> float:
     """The server's backlog writes so far."""
+    return await asyncio.to_thread(_create_tasks, metrics_port)
+
+
+def _create_tasks(metrics_port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     total = 0.0
     for line in text.splitlines():
@@ -48,22 +48,13 @@ def create_tasks(metrics_port: int) -> float:
 async def run(pollers: list[str], rounds: int, turns: int) -> None:
     with tempfile.TemporaryDirectory(prefix="tk-pollers-") as tmp_name:
         tmp = Path(tmp_name)
-        port, metrics_port = free_port(), free_port()
-        cmd = start_dev_command(port, tmp / "temporal.db", log_level="error") + ["--metrics-port", str(metrics_port)]
-        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-        address = f"127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-            while not await is_healthy(address):
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the Temporal dev server did not start")
-                await asyncio.sleep(0.2)
-            client = await tk.connect(Settings.from_env({"TEMPORAL_ADDRESS": address}))
+        metrics_port = free_port()
+        async with dev_server(tmp, metrics_port=metrics_port) as server:
+            client = await tk.connect(Settings.from_env({"TEMPORAL_ADDRESS": server.address}))
             variants = []
             for setting in pollers:
                 (tmp / setting).mkdir()
-                variants.append(Turnkeeper(client, address, tmp / setting, key=setting,
+                variants.append(Turnkeeper(client, server.address, tmp / setting, key=setting,
                                            label=f"TURNKEEPER_POLLERS={setting}",
                                            env={"TURNKEEPER_POLLERS": setting}))
             results: dict[str, list[tuple[float, float, float]]] = {v.key: [] for v in variants}
@@ -77,10 +68,6 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
 
                 await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measure,
                                        per_round=f"{turns} turns per setting, {IN_FLIGHT} in flight")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
     print(f"\nper turn, {turns} turns per burst at {IN_FLIGHT} in flight; one line per burst")
     print(f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'server CPU ms':>15}")
     for key, rows in results.items():
@@ -96,10 +83,10 @@ async def burst(v: Turnkeeper, turns: int, metrics_port: int,
         async with gate:
             await v.turn()
 
-    before, cpu_before, start = create_tasks(metrics_port), cpu_seconds(server_pid), time.perf_counter()
+    before, cpu_before, start = await create_tasks(metrics_port), cpu_seconds(server_pid), time.perf_counter()
     await asyncio.gather(*(one() for _ in range(turns)))
     elapsed = time.perf_counter() - start
-    return (turns / elapsed, (create_tasks(metrics_port) - before) / turns,
+    return (turns / elapsed, (await create_tasks(metrics_port) - before) / turns,
             (cpu_seconds(server_pid) - cpu_before) * 1000 / turns)
 
 

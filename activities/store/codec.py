@@ -5,6 +5,7 @@ ValidationError from deep inside a turn."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -76,13 +77,17 @@ def decode_event(row: Row) -> Event:
         ) from exc
 
 
-def names_message(payload: str, message_id: str) -> bool:
-    """Whether an event payload names `message_id`; False for one that does not decode."""
-    try:
-        decoded = json.loads(payload)
-    except ValueError:
-        return False
-    return isinstance(decoded, dict) and decoded.get("message_id") == message_id
+def seq_before_message(rows: Iterable[Row], message_id: str) -> int | None:
+    """The seq just before the first of these `user_message` event rows that names
+    `message_id`; None if none does. A payload that does not decode names nothing."""
+    for row in rows:
+        try:
+            payload = json.loads(row["payload"])
+        except ValueError:
+            continue
+        if isinstance(payload, dict) and payload.get("message_id") == message_id:
+            return int(row["seq"]) - 1
+    return None
 
 
 def short_error(exc: Exception) -> str:

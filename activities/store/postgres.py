@@ -647,10 +647,10 @@ class PostgresStore(SessionStore):
             held = message_id is not None and await conn.fetchval(
                 "SELECT 1 FROM messages WHERE chat_id = $1 AND message_id = $2", chat_id, message_id)
             if held:
-                rows = await conn.fetch("SELECT seq, payload FROM events WHERE chat_id = $1"
-                                        " AND type = 'user_message' ORDER BY seq", chat_id)
-                for row in rows:
-                    if codec.names_message(row["payload"], message_id):
-                        return int(row["seq"]) - 1
+                taken = codec.seq_before_message(await conn.fetch(
+                    "SELECT seq, payload FROM events WHERE chat_id = $1 AND type = 'user_message' ORDER BY seq",
+                    chat_id), message_id)
+                if taken is not None:
+                    return taken
             return int(await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = $1",
                                            chat_id))

@@ -615,11 +615,11 @@ class SQLiteStore(SessionStore):
         held = message_id is not None and conn.execute(
             "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)).fetchone()
         if held:
-            rows = conn.execute("SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message'"
-                                " ORDER BY seq", (chat_id,))
-            for row in rows:
-                if codec.names_message(row["payload"], message_id):
-                    return int(row["seq"]) - 1
+            taken = codec.seq_before_message(conn.execute(
+                "SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message' ORDER BY seq",
+                (chat_id,)), message_id)
+            if taken is not None:
+                return taken
         return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = ?",
                                 (chat_id,)).fetchone()[0])
 
