@@ -29,7 +29,7 @@ from pathlib import Path
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -37,6 +37,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from _common import alternate_rounds, dev_server, run_and_exit
 from breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
 from turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
+from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from worker import STICKY_SCHEDULE_TO_START
 
 IN_FLIGHT = 50
@@ -68,7 +69,6 @@ async def run(rounds: int, turns: int) -> None:
                             activities=[acts.model, acts.tool, noop], workflow_runner=UnsandboxedWorkflowRunner(),
                             sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
             turnkeeper = Turnkeeper(client, server.address, tmp)
-            chat_id, turn_status = SearchAttributeKey.for_keyword("ChatId"), SearchAttributeKey.for_keyword("TurnStatus")
 
             async def bare(workflow: str, **options: object) -> None:
                 turn_id = uuid.uuid4().hex
@@ -83,7 +83,7 @@ async def run(rounds: int, turns: int) -> None:
             async def with_search_attributes() -> None:
                 key = uuid.uuid4().hex
                 await bare("BreakdownPlain", search_attributes=TypedSearchAttributes([
-                    SearchAttributePair(chat_id, key), SearchAttributePair(turn_status, "running")]))
+                    SearchAttributePair(CHAT_ID_ATTR, key), SearchAttributePair(TURN_STATUS_ATTR, "running")]))
 
             async def signal_with_start() -> None:
                 turn_id = uuid.uuid4().hex

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client
-from temporalio.common import SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support import Stack
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, temporal_binary
+from turnkeeper.dev_server import temporal_binary
+from turnkeeper.models import SEARCH_ATTRIBUTE_KEYS
 
 _exit_status = 0
 
@@ -22,7 +22,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),  # never downloads
         data_converter=pydantic_data_converter,
-        search_attributes=[SearchAttributeKey.for_keyword(n) for n in SEARCH_ATTRIBUTES],
+        search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
         dev_server_log_level="error",
     )
     try:

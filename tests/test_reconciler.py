@@ -26,7 +26,6 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHistory,
 )
-from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
@@ -45,6 +44,8 @@ from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
+    RECOVERY_REASON_ATTR,
+    TURN_STATUS_ATTR,
     ChatMessage,
     ChatTurnInput,
     ModelReply,
@@ -62,8 +63,6 @@ from turnkeeper.testing import FakeChatServer
 from worker import run_worker
 from workflows.chat_turn import ChatTurn
 
-TURN_STATUS = SearchAttributeKey.for_keyword("TurnStatus")
-RECOVERY_REASON = SearchAttributeKey.for_keyword("RecoveryReason")
 
 # -- checkpoint.py on a recorded history ---------------------------------------------------
 #
@@ -372,7 +371,7 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
             assert (record.status, record.reason, record.can_continue, record.recovery_id) == (
                 TurnStatus.AWAITING_USER, reason, can_continue, state.recovery_id), n
             attrs = (await stack.client.get_workflow_handle(tk.workflow_id(chat[n])).describe()).typed_search_attributes
-            assert (attrs.get(TURN_STATUS), attrs.get(RECOVERY_REASON)) == ("awaiting_user", reason.value), n
+            assert (attrs.get(TURN_STATUS_ATTR), attrs.get(RECOVERY_REASON_ATTR)) == ("awaiting_user", reason.value), n
 
         # The next pass finds them healthy and writes nothing anywhere.
         before = await events_of(stack, list(chat.values()))

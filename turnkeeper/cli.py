@@ -25,8 +25,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.models import (
+    CHAT_ID_ATTR,
     DISMISSED_TEXT,
     OPEN_STATUSES,
+    RECOVERY_REASON_ATTR,
+    TURN_STATUS_ATTR,
     Event,
     Reason,
     RecoveryAction,
@@ -284,9 +287,9 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = []
     for wf in sorted(latest.values(), key=lambda w: w.start_time, reverse=True):
         sa = wf.search_attributes
-        rows.append({"chat_id": (sa.get("ChatId") or [wf.id.removeprefix("chat-")])[0],
-                     "status": (sa.get("TurnStatus") or [None])[0],
-                     "reason": (sa.get("RecoveryReason") or [None])[0],
+        rows.append({"chat_id": (sa.get(CHAT_ID_ATTR.name) or [wf.id.removeprefix("chat-")])[0],
+                     "status": (sa.get(TURN_STATUS_ATTR.name) or [None])[0],
+                     "reason": (sa.get(RECOVERY_REASON_ATTR.name) or [None])[0],
                      "workflow_id": wf.id, "run_id": wf.run_id, "started": wf.start_time.isoformat()})
     if args.json:
         _print_json(rows)

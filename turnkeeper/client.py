@@ -10,7 +10,6 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
-    SearchAttributeKey,
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
@@ -21,7 +20,7 @@ from temporalio.envconfig import ClientConfig
 
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import SEARCH_ATTRIBUTES, ensure_dev_server
-from turnkeeper.models import ChatTurnInput, TurnState, TurnStatus, UserMessage
+from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR, ChatTurnInput, TurnState, TurnStatus, UserMessage
 
 log = logging.getLogger("turnkeeper.client")
 
@@ -82,8 +81,8 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
         task_queue=settings.task_queue,
         # Set at start so the new run need not upsert them (ignored for a running one).
         search_attributes=TypedSearchAttributes([
-            SearchAttributePair(SearchAttributeKey.for_keyword("ChatId"), chat_id),
-            SearchAttributePair(SearchAttributeKey.for_keyword("TurnStatus"), TurnStatus.RUNNING.value),
+            SearchAttributePair(CHAT_ID_ATTR, chat_id),
+            SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
         ]),
         start_signal="user_message", start_signal_args=[message],
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

@@ -19,10 +19,11 @@ from pathlib import Path
 from temporalio.client import Client
 
 from turnkeeper.config import Settings
+from turnkeeper.models import SEARCH_ATTRIBUTE_KEYS
 
 log = logging.getLogger("turnkeeper.dev_server")
 
-SEARCH_ATTRIBUTES = ("ChatId", "TurnStatus", "RecoveryReason")
+SEARCH_ATTRIBUTES = tuple(key.name for key in SEARCH_ATTRIBUTE_KEYS)
 START_TIMEOUT_S = 60.0
 # WAL without a sync per commit. By default every server transaction waits for
 # several fsyncs, which held the server to about 6 turns/s on a 2-core VM (13-14

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from temporalio.common import SearchAttributeKey
 
 # --- rows the system writes into a transcript ------------------------------------
 
@@ -19,6 +20,13 @@ INTERRUPTED_TURN_TEXT = "Error: the turn was interrupted before a response was g
 SUPERSEDED_TEXT = "The interrupted turn was superseded by a newer message."
 DISMISSED_TEXT = "The interrupted turn was dismissed."
 STOPPED_TEXT = "The turn was stopped by the user."
+
+# --- search attributes (contract): Keyword, upserted on every transition --------
+
+CHAT_ID_ATTR = SearchAttributeKey.for_keyword("ChatId")
+TURN_STATUS_ATTR = SearchAttributeKey.for_keyword("TurnStatus")
+RECOVERY_REASON_ATTR = SearchAttributeKey.for_keyword("RecoveryReason")
+SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR)
 
 # --- statuses and reasons (contract) -------------------------------------------
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 from temporalio.exceptions import (
     ActivityError,
@@ -28,11 +28,14 @@ with workflow.unsafe.imports_passed_through():
 
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
+        CHAT_ID_ATTR,
         DISMISSED_TEXT,
         INTERRUPTED_TOOL_TEXT,
         OPEN_STATUSES,
+        RECOVERY_REASON_ATTR,
         STOPPED_TEXT,
         SUPERSEDED_TEXT,
+        TURN_STATUS_ATTR,
         UNSTARTED_TOOL_TEXT,
         ChatTurnInput,
         RecoveryStart,
@@ -49,9 +52,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows import recovery
 
-CHAT_ID = SearchAttributeKey.for_keyword("ChatId")
-TURN_STATUS = SearchAttributeKey.for_keyword("TurnStatus")
-RECOVERY_REASON = SearchAttributeKey.for_keyword("RecoveryReason")
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 # Store writes are idempotent, so retrying them is safe; bounded so a dead
@@ -517,15 +517,15 @@ class ChatTurn:
     def _search_attributes_current(self) -> bool:
         """Our client sets them at start; an operator's signal-with-start does not."""
         current = workflow.info().typed_search_attributes
-        return (current.get(CHAT_ID) == self._state.chat_id
-                and current.get(TURN_STATUS) == self._state.status.value)
+        return (current.get(CHAT_ID_ATTR) == self._state.chat_id
+                and current.get(TURN_STATUS_ATTR) == self._state.status.value)
 
     def _upsert_search_attributes(self) -> None:
         reason = self._state.reason
         workflow.upsert_search_attributes([
-            CHAT_ID.value_set(self._state.chat_id),
-            TURN_STATUS.value_set(self._state.status.value),
-            RECOVERY_REASON.value_set(reason.value) if reason else RECOVERY_REASON.value_unset(),
+            CHAT_ID_ATTR.value_set(self._state.chat_id),
+            TURN_STATUS_ATTR.value_set(self._state.status.value),
+            RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
         ])
 
     # -- inbox ---------------------------------------------------------------
