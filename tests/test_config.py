@@ -1,11 +1,14 @@
 """Settings from the environment: defaults, parsing, clear errors."""
 from __future__ import annotations
 
+import sys
+
 import pytest
+import uvloop
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
-from turnkeeper.config import ConfigError, Settings
-from worker import poller_behavior
+from turnkeeper.config import ConfigError, Settings, event_loop_choice
+from worker import event_loop_factory, poller_behavior
 
 
 def test_defaults_without_any_variable() -> None:
@@ -56,3 +59,29 @@ def test_pollers_autoscale_unless_a_fixed_maximum_is_given(raw: str, expected: i
 def test_a_bad_poller_setting_is_refused_with_its_name(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_POLLERS {message}"):
         Settings.from_env({"TURNKEEPER_POLLERS": raw})
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("", "auto"), ("auto", "auto"), (" UVLOOP ", "uvloop"), ("asyncio", "asyncio"),
+])
+def test_event_loop_choice(raw: str, expected: str) -> None:
+    assert event_loop_choice({"TURNKEEPER_EVENT_LOOP": raw}) == expected
+    assert event_loop_choice({}) == "auto"
+
+
+def test_an_unknown_event_loop_is_refused() -> None:
+    with pytest.raises(ConfigError, match="TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'"):
+        event_loop_choice({"TURNKEEPER_EVENT_LOOP": "trio"})
+
+
+def test_the_worker_runs_on_uvloop_unless_asyncio_is_asked_for() -> None:
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is None
+
+
+def test_without_uvloop_auto_falls_back_and_uvloop_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as on a platform it does not build on
+    assert event_loop_factory("auto") is None
+    with pytest.raises(ConfigError, match="TURNKEEPER_EVENT_LOOP=uvloop, but uvloop is not installed"):
+        event_loop_factory("uvloop")

@@ -64,6 +64,7 @@ async def test_embedded_dev_server_outlives_a_killed_worker(stack: Stack) -> Non
         assert (await asyncio.wait_for(handle.result(), 60)).turn == 2
         log = (stack.dir / "worker1.log").read_text()
         assert "reusing the Temporal dev server" in log
+        assert "event loop uvloop" in log  # TURNKEEPER_EVENT_LOOP=auto, uvloop installed
 
         os.killpg(second.pid, signal.SIGTERM)
         assert second.wait(timeout=60) == 0
@@ -86,6 +87,10 @@ async def test_bad_configuration_is_a_clear_error(stack: Stack) -> None:
     log = (stack.dir / "worker2.log").read_text()
     assert "TURNKEEPER_TOOL_MODULES: cannot load tool module 'tk_no_such_tools'" in log
     assert "Traceback" not in log
+    proc = stack.spawn_worker(TURNKEEPER_EVENT_LOOP="trio")
+    assert proc.wait(timeout=60) == 2
+    assert "TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in \
+        (stack.dir / "worker3.log").read_text()
 
 
 async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:

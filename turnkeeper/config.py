@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,8 @@ ENV_VARS: tuple[str, ...] = (
 DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT")
 """Only used when TEMPORAL_ADDRESS is unset (the embedded dev server)."""
 
-WORKER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_LOG_LEVEL",)
-"""Read by `worker.py` itself, outside `Settings`."""
+WORKER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_LOG_LEVEL", "TURNKEEPER_EVENT_LOOP")
+"""Read by `worker.py` itself, outside `Settings` (before its event loop exists)."""
 
 TEMPORAL_CONNECTION_ENV_VARS: tuple[str, ...] = (
     "TEMPORAL_PROFILE",
@@ -93,6 +94,15 @@ def _bool(env: dict[str, str], name: str, default: bool) -> bool:
 
 # The SDK needs two workflow-task polls at least (one for the sticky queue).
 MIN_FIXED_POLLERS = 2
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def event_loop_choice(env: Mapping[str, str]) -> str:
+    """TURNKEEPER_EVENT_LOOP: `auto` (uvloop where it is installed), `uvloop` or `asyncio`."""
+    raw = env.get("TURNKEEPER_EVENT_LOOP", "").strip().lower() or "auto"
+    if raw not in EVENT_LOOPS:
+        raise ConfigError(f"TURNKEEPER_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {raw!r}")
+    return raw
 
 
 def _pollers(env: dict[str, str], name: str) -> int | None:
