@@ -461,7 +461,12 @@ class PairedRatio:
 
 
 def paired_ratio(a: Result, b: Result) -> PairedRatio:
-    ratios = [x / y for x, y in zip(a.round_turns_per_s, b.round_turns_per_s)]
+    return ratio_of_rounds(a.round_turns_per_s, b.round_turns_per_s)
+
+
+def ratio_of_rounds(a: list[float], b: list[float]) -> PairedRatio:
+    """a/b of two variants' turns per second, round by round."""
+    ratios = [x / y for x, y in zip(a, b)]
     return PairedRatio(statistics.median(ratios), min(ratios), max(ratios), median_interval(ratios))
 
 

@@ -1,0 +1,215 @@
+"""Throughput with each worker in a process of its own, as they are deployed:
+turnkeeper's `python worker.py` with its shipped defaults (uvloop, autoscaled
+pollers, workflow code outside the sandbox) against the bare loop of
+bench/turn_latency.py run by bench/bare_worker.py as a user of the SDK would run
+it (`asyncio.run`, the SDK's defaults). This process only sends the turns and
+waits for their results, the same way for both.
+
+    .venv/bin/python bench/process_throughput.py [--rounds 12] [--turns 150] [--asyncio-variant]
+
+Rounds of `--turns` turns at 50 in flight alternate between the variants (in
+reversed order every other round), on one dev server with the embedded
+server's settings. `--asyncio-variant` adds turnkeeper's worker with
+TURNKEEPER_EVENT_LOOP=asyncio, to show what uvloop gains. See bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+# First of the project's imports: importing _common puts the project on sys.path.
+from _common import ROOT, dev_server, progress, run_and_exit
+from bare_loop import BareTurn
+from turn_latency import SCRIPT, TURN_TIMEOUT_S, PairedRatio, cpu_seconds, ratio_of_rounds
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.models import TurnStatus
+
+IN_FLIGHT = 50
+WARMUP_TURNS = 5
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+GOAL_THROUGHPUT_VS_BARE = 1.0
+
+
+@dataclass
+class WorkerProcess:
+    """One variant: its worker process, and how this process sends it a turn."""
+    key: str
+    label: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    turns_per_s: list[float] = field(default_factory=list)
+    cpu_ms: dict[str, list[float]] = field(default_factory=lambda: {"driver": [], "worker": [], "server": []})
+
+    def spawn(self) -> None:
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def check_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the {self.label} worker exited:\n{self.log.read_text()[-1500:]}")
+
+    async def turn(self) -> None:
+        raise NotImplementedError
+
+
+class TurnkeeperProcess(WorkerProcess):
+    def __init__(self, client: Client, address: str, tmp: Path, key: str, label: str,
+                 env: dict[str, str] | None = None) -> None:
+        script = tmp / "script.json"
+        script.write_text(json.dumps(SCRIPT))
+        worker_env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": address,
+            "TURNKEEPER_TASK_QUEUE": f"bench-{key}-{uuid.uuid4().hex[:8]}",
+            "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+            "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+            "TURNKEEPER_MODEL": f"scripted:{script}",
+            "TURNKEEPER_LOG_LEVEL": "WARNING",
+            **(env or {}),
+        }
+        super().__init__(key, label, [sys.executable, str(ROOT / "worker.py")], worker_env, tmp / "worker.log")
+        self.client = client
+        self.settings = Settings.from_env(worker_env)
+
+    async def turn(self) -> None:
+        chat_id = f"bench-{uuid.uuid4().hex[:12]}"
+        handle = await tk.send_message(self.client, self.settings, chat_id,
+                                       tk.new_message("write the file", self.settings))
+        state = await handle.result()
+        if state.status != TurnStatus.COMPLETED:
+            raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
+
+
+class BareProcess(WorkerProcess):
+    def __init__(self, client: Client, address: str, tmp: Path) -> None:
+        self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
+        command = [sys.executable, str(ROOT / "bench" / "bare_worker.py"), address, self.task_queue,
+                   str(tmp / "ws")]
+        super().__init__("bare", "bare Temporal loop", command, dict(os.environ), tmp / "worker.log")
+        self.client = client
+
+    async def turn(self) -> None:
+        turn_id = uuid.uuid4().hex[:12]
+        text = await self.client.execute_workflow(BareTurn.run, turn_id, id=f"bare-{turn_id}",
+                                                  task_queue=self.task_queue)
+        if text != "done":
+            raise RuntimeError(f"bare turn answered {text!r}")
+
+
+async def burst(v: WorkerProcess, turns: int, server_pid: int) -> None:
+    assert v.proc is not None
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one() -> None:
+        async with gate:
+            await asyncio.wait_for(v.turn(), TURN_TIMEOUT_S)
+
+    driver, worker, server = time.process_time(), cpu_seconds(v.proc.pid), cpu_seconds(server_pid)
+    start = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(turns)))
+    v.turns_per_s.append(turns / (time.perf_counter() - start))
+    v.cpu_ms["driver"].append((time.process_time() - driver) * 1000 / turns)
+    v.cpu_ms["worker"].append((cpu_seconds(v.proc.pid) - worker) * 1000 / turns)
+    v.cpu_ms["server"].append((cpu_seconds(server_pid) - server) * 1000 / turns)
+    v.check_running()
+
+
+async def run(rounds: int, turns: int, with_asyncio: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="tk-processes-") as tmp_name:
+        tmp = Path(tmp_name)
+        async with dev_server(tmp) as server:
+            client = await Client.connect(server.address, data_converter=pydantic_data_converter)
+            for sub in ("turnkeeper", "turnkeeper-asyncio", "bare"):
+                (tmp / sub).mkdir()
+            variants: list[WorkerProcess] = [
+                TurnkeeperProcess(client, server.address, tmp / "turnkeeper", "turnkeeper", "turnkeeper"),
+                *([TurnkeeperProcess(client, server.address, tmp / "turnkeeper-asyncio", "turnkeeper_asyncio",
+                                     "turnkeeper, asyncio loop", env={"TURNKEEPER_EVENT_LOOP": "asyncio"})]
+                  if with_asyncio else []),
+                BareProcess(client, server.address, tmp / "bare"),
+            ]
+            try:
+                for v in variants:
+                    v.spawn()
+                progress(f"warm-up: {WARMUP_TURNS} turns per variant (the first waits for its worker)")
+                for v in variants:
+                    await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
+                    for _ in range(WARMUP_TURNS - 1):
+                        await v.turn()
+                for i in range(rounds):
+                    progress(f"round {i + 1} of {rounds}: {turns} turns per variant, {IN_FLIGHT} in flight")
+                    for v in (variants if i % 2 == 0 else variants[::-1]):
+                        await burst(v, turns, server.pid)
+            finally:
+                for v in variants:
+                    v.stop()
+            report({v.key: v for v in variants}, rounds, turns)
+
+
+def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> None:
+    print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
+          "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
+          "results), the worker process and the dev server")
+    print(f"{'variant':<26}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
+    for v in variants.values():
+        cpu = {k: statistics.median(x) for k, x in v.cpu_ms.items()}
+        print(f"{v.label:<26}{statistics.median(v.turns_per_s):>9.1f}{cpu['driver']:>8.1f}"
+              f"{cpu['worker']:>8.1f}{cpu['server']:>8.1f}{sum(cpu.values()):>8.1f}")
+
+    tk_, bare = variants["turnkeeper"], variants["bare"]
+    spreads: dict[str, PairedRatio] = {
+        "turnkeeper/bare throughput": ratio_of_rounds(tk_.turns_per_s, bare.turns_per_s)}
+    if "turnkeeper_asyncio" in variants:
+        spreads["turnkeeper uvloop/asyncio throughput"] = ratio_of_rounds(
+            tk_.turns_per_s, variants["turnkeeper_asyncio"].turns_per_s)
+    print("\nratios (the median over the rounds of each round's ratio; the lowest-highest round; where the "
+          "median of such rounds lies with the chance given)")
+    for name, r in spreads.items():
+        print(f"  {name:<40}{r.median:>8.2f}x   {r.describe()}")
+    ours = spreads["turnkeeper/bare throughput"]
+    print("\ngoal (turnkeeper)")
+    print(f"  {'throughput >= bare':<26}{ours.median:>10.2f} x   "
+          f"{'PASS' if ours.median >= GOAL_THROUGHPUT_VS_BARE else 'MISS'}   {ours.note(GOAL_THROUGHPUT_VS_BARE)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=12, help="alternating rounds (default 12)")
+    parser.add_argument("--turns", type=int, default=150, help="turns per variant per round (default 150)")
+    parser.add_argument("--asyncio-variant", action="store_true",
+                        help="also run turnkeeper's worker with TURNKEEPER_EVENT_LOOP=asyncio")
+    args = parser.parse_args()
+    run_and_exit(run(args.rounds, args.turns, args.asyncio_variant))
+
+
+if __name__ == "__main__":
+    main()
