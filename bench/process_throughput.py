@@ -34,10 +34,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 # First of the project's imports: importing _common puts the project on sys.path.
 from _common import ROOT, dev_server, progress, run_and_exit
 from bare_loop import BareTurn
-from turn_latency import SCRIPT, TURN_TIMEOUT_S, PairedRatio, cpu_seconds, ratio_of_rounds
-from turnkeeper import client as tk
+from turn_latency import SCRIPT, TURN_TIMEOUT_S, PairedRatio, cpu_seconds, ratio_of_rounds, turnkeeper_turn
 from turnkeeper.config import Settings
-from turnkeeper.models import TurnStatus
 
 IN_FLIGHT = 50
 WARMUP_TURNS = 5
@@ -101,12 +99,7 @@ class TurnkeeperProcess(WorkerProcess):
         self.settings = Settings.from_env(worker_env)
 
     async def turn(self) -> None:
-        chat_id = f"bench-{uuid.uuid4().hex[:12]}"
-        handle = await tk.send_message(self.client, self.settings, chat_id,
-                                       tk.new_message("write the file", self.settings))
-        state = await handle.result()
-        if state.status != TurnStatus.COMPLETED:
-            raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
+        await turnkeeper_turn(self.client, self.settings)
 
 
 class BareProcess(WorkerProcess):

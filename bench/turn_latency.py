@@ -224,13 +224,17 @@ class Turnkeeper(Variant):
             await self._task
 
     async def _turn(self) -> tuple[str | None, str | None]:
-        chat_id = f"bench-{uuid.uuid4().hex[:12]}"
-        handle = await tk.send_message(self.client, self.settings, chat_id,
-                                       tk.new_message("write the file", self.settings))
-        state = await handle.result()
-        if state.status != TurnStatus.COMPLETED:
-            raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
-        return handle.id, handle.result_run_id
+        return await turnkeeper_turn(self.client, self.settings)
+
+
+async def turnkeeper_turn(client: Client, settings: Settings) -> tuple[str, str | None]:
+    """One benchmark turn in a fresh chat, sent as any client sends it; its workflow and run id."""
+    chat_id = f"bench-{uuid.uuid4().hex[:12]}"
+    handle = await tk.send_message(client, settings, chat_id, tk.new_message("write the file", settings))
+    state = await handle.result()
+    if state.status != TurnStatus.COMPLETED:
+        raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
+    return handle.id, handle.result_run_id
 
 
 class Bare(Variant):
