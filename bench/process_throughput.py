@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +33,16 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 # First of the project's imports: importing _common puts the project on sys.path.
-from _common import ROOT, dev_server, progress, run_and_exit
-from bare_loop import BareTurn
-from turn_latency import SCRIPT, TURN_TIMEOUT_S, PairedRatio, cpu_seconds, ratio_of_rounds, turnkeeper_turn
+from _common import ROOT, alternate_rounds, dev_server, progress, run_and_exit
+from turn_latency import (
+    SCRIPT,
+    TURN_TIMEOUT_S,
+    PairedRatio,
+    bare_turn,
+    cpu_seconds,
+    ratio_of_rounds,
+    turnkeeper_turn,
+)
 from turnkeeper.config import Settings
 
 IN_FLIGHT = 50
@@ -45,7 +53,7 @@ GOAL_THROUGHPUT_VS_BARE = 1.0
 
 
 @dataclass
-class WorkerProcess:
+class WorkerProcess(ABC):
     """One variant: its worker process, and how this process sends it a turn."""
     key: str
     label: str
@@ -75,8 +83,8 @@ class WorkerProcess:
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"the {self.label} worker exited:\n{self.log.read_text()[-1500:]}")
 
-    async def turn(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def turn(self) -> None: ...
 
 
 class TurnkeeperProcess(WorkerProcess):
@@ -111,11 +119,7 @@ class BareProcess(WorkerProcess):
         self.client = client
 
     async def turn(self) -> None:
-        turn_id = uuid.uuid4().hex[:12]
-        text = await self.client.execute_workflow(BareTurn.run, turn_id, id=f"bare-{turn_id}",
-                                                  task_queue=self.task_queue)
-        if text != "done":
-            raise RuntimeError(f"bare turn answered {text!r}")
+        await bare_turn(self.client, self.task_queue)
 
 
 async def burst(v: WorkerProcess, turns: int, server_pid: int) -> None:
@@ -153,15 +157,12 @@ async def run(rounds: int, turns: int, with_asyncio: bool) -> None:
             try:
                 for v in variants:
                     v.spawn()
-                progress(f"warm-up: {WARMUP_TURNS} turns per variant (the first waits for its worker)")
+                progress("waiting for each worker to take a first turn")
                 for v in variants:
                     await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
-                    for _ in range(WARMUP_TURNS - 1):
-                        await v.turn()
-                for i in range(rounds):
-                    progress(f"round {i + 1} of {rounds}: {turns} turns per variant, {IN_FLIGHT} in flight")
-                    for v in (variants if i % 2 == 0 else variants[::-1]):
-                        await burst(v, turns, server.pid)
+                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
+                                       burst=lambda v: burst(v, turns, server.pid),
+                                       per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
             finally:
                 for v in variants:
                     v.stop()

@@ -261,13 +261,17 @@ class Bare(Variant):
             await self._task
 
     async def _turn(self) -> tuple[str | None, str | None]:
-        turn_id = uuid.uuid4().hex[:12]
-        workflow_id = f"bare-{turn_id}"
-        text = await self.client.execute_workflow(BareTurn.run, turn_id, id=workflow_id,
-                                                  task_queue=self.task_queue)
-        if text != "done":
-            raise RuntimeError(f"bare turn answered {text!r}")
-        return workflow_id, None
+        return await bare_turn(self.client, self.task_queue), None
+
+
+async def bare_turn(client: Client, task_queue: str) -> str:
+    """One bare-loop turn on `task_queue`; its workflow id."""
+    turn_id = uuid.uuid4().hex[:12]
+    workflow_id = f"bare-{turn_id}"
+    text = await client.execute_workflow(BareTurn.run, turn_id, id=workflow_id, task_queue=task_queue)
+    if text != "done":
+        raise RuntimeError(f"bare turn answered {text!r}")
+    return workflow_id
 
 
 class Agents(Variant):

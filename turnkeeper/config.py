@@ -94,15 +94,6 @@ def _bool(env: dict[str, str], name: str, default: bool) -> bool:
 
 # The SDK needs two workflow-task polls at least (one for the sticky queue).
 MIN_FIXED_POLLERS = 2
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-def event_loop_choice(env: Mapping[str, str]) -> str:
-    """TURNKEEPER_EVENT_LOOP: `auto` (uvloop where it is installed), `uvloop` or `asyncio`."""
-    raw = env.get("TURNKEEPER_EVENT_LOOP", "").strip().lower() or "auto"
-    if raw not in EVENT_LOOPS:
-        raise ConfigError(f"TURNKEEPER_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {raw!r}")
-    return raw
 
 
 def _pollers(env: dict[str, str], name: str) -> int | None:
@@ -113,6 +104,17 @@ def _pollers(env: dict[str, str], name: str) -> int | None:
     if not raw.isdigit():
         raise ConfigError(f"{name} must be `auto` or a whole number, got {raw!r}")
     return _int(env, name, 0, minimum=MIN_FIXED_POLLERS)
+
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def event_loop_choice(env: Mapping[str, str]) -> str:
+    """TURNKEEPER_EVENT_LOOP: `auto` (uvloop where it is installed), `uvloop` or `asyncio`."""
+    raw = env.get("TURNKEEPER_EVENT_LOOP", "").strip().lower() or "auto"
+    if raw not in EVENT_LOOPS:
+        raise ConfigError(f"TURNKEEPER_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {raw!r}")
+    return raw
 
 
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
