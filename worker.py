@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -45,15 +46,30 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
-def poller_behavior(settings: Settings) -> PollerBehavior:
-    """By default pollers scale on the server's hints (Temporal Server 1.28+)
-    rather than staying at the SDK's fixed five: with turns in flight fewer tasks
-    then go through the task queue's backlog (a write and a read on the server).
-    The SDK's floor of one poll is kept: a higher floor drew a burst of turns
-    onto the worker whose polls waited longest, instead of sharing it."""
-    if settings.max_pollers is None:
-        return PollerBehaviorAutoscaling()
-    return PollerBehaviorSimpleMaximum(settings.max_pollers)
+# Workflow-task polls kept waiting by default; the SDK puts four fifths of them on
+# the worker's own sticky queue (see `poller_behaviors`).
+WORKFLOW_TASK_POLLS = 50
+
+
+@dataclass(frozen=True)
+class PollerBehaviors:
+    workflow_tasks: PollerBehavior
+    activity_tasks: PollerBehavior
+
+
+def poller_behaviors(settings: Settings) -> PollerBehaviors:
+    """A turn's later workflow tasks go to this worker's sticky queue; one that
+    finds no poll waiting goes through the queue's backlog, a write and a read on
+    the server. Autoscaling left about one such write per turn at 50 turns in
+    flight; 50 fixed polls (40 sticky, 10 shared) halve that, and 10 shared polls
+    still spread a burst over several workers. Activities mostly start eagerly, so
+    their polls scale on the server's hints. A fixed `max_pollers` caps both, as
+    a server before 1.28 needs."""
+    if settings.max_pollers is not None:
+        fixed = PollerBehaviorSimpleMaximum(settings.max_pollers)
+        return PollerBehaviors(workflow_tasks=fixed, activity_tasks=fixed)
+    return PollerBehaviors(workflow_tasks=PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS),
+                           activity_tasks=PollerBehaviorAutoscaling())
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -113,6 +129,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
                     "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
     settings.workspace.mkdir(parents=True, exist_ok=True)
+    pollers = poller_behaviors(settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -123,8 +140,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-        workflow_task_poller_behavior=poller_behavior(settings),
-        activity_task_poller_behavior=poller_behavior(settings),
+        workflow_task_poller_behavior=pollers.workflow_tasks,
+        activity_task_poller_behavior=pollers.activity_tasks,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),

@@ -186,7 +186,8 @@ class Variant(ABC):
 
 
 # What the optional turnkeeper variants change: workflow code in Temporal's sandbox
-# (its CPU cost), and the SDK's former fixed five pollers (what autoscaling gains).
+# (its CPU cost), and the SDK's fixed five pollers (what the worker's own poller
+# settings gain, worker.poller_behaviors).
 SANDBOX_ON = {"TURNKEEPER_WORKFLOW_SANDBOX": "on"}
 FIXED_POLLERS = {"TURNKEEPER_POLLERS": "5"}
 
@@ -589,7 +590,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     if sandboxed is not None:
         spreads["turnkeeper sandbox on/off throughput"] = paired_ratio(sandboxed, tk_)
     if fixed is not None:
-        spreads["turnkeeper autoscaled/fixed pollers"] = paired_ratio(tk_, fixed)
+        spreads["turnkeeper default/5 fixed pollers"] = paired_ratio(tk_, fixed)
     if agents is not None:
         spreads["turnkeeper/agents throughput"] = paired_ratio(tk_, agents)
     ratios = {
@@ -606,7 +607,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         ratios["turnkeeper sandbox on/off throughput"] = spreads["turnkeeper sandbox on/off throughput"].median
         ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
     if fixed is not None:
-        ratios["turnkeeper autoscaled/fixed pollers"] = spreads["turnkeeper autoscaled/fixed pollers"].median
+        ratios["turnkeeper default/5 fixed pollers"] = spreads["turnkeeper default/5 fixed pollers"].median
         ratios["fixed pollers/bare throughput"] = paired_ratio(fixed, bare).median
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
@@ -717,7 +718,7 @@ def main() -> None:
                         help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs")
     parser.add_argument("--fixed-pollers-variant", action="store_true",
                         help="also run turnkeeper with TURNKEEPER_POLLERS=5 (the SDK's fixed default), to show "
-                        "what the autoscaled pollers gain")
+                        "what the worker's own poller settings gain")
     parser.add_argument("--cli-server-defaults", action="store_true",
                         help="start the dev server as `temporal server start-dev` would be by default, without "
                         "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")

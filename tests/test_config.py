@@ -8,7 +8,7 @@ import uvloop
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
 from turnkeeper.config import ConfigError, Settings, event_loop_choice
-from worker import event_loop_factory, poller_behavior
+from worker import WORKFLOW_TASK_POLLS, event_loop_factory, poller_behaviors
 
 
 def test_defaults_without_any_variable() -> None:
@@ -41,14 +41,16 @@ def test_a_bad_number_is_refused_with_its_name(raw: str, message: str) -> None:
 
 
 @pytest.mark.parametrize("raw, expected", [("", None), ("auto", None), (" AUTO ", None), ("2", 2), ("20", 20)])
-def test_pollers_autoscale_unless_a_fixed_maximum_is_given(raw: str, expected: int | None) -> None:
+def test_pollers_default_or_a_fixed_maximum(raw: str, expected: int | None) -> None:
     settings = Settings.from_env({"TURNKEEPER_POLLERS": raw})
     assert settings.max_pollers == expected
-    behavior = poller_behavior(settings)
+    pollers = poller_behaviors(settings)
     if expected is None:
-        assert isinstance(behavior, PollerBehaviorAutoscaling)
+        # Enough workflow-task polls that sticky tasks find one waiting; activities autoscale.
+        assert pollers.workflow_tasks == PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS)
+        assert isinstance(pollers.activity_tasks, PollerBehaviorAutoscaling)
     else:
-        assert behavior == PollerBehaviorSimpleMaximum(expected)
+        assert pollers.workflow_tasks == pollers.activity_tasks == PollerBehaviorSimpleMaximum(expected)
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -151,8 +151,9 @@ class Settings:
     # wraps every payload, adding about a third to the worker's CPU per turn. The test
     # suite turns it on, so a non-deterministic call in workflow code still fails CI.
     workflow_sandbox: bool = False
-    # None: pollers scale on the server's hints; a number: at most that many polls
-    # per task type, as workers for a server before 1.28 need.
+    # None: 50 workflow-task polls, activity polls scaled on the server's hints
+    # (worker.poller_behaviors); a number: at most that many polls per task type,
+    # as workers for a server before 1.28 need.
     max_pollers: int | None = None
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
