@@ -1,12 +1,13 @@
 """How many tasks go through the task queue's backlog per turn, by poller setting:
 
-    .venv/bin/python bench/poller_backlog.py [--pollers auto,5,50] [--rounds 2] [--turns 300]
+    .venv/bin/python bench/poller_backlog.py [--pollers auto,5] [--rounds 2] [--turns 300]
 
 A workflow or activity task that finds no poll waiting is written to the task
 queue's backlog and read back later: server work a waiting poll saves. The dev
 server here runs with `--metrics-port`; its `persistence_requests` counter for
-`CreateTasks` is read before and after each burst of `--turns` turns at 50 in
-flight. Every setting of `TURNKEEPER_POLLERS` gets its own real worker and task
+`CreateTasks`, and its count of workflow tasks written to a sticky queue's
+backlog and to the shared queue's, are read before and after each burst of
+`--turns` turns at 50 in flight. Every setting of `TURNKEEPER_POLLERS` gets its own real worker and task
 queue on the one server; bursts alternate between them. See bench/README.md.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import tempfile
 import time
 import urllib.request
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 # First of the project's imports: importing _common puts the project on sys.path.
@@ -30,19 +32,39 @@ IN_FLIGHT = 50
 WARMUP_TURNS = 5
 
 
-async def create_tasks(metrics_port: int) -> float:
-    """The server's backlog writes so far."""
-    return await asyncio.to_thread(_create_tasks, metrics_port)
+@dataclass(frozen=True)
+class Backlog:
+    """Counters of the server's, so far: `CreateTasks` persistence requests (one
+    may write several tasks), and workflow tasks written to the backlog of a
+    sticky queue and of the shared queue's partitions."""
+    create_tasks: float = 0.0
+    sticky: float = 0.0
+    shared: float = 0.0
+
+    def per_turn(self, before: Backlog, turns: int) -> Backlog:
+        return Backlog(*((a - b) / turns for a, b in zip(astuple(self), astuple(before))))
 
 
-def _create_tasks(metrics_port: int) -> float:
+async def backlog(metrics_port: int) -> Backlog:
+    return await asyncio.to_thread(_backlog, metrics_port)
+
+
+def _backlog(metrics_port: int) -> Backlog:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    total = 0.0
+    create = sticky = shared = 0.0
     for line in text.splitlines():
-        m = re.match(r'persistence_requests\{.*operation="(\w+)".*\} (\S+)$', line)
-        if m and m.group(1) == "CreateTasks":
-            total += float(m.group(2))
-    return total
+        m = re.match(r'(\w+)\{(.*)\} (\S+)$', line)
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2), float(m.group(3))
+        if name == "persistence_requests" and 'operation="CreateTasks"' in labels:
+            create += value
+        elif name == "task_write_latency_count" and 'task_type="Workflow"' in labels:
+            if 'partition="__sticky__"' in labels:
+                sticky += value
+            else:
+                shared += value
+    return Backlog(create, sticky, shared)
 
 
 async def run(pollers: list[str], rounds: int, turns: int) -> None:
@@ -57,7 +79,7 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
                 variants.append(Turnkeeper(client, server.address, tmp / setting, key=setting,
                                            label=f"TURNKEEPER_POLLERS={setting}",
                                            env={"TURNKEEPER_POLLERS": setting}))
-            results: dict[str, list[tuple[float, float, float]]] = {v.key: [] for v in variants}
+            results: dict[str, list[tuple[float, Backlog, float]]] = {v.key: [] for v in variants}
             async with contextlib.AsyncExitStack() as stack:
                 for v in variants:
                     await v.start()
@@ -69,31 +91,33 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
                 await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measure,
                                        per_round=f"{turns} turns per setting, {IN_FLIGHT} in flight")
     print(f"\nper turn, {turns} turns per burst at {IN_FLIGHT} in flight; one line per burst")
-    print(f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'server CPU ms':>15}")
+    print("(CreateTasks: the server's backlog write requests; sticky and shared: workflow tasks written "
+          "to the backlog of a sticky queue and of the shared queue)")
+    print(f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'sticky':>8}{'shared':>8}{'server CPU ms':>15}")
     for key, rows in results.items():
-        for tps, create, server_ms in rows:
-            print(f"{key:<20}{tps:>9.1f}{create:>13.2f}{server_ms:>15.1f}")
+        for tps, b, server_ms in rows:
+            print(f"{key:<20}{tps:>9.1f}{b.create_tasks:>13.2f}{b.sticky:>8.2f}{b.shared:>8.2f}{server_ms:>15.1f}")
 
 
 async def burst(v: Turnkeeper, turns: int, metrics_port: int,
-                server_pid: int) -> tuple[float, float, float]:
+                server_pid: int) -> tuple[float, Backlog, float]:
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one() -> None:
         async with gate:
             await v.turn()
 
-    before, cpu_before, start = await create_tasks(metrics_port), cpu_seconds(server_pid), time.perf_counter()
+    before, cpu_before, start = await backlog(metrics_port), cpu_seconds(server_pid), time.perf_counter()
     await asyncio.gather(*(one() for _ in range(turns)))
     elapsed = time.perf_counter() - start
-    return (turns / elapsed, (await create_tasks(metrics_port) - before) / turns,
+    return (turns / elapsed, (await backlog(metrics_port)).per_turn(before, turns),
             (cpu_seconds(server_pid) - cpu_before) * 1000 / turns)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pollers", default="auto,5,50",
-                        help="comma-separated TURNKEEPER_POLLERS settings (default auto,5,50)")
+    parser.add_argument("--pollers", default="auto,5",
+                        help="comma-separated TURNKEEPER_POLLERS settings (default auto,5)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--turns", type=int, default=300, help="turns per setting per round")
     args = parser.parse_args()
