@@ -26,8 +26,9 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -140,7 +141,7 @@ async def burst(v: WorkerProcess, turns: int, server_pid: int) -> None:
     v.check_running()
 
 
-async def run(rounds: int, turns: int, with_asyncio: bool) -> None:
+async def run(rounds: int, turns: int, with_asyncio: bool, json_out: Path | None) -> None:
     with tempfile.TemporaryDirectory(prefix="tk-processes-") as tmp_name:
         tmp = Path(tmp_name)
         async with dev_server(tmp) as server:
@@ -166,10 +167,12 @@ async def run(rounds: int, turns: int, with_asyncio: bool) -> None:
             finally:
                 for v in variants:
                     v.stop()
-            report({v.key: v for v in variants}, rounds, turns)
+            summary = report({v.key: v for v in variants}, rounds, turns)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2))
 
 
-def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> None:
+def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> dict[str, Any]:
     print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
           "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
           "results), the worker process and the dev server")
@@ -193,6 +196,14 @@ def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> None:
     print("\ngoal (turnkeeper)")
     print(f"  {'throughput >= bare':<26}{ours.median:>10.2f} x   "
           f"{'PASS' if ours.median >= GOAL_THROUGHPUT_VS_BARE else 'MISS'}   {ours.note(GOAL_THROUGHPUT_VS_BARE)}")
+    return {
+        "rounds": rounds, "turns_per_round": turns, "in_flight": IN_FLIGHT,
+        "variants": {v.key: {"label": v.label, "turns_per_s": statistics.median(v.turns_per_s),
+                             "round_turns_per_s": v.turns_per_s,
+                             "cpu_ms_per_turn": {k: statistics.median(x) for k, x in v.cpu_ms.items()}}
+                     for v in variants.values()},
+        "ratios": {name: asdict(r) for name, r in spreads.items()},
+    }
 
 
 def main() -> None:
@@ -201,8 +212,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=150, help="turns per variant per round (default 150)")
     parser.add_argument("--asyncio-variant", action="store_true",
                         help="also run turnkeeper's worker with TURNKEEPER_EVENT_LOOP=asyncio")
+    parser.add_argument("--json-out", type=Path, help="also write the results to this file as JSON")
     args = parser.parse_args()
-    run_and_exit(run(args.rounds, args.turns, args.asyncio_variant))
+    run_and_exit(run(args.rounds, args.turns, args.asyncio_variant, args.json_out))
 
 
 if __name__ == "__main__":

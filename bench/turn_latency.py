@@ -1,7 +1,7 @@
 """Turn latency and throughput of turnkeeper against a bare Temporal loop and a
 plain in-process loop, measured side by side in one run.
 
-    .venv/bin/python bench/turn_latency.py [--quick] [--json]
+    .venv/bin/python bench/turn_latency.py [--quick] [--no-deployed] [--json]
 
 Every variant runs the same turn: model call -> `write_file` tool -> model call
 (final text), with the scripted model and the real built-in `write_file` tool.
@@ -18,7 +18,9 @@ Every variant runs the same turn: model call -> `write_file` tool -> model call
 Each Temporal variant has its own task queue and its own in-process worker on
 one Temporal dev server started here (on-disk SQLite, like the embedded server
 the worker starts). Measurements alternate between variants so that the noise
-of a small shared machine falls on all of them alike. See bench/README.md.
+of a small shared machine falls on all of them alike. Then, unless --no-deployed,
+bench/process_throughput.py measures throughput once more with each worker in a
+process of its own, as deployed. See bench/README.md.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -99,13 +102,17 @@ class Plan:
     in_flight: int        # throughput: turns running at once
     rounds: int           # throughput: split into this many alternating rounds
     history_samples: int  # runs whose history is fetched per Temporal variant
+    deployed_rounds: int  # throughput as deployed (process_throughput.py): rounds,
+    deployed_turns: int   # and turns per variant per round
 
 
 # Throughput comes in rounds so that each is compared with its neighbours in time:
 # this machine's speed drifts by a quarter within minutes. Twelve rounds narrow
 # the interval around the median ratio to the third lowest-third highest round.
-FULL = Plan(sequential=30, throughput=1800, in_flight=50, rounds=12, history_samples=5)
-QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3)
+FULL = Plan(sequential=30, throughput=1800, in_flight=50, rounds=12, history_samples=5,
+            deployed_rounds=12, deployed_turns=150)
+QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3,
+             deployed_rounds=1, deployed_turns=50)
 
 
 # -- the dev server's CPU time -------------------------------------------------------
@@ -451,6 +458,11 @@ class PairedRatio:
     highest: float
     interval: tuple[float, float, float]  # median_interval: low, high, its coverage
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PairedRatio:
+        low, high, coverage = data["interval"]
+        return cls(data["median"], data["lowest"], data["highest"], (low, high, coverage))
+
     def describe(self) -> str:
         low, high, coverage = self.interval
         spread = f"{self.lowest:.2f}-{self.highest:.2f}"
@@ -563,7 +575,7 @@ def ratio(a: float, b: float) -> float:
 
 
 def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, list[dict[str, Any]]]],
-           plan: Plan, server: ServerSetup) -> dict[str, Any]:
+           plan: Plan, server: ServerSetup, deployed: dict[str, Any] | None) -> dict[str, Any]:
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
@@ -612,6 +624,11 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     if agents is not None:
         ratios["turnkeeper/agents median"] = ratio(tk_.median_ms, agents.median_ms)
         ratios["turnkeeper/agents throughput"] = spreads["turnkeeper/agents throughput"].median
+    if deployed is not None:
+        print_deployed(deployed)
+        spreads["turnkeeper/bare throughput, as deployed"] = PairedRatio.from_json(
+            deployed["ratios"]["turnkeeper/bare throughput"])
+        ratios["turnkeeper/bare throughput, as deployed"] = spreads["turnkeeper/bare throughput, as deployed"].median
     print()
     print("ratios (throughput: the median over the rounds of each round's ratio; after it the lowest-highest "
           "round, and where the median of such rounds lies with the chance given)")
@@ -629,6 +646,10 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         ("throughput >= bare", f"{bare_tp.median:.2f} x", bare_tp.median >= GOAL_THROUGHPUT_VS_BARE,
          bare_tp.note(GOAL_THROUGHPUT_VS_BARE)),
     ]
+    if deployed is not None:
+        deployed_tp = spreads["turnkeeper/bare throughput, as deployed"]
+        goals.append(("throughput >= bare, deployed", f"{deployed_tp.median:.2f} x",
+                      deployed_tp.median >= GOAL_THROUGHPUT_VS_BARE, deployed_tp.note(GOAL_THROUGHPUT_VS_BARE)))
     if agents is not None:  # issue 4: at least as good as Temporal's own integration
         agents_tp = spreads["turnkeeper/agents throughput"]
         goals += [
@@ -639,7 +660,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     print()
     print("goals (turnkeeper)")
     for goal, value, ok, note in goals:
-        print(f"  {goal:<26}{value:>12}   {'PASS' if ok else 'MISS'}" + (f"   {note}" if note else ""))
+        print(f"  {goal:<30}{value:>12}   {'PASS' if ok else 'MISS'}" + (f"   {note}" if note else ""))
 
     for key, (record, rows) in timelines.items():
         span = rows[-1]["at_ms"] if rows else 0.0
@@ -656,13 +677,48 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         "throughput_round_ratios": {k: {"median": r.median, "lowest": r.lowest, "highest": r.highest,
                                         "interval": list(r.interval)} for k, r in spreads.items()},
         "timelines": {k: {"client_ms": rec.ms, "events": rows} for k, (rec, rows) in timelines.items()},
+        "deployed": deployed,
         "history_bytes": "proto: serialized temporal.api.history.v1.History size; json: len(to_json())",
     }
 
 
+# -- throughput as deployed ------------------------------------------------------------------
+
+async def deployed_throughput(plan: Plan) -> dict[str, Any]:
+    """process_throughput.py in a process of its own: each worker as it is deployed,
+    on a fresh dev server with the embedded server's settings."""
+    progress("throughput as deployed: bench/process_throughput.py")
+    with tempfile.TemporaryDirectory(prefix="turnkeeper-deployed-") as tmp_name:
+        out = Path(tmp_name) / "deployed.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).with_name("process_throughput.py")),
+            "--rounds", str(plan.deployed_rounds), "--turns", str(plan.deployed_turns), "--json-out", str(out),
+            stdout=asyncio.subprocess.PIPE)  # its report is ours to print; its progress goes to stderr
+        printed, _ = await proc.communicate()
+        if proc.returncode != 0 or not out.exists():
+            raise RuntimeError(f"process_throughput.py exited {proc.returncode}:\n{printed.decode()[-1500:]}")
+        return json.loads(out.read_text())
+
+
+def print_deployed(deployed: dict[str, Any]) -> None:
+    print()
+    print(f"throughput as deployed (bench/process_throughput.py): each worker a process of its own, "
+          f"turnkeeper's `python worker.py` against the bare loop's worker as a user runs it; "
+          f"{deployed['rounds']} round{'s' if deployed['rounds'] != 1 else ''} of {deployed['turns_per_round']} "
+          "turns per variant, "
+          f"{deployed['in_flight']} in flight; CPU ms per turn of the sending process, the worker and the dev "
+          "server")
+    print(f"{'variant':<26}{'turns/s':>9}{'CPU ms/turn':>22}")
+    for v in deployed["variants"].values():
+        cpu = v["cpu_ms_per_turn"]
+        parts = f"{cpu['driver']:.1f} + {cpu['worker']:.1f} + {cpu['server']:.1f}"
+        print(f"{v['label']:<26}{v['turns_per_s']:>9.1f}{parts:>22}")
+
+
 # -- main ------------------------------------------------------------------------------------
 
-async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool, with_fixed_pollers: bool) -> None:
+async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool, with_fixed_pollers: bool,
+              with_deployed: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
@@ -691,7 +747,8 @@ async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool,
                 timelines = {v.key: await median_timeline(client, turns[v.key])
                              for v in variants if v.temporal}
                 progress("stopping workers and the dev server")
-            summary = report(results, timelines, plan, setup)
+        deployed = await deployed_throughput(plan) if with_deployed else None
+        summary = report(results, timelines, plan, setup, deployed)
     if as_json:
         print()
         print(json.dumps(summary, indent=2))
@@ -722,11 +779,15 @@ def main() -> None:
     parser.add_argument("--cli-server-defaults", action="store_true",
                         help="start the dev server as `temporal server start-dev` would be by default, without "
                         "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")
+    parser.add_argument("--no-deployed", action="store_true",
+                        help="skip the throughput of the workers as deployed (bench/process_throughput.py)")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     setup = ServerSetup(dict(FAST_DISPATCH) if args.fast_dispatch else {}, args.cli_server_defaults)
+    # process_throughput.py runs its own server with the embedded settings only.
+    with_deployed = not args.no_deployed and setup == ServerSetup({}, False)
     run_and_exit(run(QUICK if args.quick else FULL, setup, args.json, args.sandbox_variant,
-                        args.fixed_pollers_variant))
+                        args.fixed_pollers_variant, with_deployed))
 
 
 if __name__ == "__main__":
