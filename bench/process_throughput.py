@@ -1,6 +1,6 @@
 """Throughput with each worker in a process of its own, as they are deployed:
-turnkeeper's `python worker.py` with its shipped defaults (uvloop, autoscaled
-pollers, workflow code outside the sandbox) against the bare loop of
+turnkeeper's `python worker.py` with its shipped defaults (uvloop, its poller
+settings, workflow code outside the sandbox) against the bare loop of
 bench/turn_latency.py run by bench/bare_worker.py as a user of the SDK would run
 it (`asyncio.run`, the SDK's defaults). This process only sends the turns and
 waits for their results, the same way for both.
