@@ -46,9 +46,11 @@ STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
-# Workflow-task polls kept waiting by default; the SDK puts four fifths of them on
-# the worker's own sticky queue (see `poller_behaviors`).
+# Workflow-task polls kept waiting by default, and the share of them on the shared
+# queue (the SDK's default share): 40 wait on the worker's sticky queue, 10 on the
+# shared one (see `poller_behaviors`).
 WORKFLOW_TASK_POLLS = 50
+SHARED_QUEUE_POLL_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         workflow_task_poller_behavior=pollers.workflow_tasks,
+        nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLL_SHARE,
         activity_task_poller_behavior=pollers.activity_tasks,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
