@@ -7,8 +7,9 @@ queue's backlog and read back later: server work a waiting poll saves. The dev
 server here runs with `--metrics-port`; its `persistence_requests` counter for
 `CreateTasks`, and its count of workflow tasks written to a sticky queue's
 backlog and to the shared queue's, are read before and after each burst of
-`--turns` turns at 50 in flight. Every setting of `TURNKEEPER_POLLERS` gets its own real worker and task
-queue on the one server; bursts alternate between them. See bench/README.md.
+`--turns` turns at 50 in flight. Every setting of `TURNKEEPER_POLLERS` gets its
+own real worker and task queue on the one server; bursts alternate between
+them. See bench/README.md.
 """
 from __future__ import annotations
 

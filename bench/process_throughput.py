@@ -176,11 +176,12 @@ def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> dict[
     print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
           "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
           "results), the worker process and the dev server")
+    cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants.values()}
     print(f"{'variant':<26}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
     for v in variants.values():
-        cpu = {k: statistics.median(x) for k, x in v.cpu_ms.items()}
-        print(f"{v.label:<26}{statistics.median(v.turns_per_s):>9.1f}{cpu['driver']:>8.1f}"
-              f"{cpu['worker']:>8.1f}{cpu['server']:>8.1f}{sum(cpu.values()):>8.1f}")
+        c = cpu[v.key]
+        print(f"{v.label:<26}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
+              f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}")
 
     tk_, bare = variants["turnkeeper"], variants["bare"]
     spreads: dict[str, PairedRatio] = {
@@ -200,7 +201,7 @@ def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> dict[
         "rounds": rounds, "turns_per_round": turns, "in_flight": IN_FLIGHT,
         "variants": {v.key: {"label": v.label, "turns_per_s": statistics.median(v.turns_per_s),
                              "round_turns_per_s": v.turns_per_s,
-                             "cpu_ms_per_turn": {k: statistics.median(x) for k, x in v.cpu_ms.items()}}
+                             "cpu_ms_per_turn": cpu[v.key]}
                      for v in variants.values()},
         "ratios": {name: asdict(r) for name, r in spreads.items()},
     }

@@ -674,8 +674,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         "variants": {k: r.summary() for k, r in results.items()},
         "ratios": ratios,
         "goals": [{"goal": g, "value": v, "pass": ok, "note": note} for g, v, ok, note in goals],
-        "throughput_round_ratios": {k: {"median": r.median, "lowest": r.lowest, "highest": r.highest,
-                                        "interval": list(r.interval)} for k, r in spreads.items()},
+        "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items()},
         "timelines": {k: {"client_ms": rec.ms, "events": rows} for k, (rec, rows) in timelines.items()},
         "deployed": deployed,
         "history_bytes": "proto: serialized temporal.api.history.v1.History size; json: len(to_json())",
@@ -702,12 +701,12 @@ async def deployed_throughput(plan: Plan) -> dict[str, Any]:
 
 def print_deployed(deployed: dict[str, Any]) -> None:
     print()
-    print(f"throughput as deployed (bench/process_throughput.py): each worker a process of its own, "
-          f"turnkeeper's `python worker.py` against the bare loop's worker as a user runs it; "
-          f"{deployed['rounds']} round{'s' if deployed['rounds'] != 1 else ''} of {deployed['turns_per_round']} "
-          "turns per variant, "
-          f"{deployed['in_flight']} in flight; CPU ms per turn of the sending process, the worker and the dev "
-          "server")
+    rounds = deployed["rounds"]
+    print("throughput as deployed (bench/process_throughput.py): each worker a process of its own, "
+          "turnkeeper's `python worker.py` against the bare loop's worker as a user runs it; "
+          f"{rounds} round{'s' if rounds != 1 else ''} of {deployed['turns_per_round']} turns per variant, "
+          f"{deployed['in_flight']} in flight; CPU ms per turn of the sending process, the worker and the "
+          "dev server")
     print(f"{'variant':<26}{'turns/s':>9}{'CPU ms/turn':>22}")
     for v in deployed["variants"].values():
         cpu = v["cpu_ms_per_turn"]
