@@ -1,7 +1,7 @@
 """Turn latency and throughput of turnkeeper against a bare Temporal loop and a
 plain in-process loop, measured side by side in one run.
 
-    .venv/bin/python bench/turn_latency.py [--quick] [--no-deployed] [--json]
+    .venv/bin/python bench/turn_latency.py [--quick] [--no-deployed | --deployed-rounds N] [--json]
 
 Every variant runs the same turn: model call -> `write_file` tool -> model call
 (final text), with the scripted model and the real built-in `write_file` tool.
@@ -36,7 +36,7 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -780,13 +780,20 @@ def main() -> None:
                         "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")
     parser.add_argument("--no-deployed", action="store_true",
                         help="skip the throughput of the workers as deployed (bench/process_throughput.py)")
+    parser.add_argument("--deployed-rounds", type=int, metavar="N",
+                        help=f"rounds of the throughput as deployed (default {FULL.deployed_rounds}, "
+                        f"--quick {QUICK.deployed_rounds}); more rounds narrow its interval")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
+    if args.deployed_rounds is not None and args.deployed_rounds < 1:
+        parser.error("--deployed-rounds must be at least 1")
     setup = ServerSetup(dict(FAST_DISPATCH) if args.fast_dispatch else {}, args.cli_server_defaults)
     # process_throughput.py runs its own server with the embedded settings only.
     with_deployed = not args.no_deployed and setup == ServerSetup({}, False)
-    run_and_exit(run(QUICK if args.quick else FULL, setup, args.json, args.sandbox_variant,
-                        args.fixed_pollers_variant, with_deployed))
+    plan = QUICK if args.quick else FULL
+    if args.deployed_rounds is not None:
+        plan = replace(plan, deployed_rounds=args.deployed_rounds)
+    run_and_exit(run(plan, setup, args.json, args.sandbox_variant, args.fixed_pollers_variant, with_deployed))
 
 
 if __name__ == "__main__":
