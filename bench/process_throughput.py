@@ -36,6 +36,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 # First of the project's imports: importing _common puts the project on sys.path.
 from _common import ROOT, alternate_rounds, dev_server, progress, run_and_exit
 from turn_latency import (
+    GOAL_THROUGHPUT_VS_BARE,
     SCRIPT,
     TURN_TIMEOUT_S,
     PairedRatio,
@@ -50,7 +51,6 @@ IN_FLIGHT = 50
 WARMUP_TURNS = 5
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
-GOAL_THROUGHPUT_VS_BARE = 1.0
 
 
 @dataclass
