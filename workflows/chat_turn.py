@@ -506,8 +506,8 @@ class ChatTurn(TurnPersistence):
         while True:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events)
-                or self._gate_history_long())
-            if self._gate_history_long() and self._complete:
+                or self._should_hand_on())
+            if self._should_hand_on():
                 await self._hand_on_gate()
             await self._flush_events()
             if self._interrupt is not None and not await self._interrupt_stands():
@@ -529,14 +529,20 @@ class ChatTurn(TurnPersistence):
         await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=self._inbox.take())
         return "dismiss"
 
+    def _should_hand_on(self) -> bool:
+        """Undecided, quiet, and long: a decision or a message is acted on first."""
+        return (self._complete and self._decision is None and self._interrupt is None and not self._events
+                and self._gate_history_long())
+
     def _gate_history_long(self) -> bool:
         info = workflow.info()
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > GATE_HISTORY_EVENTS
 
     async def _hand_on_gate(self) -> None:
         """Continue the waiting gate in a fresh run: same turn, same recovery id."""
-        await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if not self._should_hand_on():
+            return  # something came meanwhile: the gate acts on it here
         self._inbox.return_in_flight()
         s = self._state
         assert s.reason is not None  # a gate always has one

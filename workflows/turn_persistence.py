@@ -43,6 +43,7 @@ class TurnPersistence:
     _events: list[NewEvent]
     _before_turn: bool
     _store_wait_s: float
+    _events_numbered: int = 0  # this run's events so far: each one's store key
 
     async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
         """A store local activity that waits out an outage: the turn shows
@@ -116,7 +117,11 @@ class TurnPersistence:
         if not self._events:
             return
         events, self._events = self._events, []
-        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events))
+        run_id, first = workflow.info().run_id, self._events_numbered
+        self._events_numbered += len(events)
+        keys = [f"{run_id}/{first + i}" for i in range(len(events))]
+        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events,
+                                                                      keys=keys))
 
     def _search_attributes_current(self) -> bool:
         """Our client sets them at start; an operator's signal-with-start does not."""

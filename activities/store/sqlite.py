@@ -123,6 +123,15 @@ _SCHEMA: tuple[str, ...] = (
         PRIMARY KEY (chat_id, seq)
     )
     """,
+    # Events a workflow appended, by the key it gave each: a workflow task retried
+    # after a failure runs its store calls again, and adds no event twice.
+    """
+    CREATE TABLE IF NOT EXISTS event_keys (
+        chat_id   TEXT NOT NULL,
+        event_key TEXT NOT NULL,
+        PRIMARY KEY (chat_id, event_key)
+    )
+    """,
     """
     CREATE TABLE IF NOT EXISTS tool_runs (
         idempotency_key TEXT PRIMARY KEY,
@@ -623,12 +632,17 @@ class SQLiteStore(SessionStore):
         return [codec.decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
-    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
-        await self._write(self._append_events_tx, chat_id, list(events))
+    async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
+        await self._write(self._append_events_tx, chat_id, list(events), keys)
 
-    def _append_events_tx(self, conn: sqlite3.Connection, chat_id: str, events: list[NewEvent]) -> None:
+    def _append_events_tx(self, conn: sqlite3.Connection, chat_id: str, events: list[NewEvent],
+                          keys: list[str] | None) -> None:
         now = _now()
-        for event in events:
+        for i, event in enumerate(events):
+            if keys is not None and conn.execute(
+                    "INSERT OR IGNORE INTO event_keys (chat_id, event_key) VALUES (?, ?)",
+                    (chat_id, keys[i])).rowcount != 1:
+                continue  # appended before
             self._emit(conn, chat_id, event.type, event.payload, now)
 
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
