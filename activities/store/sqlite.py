@@ -49,7 +49,10 @@ T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_S = 10.0
+# A write waits this long for another process's lock before it counts as an outage
+# (StoreUnavailable): the turn then waits visibly and tries again, and the
+# workflow task is not held so long that updates and signals wait behind it.
+BUSY_TIMEOUT_S = 3.0
 _OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
 _SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
 
