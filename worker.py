@@ -27,7 +27,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.assemble import build_activities
 from activities.providers import load_provider
-from activities.store import StoreError, open_store
+from activities.store import SessionStore, StoreError, StoreUnavailable, open_store
 from activities.tools import ToolLoadError, default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings, event_loop_choice
@@ -105,6 +105,20 @@ def check_tools(settings: Settings) -> None:
                           f"known: {sorted(registry.names())}")
 
 
+async def _open_store(store: SessionStore) -> None:
+    """Open the store, waiting out an outage (locked, unreachable): a worker started
+    while the store is down serves once it is back instead of exiting."""
+    delay = 1.0
+    while True:
+        try:
+            await store.open()
+            return
+        except StoreUnavailable as err:
+            log.warning("the session store is unavailable, trying again in %.0f s: %s", delay, err)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)
+
+
 async def run_worker(settings: Settings, *, client: Client | None = None,
                      stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
@@ -115,7 +129,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     except ValueError as err:
         raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
     store = open_store(settings)
-    await store.open()
+    await _open_store(store)
     if client is None:
         client = await connect(settings, start_dev_server=True)
     try:

@@ -68,10 +68,11 @@ class StoreActivities:
 
     @activity.defn(name=io.FINISH_TURN)
     async def finish_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
+        # A model call lost or cancelled after writing its tool calls: answer them first,
+        # so each tool row follows its call before any user row (providers refuse else).
+        await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
         if inp.commit_messages:
             await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.commit_messages)
-        # A model call lost or cancelled after writing its tool calls: answer them.
-        await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
         ended = await self._ended(inp)
         if ended is not None:
             return ended

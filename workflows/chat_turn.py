@@ -9,7 +9,6 @@ turn did not consume is handed to the next run of the same workflow id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -31,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.models import (
         DISMISSED_TEXT,
         INTERRUPTED_TOOL_TEXT,
-        OPEN_STATUSES,
         STOPPED_TEXT,
         SUPERSEDED_TEXT,
         UNSTARTED_TOOL_TEXT,
@@ -63,8 +61,6 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 # Before the worker's configuration reaches a new run (with its first store call),
 # messages up to this size are taken and then judged against the configured limit.
 MESSAGE_BYTES_CEILING = 1024 * 1024
-# An update is answered within this long of reaching a worker, decided or not yet.
-UPDATE_ANSWER_WITHIN = timedelta(seconds=1.5)
 # A gate whose history grows this long (refused signals, say) hands itself on to a
 # fresh run of the same turn, long before Temporal's own limits.
 GATE_HISTORY_EVENTS = 10_000
@@ -107,6 +103,7 @@ class ChatTurn(TurnPersistence):
         self._settings = io.TurnSettings()
         self._settings_known = False
         self._decision: recovery.Action | None = None
+        self._decision_id: str | None = None
         self._interrupt: Reason | None = None  # Stop, Dismiss, or a message that supersedes a gate
         self._superseding: list[str] = []  # ids received at a gate, to check against the store
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
@@ -178,7 +175,7 @@ class ChatTurn(TurnPersistence):
     # Raw payloads: a malformed one is rejected with words, never a converter's traceback.
     @workflow.update(name="continue_turn")
     async def continue_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
-        return await self._act_by_update("continue")
+        return await self._act_by_update("continue", RecoveryAction.model_validate(_decode(payload)).recovery_id)
 
     @continue_turn.validator
     def _validate_continue(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
@@ -186,7 +183,7 @@ class ChatTurn(TurnPersistence):
 
     @workflow.update(name="dismiss_turn")
     async def dismiss_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
-        return await self._act_by_update("dismiss")
+        return await self._act_by_update("dismiss", RecoveryAction.model_validate(_decode(payload)).recovery_id)
 
     @dismiss_turn.validator
     def _validate_dismiss(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
@@ -500,7 +497,10 @@ class ChatTurn(TurnPersistence):
         new_id = str(workflow.uuid4())  # drawn at every gate, so recorded runs replay
         recovery.open_gate(self._state, reason, new_id, can_continue, keep_id=self._complete)
         self._state.detail = detail
-        self._decision = None
+        if self._decision_id != self._state.recovery_id:
+            # A decision is for its gate only. (A replay can meet an update accepted
+            # at this gate before the gate opens: it is kept for it.)
+            self._decision = None
         if not await self._persist_state():
             return "ended"  # e.g. the lost call had committed the final answer
         while True:
@@ -568,7 +568,7 @@ class ChatTurn(TurnPersistence):
         if why is not None:
             raise ApplicationError(why, type="RecoveryActionRejected", non_retryable=True)
 
-    def _decide(self, action: recovery.Action) -> bool:
+    def _decide(self, action: recovery.Action, recovery_id: str | None) -> bool:
         """Act on an accepted Continue or Dismiss. True when it cancels a running continuation."""
         outcome = recovery.decide(self._state.status, Input(action), can_continue=self._state.can_continue)
         if outcome.effect == Effect.CANCEL_AND_DISMISS and self._complete:
@@ -576,20 +576,17 @@ class ChatTurn(TurnPersistence):
                 self._interrupt = Reason.DISMISSED
                 self._dismissed_pending = set(self._inbox.ids())
             return True
-        self._decision = action  # the gate takes it
+        self._decision, self._decision_id = action, recovery_id  # the gate takes it
         return False
 
-    async def _act_by_update(self, action: recovery.Action) -> TurnState:
-        cancels = self._decide(action)
-        if not self._complete:
-            await workflow.wait_condition(lambda: self._decision is None)
+    async def _act_by_update(self, action: recovery.Action, recovery_id: str) -> TurnState:
+        # Answered in the workflow task that takes it: a waiting gate takes a decision
+        # at once, and Dismiss of a running continuation returns as it starts to
+        # cancel it. No handler waits on what the run may never reach, and none
+        # starts a timer (a replay that meets the update early must do the same).
+        if self._decide(action, recovery_id):
             return self.state()
-        # Answered once the gate took the decision (or the continuation ended), and
-        # never later than the bound: no handler waits on what may not come.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await workflow.wait_condition(
-                (lambda: self._state.status not in OPEN_STATUSES) if cancels else (lambda: self._decision is None),
-                timeout=UPDATE_ANSWER_WITHIN)
+        await workflow.wait_condition(lambda: self._decision is None)
         return self.state()
 
     def _act_by_signal(self, action: recovery.Action, payload: RawValue | None) -> None:
@@ -607,7 +604,7 @@ class ChatTurn(TurnPersistence):
             self._events.append(NewEvent(type="recovery_action_rejected", payload={
                 "turn": self._state.turn, "action": action, "recovery_id": recovery_id, "reason": why}))
             return
-        self._decide(action)
+        self._decide(action, recovery_id)
 
     # -- inbox ---------------------------------------------------------------
     def _message_limit(self) -> int:

@@ -192,7 +192,8 @@ class SQLiteStore(SessionStore):
                 conn.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.Error as exc:
                 conn.close()
-                raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+                kind = StoreUnavailable if isinstance(exc, sqlite3.OperationalError) else StoreError
+                raise kind(f"cannot open SQLite store {self.path}: {exc}") from exc
             self._conn = conn
             st = os.stat(self.path)
             self._identity = (st.st_dev, st.st_ino)
