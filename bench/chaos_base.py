@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -253,6 +254,7 @@ class Action:
     status_seen: str | None = None  # the turn's status the user saw just before, when it looked
     id_kind: str | None = None      # current, last-seen, old, made-up (Continue/Dismiss)
     latency_s: float | None = None  # None: no answer within action_wait_s
+    unix: float = field(default_factory=time.time)  # when it was sent, to compare with history events
     outcome: str = ""               # accepted, refused: <kind>, error: <type>, no answer
 
 

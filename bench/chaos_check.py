@@ -51,6 +51,7 @@ class Checker:
         self.report = report
         self.det: Counter[str] = Counter()
         self.evidence: dict[str, list[str]] = defaultdict(list)
+        self.late: list[Any] = []  # actions answered late
 
     def fail(self, detail: str, text: str, chat_id: str | None = None, why: str | None = None) -> None:
         self.det[detail] += 1
@@ -82,6 +83,7 @@ class Checker:
         self._actions()
         self._probes_and_idle_runs()
         histories = await self._runs_and_histories()
+        self._why_late(histories)
         await self._nondeterminism(histories)
         report.invariants = {name: sum(self.det[k] for k in keys) for name, keys in INVARIANTS.items()}
         report.details = dict(self.det)
@@ -145,6 +147,8 @@ class Checker:
                 self.turn_ends[key] += 1
             elif e["type"] == "assistant_message":
                 assistant_writes[(e["chat_id"], payload.get("turn"), payload.get("step"))] += 1
+            elif e["type"] == "recovery_action_rejected":
+                self.det["signals_refused_in_event_log"] += 1
             elif e["type"] == "message_rejected" and payload.get("message_id"):
                 self.refused_ids[e["chat_id"]][payload["message_id"]] = str(payload.get("reason"))
         report.gates_by_reason = dict(gates)
@@ -310,9 +314,10 @@ class Checker:
         for a in log.unanswered(bound):
             detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
             took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"
+            around = self._circumstances(a.at_s, a.latency_s or h.cfg.action_wait_s)
+            self.late.append(a)
             self.fail(detail, f"chat {a.chat_id}: {a.kind} ({a.source}, id {a.id_kind}, status seen "
-                      f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}"
-                      f"{self._circumstances(a.at_s, a.latency_s or h.cfg.action_wait_s)}", a.chat_id,
+                      f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}{around}", a.chat_id,
                       f"{a.kind} at {a.at_s:.1f} s took {took}")
         made_up = [a for a in log.actions if a.id_kind == "made-up" and a.outcome == "accepted"
                    and a.kind.endswith("/update")]
@@ -327,6 +332,23 @@ class Checker:
                 f"{len(refused)} Dismiss updates with the current id were refused while the turn was resuming "
                 f"(e.g. chat {refused[0].chat_id} at {refused[0].at_s:.1f} s: {refused[0].outcome}); the "
                 "contract accepts them (a race with the turn's end refuses some)")
+
+    def _why_late(self, histories: list[WorkflowHistory]) -> None:
+        """Sorts the late answers: the run's workflow task timed out meanwhile (its
+        worker was killed holding it), a store outage, or neither."""
+        timeouts: dict[str, list[float]] = defaultdict(list)
+        for hist in histories:
+            for ev in hist.events:
+                if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                    timeouts[hist.workflow_id.removeprefix("chat-")].append(ev.event_time.ToMicroseconds() / 1e6)
+        for a in self.late:
+            took = a.latency_s if a.latency_s is not None else self.h.cfg.action_wait_s
+            if any(a.unix <= t <= a.unix + took + 0.5 for t in timeouts[a.chat_id]):
+                self.det["late_behind_a_workflow_task_timeout"] += 1
+            elif any(o["at_s"] <= a.at_s + took and a.at_s <= o["at_s"] + o["held_s"] for o in self.h.outage_log):
+                self.det["late_in_a_store_outage"] += 1
+            else:
+                self.det["late_otherwise"] += 1
 
     def _circumstances(self, at_s: float, took_s: float) -> str:
         """The kills (up to 10 s before, the workflow task timeout) and outages around an action."""
