@@ -15,6 +15,7 @@ import yaml
 from activities.store import PostgresStore, open_store
 from turnkeeper import config
 from turnkeeper.config import Settings
+from turnkeeper.dev_server import TASK_DISPATCH
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -124,6 +125,48 @@ def test_dependencies_wait_for_healthy_services(services: dict[str, dict[str, An
     worker_deps = set(services["worker"]["depends_on"])
     assert {"temporal", "session-postgresql"} <= worker_deps
     assert "temporal-postgresql" in services["temporal"]["depends_on"]
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, str]:
+    """container path -> host path of a service's bind mounts (short syntax or long)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            mounts[str(volume["target"])] = str(volume.get("source", ""))
+        else:
+            host, container = str(volume).split(":")[:2]
+            mounts[container] = host
+    return mounts
+
+
+def test_temporal_runs_with_the_projects_dynamic_config(services: dict[str, dict[str, Any]]) -> None:
+    """The server reads deploy/temporal/dynamicconfig.yaml: mounted where
+    DYNAMIC_CONFIG_FILE_PATH points, valid, and without the 50 ms dispatch tick."""
+    temporal = services["temporal"]
+    env = environment(temporal)
+    path = env["DYNAMIC_CONFIG_FILE_PATH"]
+    if not path.startswith("/"):  # auto-setup resolves a relative path from /etc/temporal
+        path = f"/etc/temporal/{path}"
+    mounts = _mounts(temporal)
+    assert path in mounts, f"nothing is mounted at {path}: {mounts}"
+    host = (ROOT / mounts[path]).resolve()
+    assert host == ROOT / "deploy" / "temporal" / "dynamicconfig.yaml"
+
+    config = yaml.safe_load(host.read_text())
+    assert isinstance(config, dict) and config
+    for key, values in config.items():
+        assert re.fullmatch(r"[a-z]+\.[A-Za-z0-9.]+", key), f"not a dynamic config key: {key!r}"
+        assert isinstance(values, list) and values, f"{key}: a list of values"
+        for value in values:
+            assert set(value) <= {"value", "constraints"} and "value" in value, f"{key}: {value!r}"
+    # Every queue the embedded server reads without the tick is also read faster
+    # than the server's default (20 a second per shard) here, with a per-host cap.
+    for key in TASK_DISPATCH:
+        assert config[key][0]["value"] > 20, key
+        host_cap = key.replace("MaxPollRPS", "MaxPollHostRPS")
+        assert config[host_cap][0]["value"] >= config[key][0]["value"], host_cap
+    # The shard count is fixed once the database exists: set, not left to the image.
+    assert int(env["NUM_HISTORY_SHARDS"]) >= 1
 
 
 def test_temporal_healthcheck_waits_for_the_namespace(services: dict[str, dict[str, Any]],

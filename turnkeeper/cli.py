@@ -2,6 +2,10 @@
 
 Exit codes: 0 ok, 1 refused (reason on stderr), 2 bad usage, 3 the turn waits
 for its user (`send`).
+
+Imports that only some commands need (the Temporal client and its RPC errors,
+the session store, the worker) are made in the functions that use them: every
+command pays for its own imports only (tests/test_cli_startup.py).
 """
 from __future__ import annotations
 
@@ -14,13 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, NoReturn
-
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
-from temporalio.service import RPCError, RPCStatusCode
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
@@ -37,6 +35,9 @@ from turnkeeper.models import (
     TurnState,
     TurnStatus,
 )
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 POLL_S = 0.1
@@ -78,6 +79,8 @@ class NoWorker(Refused):
 
 
 async def _state(client: Client, chat_id: str) -> TurnState:
+    from temporalio.service import RPCError, RPCStatusCode
+
     try:
         return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)
     except RPCError as err:
@@ -187,6 +190,11 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
 
 async def _no_worker_polls(client: Client, task_queue: str) -> bool:
     """True when the server has seen no worker poll the queue lately (False if it cannot tell)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
+
     request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
                                        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
     try:
@@ -196,6 +204,8 @@ async def _no_worker_polls(client: Client, task_queue: str) -> bool:
 
 
 async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.client import WorkflowExecutionStatus
+
     client = await _client(settings)
     run_status = (await _describe(client, args.chat)).status
     try:
@@ -300,6 +310,8 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _describe(client: Client, chat_id: str) -> Any:
+    from temporalio.service import RPCError, RPCStatusCode
+
     try:
         return await client.get_workflow_handle(tk.workflow_id(chat_id)).describe()
     except RPCError as err:
@@ -354,6 +366,9 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
+    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
     desc = await _describe(client, args.chat)
@@ -399,6 +414,9 @@ async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
     client = await _client(settings)
     handle = client.get_workflow_handle(tk.workflow_id(args.chat))
     if (await _describe(client, args.chat)).status != WorkflowExecutionStatus.RUNNING:

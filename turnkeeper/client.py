@@ -1,26 +1,29 @@
-"""Talking to Temporal from outside a workflow: connect, send, query, decide."""
+"""Talking to Temporal from outside a workflow: connect, send, query, decide.
+
+The CLI imports this module for every command, also for those that never talk to
+Temporal (`history`, `events`): what only some calls need (the Temporal client,
+its pydantic converter, the operator API, the dev server, `envconfig`) is
+imported in the function that needs it, so that a short command starts fast.
+"""
 from __future__ import annotations
 
 import logging
 import uuid
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.envconfig import ClientConfig
 
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, ensure_dev_server
 from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR, ChatTurnInput, TurnState, TurnStatus, UserMessage
+
+if TYPE_CHECKING:
+    from temporalio.client import Client, WorkflowHandle
 
 log = logging.getLogger("turnkeeper.client")
 
@@ -39,13 +42,20 @@ async def connect(settings: Settings, *, start_dev_server: bool = False) -> Clie
     """With TEMPORAL_ADDRESS set, connect through `temporalio.envconfig` (namespace,
     TLS and API key come from the TEMPORAL_* variables or a config profile);
     otherwise use the embedded dev server, starting it when asked."""
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
     if settings.temporal_address:
+        from temporalio.envconfig import ClientConfig
+
         config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
         config["target_host"] = settings.temporal_address
         config.setdefault("namespace", settings.namespace)
         return await Client.connect(**config, data_converter=pydantic_data_converter)
     address = f"127.0.0.1:{settings.dev_server_port}"
     if start_dev_server:
+        from turnkeeper.dev_server import ensure_dev_server
+
         address = await ensure_dev_server(settings)
     return await Client.connect(address, namespace=settings.namespace,
                                 data_converter=pydantic_data_converter)
@@ -53,6 +63,11 @@ async def connect(settings: Settings, *, start_dev_server: bool = False) -> Clie
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     """Register our Keyword search attributes when missing; returns those added."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+
+    from turnkeeper.dev_server import SEARCH_ATTRIBUTES
+
     listed = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=namespace))
     missing = [n for n in SEARCH_ATTRIBUTES if n not in listed.custom_attributes]

@@ -16,8 +16,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from temporalio.client import Client
-
 from turnkeeper.config import Settings
 from turnkeeper.models import SEARCH_ATTRIBUTE_KEYS
 
@@ -33,7 +31,27 @@ SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
 # The CLI makes its dev server re-read the search-attribute table from SQLite on
 # every use, so that attributes added at run time work at once. Ours are
 # registered at start; the re-reads were about 13% of the server's CPU per turn.
-DYNAMIC_CONFIG: Mapping[str, object] = {"system.forceSearchAttributesCacheRefreshOnRead": False}
+SEARCH_ATTRIBUTE_CACHE: Mapping[str, object] = {"system.forceSearchAttributesCacheRefreshOnRead": False}
+# The history service reads each of its task queues (per shard) at most this
+# many times a second; the default is 20. The dev server has one shard, so with
+# the default every workflow task history hands to matching waited for the next
+# 50 ms read: a one-tool turn (four workflow tasks) took about 200 ms, nearly all
+# of it waiting. A queue is read when a task is written to it (and once a minute
+# otherwise), so a higher cap costs nothing while the server is idle; under load
+# it means more, smaller reads of the SQLite file instead of one batch per 50 ms
+# (bench/engine_latency.py measures the CPU and throughput it costs). That is
+# safe on a single-node server: the reads are local, and nothing else shares the
+# database. Transfer: workflow and activity tasks on their way to matching (the
+# turn's latency); timer: timeouts, such as the heartbeat timeout that notices a
+# dead worker; visibility: the search attributes `list` and `temporal workflow
+# list` see (`TurnStatus='awaiting_user'`).
+QUEUE_READS_PER_S = 1000
+TASK_DISPATCH: Mapping[str, object] = {
+    "history.transferProcessorMaxPollRPS": QUEUE_READS_PER_S,
+    "history.timerProcessorMaxPollRPS": QUEUE_READS_PER_S,
+    "history.visibilityProcessorMaxPollRPS": QUEUE_READS_PER_S,
+}
+DYNAMIC_CONFIG: Mapping[str, object] = {**SEARCH_ATTRIBUTE_CACHE, **TASK_DISPATCH}
 
 
 class DevServerError(RuntimeError):
@@ -84,6 +102,8 @@ def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int 
 
 
 async def is_healthy(address: str, timeout: float = 2.0) -> bool:
+    from temporalio.client import Client  # imported here: importing this module stays light
+
     try:
         client = await asyncio.wait_for(Client.connect(address), timeout)
         return await asyncio.wait_for(client.service_client.check_health(), timeout)

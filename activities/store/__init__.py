@@ -14,10 +14,10 @@ from activities.store.base import (
     StoreError,
     TurnUpdate,
 )
-from activities.store.postgres import PostgresStore
 from activities.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
+    from activities.store.postgres import PostgresStore
     from turnkeeper.config import Settings
 
 __all__ = [
@@ -35,6 +35,16 @@ __all__ = [
 ]
 
 _SQLITE_PREFIX = "sqlite:///"
+
+
+def __getattr__(name: str) -> object:
+    # PostgresStore imports asyncpg: only when asked for, so that a SQLite store
+    # (and the CLI's short commands) never pays for it.
+    if name == "PostgresStore":
+        from activities.store.postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_store(settings: Settings) -> SessionStore:
@@ -56,6 +66,8 @@ def open_store(settings: Settings) -> SessionStore:
     # Name only the scheme: the rest of a server URL may hold a password.
     scheme, sep, rest = url.partition("://")
     if sep and scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
+        from activities.store.postgres import PostgresStore
+
         return PostgresStore(f"postgresql://{rest}")  # asyncpg knows no +driver suffix
     shown = f"scheme {scheme!r}" if sep else "a value without a scheme"
     raise StoreError(

@@ -1,0 +1,71 @@
+"""The CLI's common commands import only what they use, so they start fast: no
+model provider, no PostgreSQL driver, no tools, no worker. A test of the modules
+each command imports, run for real against a worker, not of timings (see
+bench/engine_latency.py for those)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+from tests.support import Stack
+
+# Run a command as the console script does, then list every module it imported.
+_RUN = """
+import json, os, sys
+from turnkeeper import cli
+code = cli.run(sys.argv[2:])
+with open(sys.argv[1], "w") as out:
+    json.dump(sorted(sys.modules), out)
+os._exit(code)
+"""
+
+# Never needed by a command that is not `worker`.
+HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "activities.tools", "activities.providers",
+         "activities.model_call", "activities.tool_call", "activities.store.postgres", "temporalio.worker",
+         "workflows", "worker")
+# Not needed by the commands that only read the session store. (`temporalio.service`
+# is: `import temporalio` imports it for the SDK's version, and the models need
+# `temporalio.common`.)
+TEMPORAL_CLIENT = ("temporalio.client", "temporalio.contrib.pydantic")
+
+
+async def _imports(stack: Stack, *args: str) -> tuple[int, set[str], str]:
+    out = stack.dir / f"modules-{args[0]}.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _RUN, str(out), *args, env=stack.env(), cwd=stack.dir,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, set(json.loads(out.read_text())), err.decode()
+
+
+def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"text": "wrote a.txt"}, {"text": "again"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "please write a.txt")).result()
+
+    # (command, its exit code): the refusals still run the command's imports up to
+    # the refusal (nothing waits for a decision; no turn is running).
+    commands = [
+        (("status", chat), 0), (("status", chat, "--json"), 0), (("history", chat), 0), (("events", chat), 0),
+        (("list",), 0), (("continue", chat), 1), (("dismiss", chat), 1), (("stop", chat), 1),
+        (("send", chat, "once more"), 0), (("send", chat, "no wait", "--no-wait"), 0),
+    ]
+    for args, expected in commands:
+        code, modules, err = await _imports(stack, *args)
+        assert code == expected, f"turnkeeper {' '.join(args)} exited {code}: {err}"
+        heavy = _loaded(modules, HEAVY)
+        assert not heavy, f"turnkeeper {' '.join(args)} imported {heavy}"
+        if args[0] in ("history", "events"):
+            client = _loaded(modules, TEMPORAL_CLIENT)
+            assert not client, f"turnkeeper {args[0]} needs no Temporal client, yet imported {client}"
+        else:
+            assert "temporalio.client" in modules  # the test sees what a command imports
