@@ -25,11 +25,13 @@ from turnkeeper import client as tk
 from turnkeeper.models import RecoveryAction, UserMessage
 
 if TYPE_CHECKING:
-    from bench.chaos import Chaos
+    import random
+    from collections import Counter
 
-    _Base = Chaos
-else:
-    _Base = object
+    from temporalio.client import Client
+
+    from bench.chaos_base import ActionLog, ChaosConfig
+    from turnkeeper.config import Settings
 
 
 async def query_state(client: Any, chat_id: str, timeout: float = 20.0) -> dict[str, Any]:
@@ -52,8 +54,39 @@ def state_signature(state: dict[str, Any] | str) -> str:
                       + [[c.get("id"), c.get("status")] for c in state.get("tool_calls") or []])
 
 
-class Users(_Base):
+class Users:
     """Mixed into `Chaos`: everything the users and the gate driver do."""
+
+    # Set by `Chaos`.
+    cfg: ChaosConfig
+    rng: random.Random
+    client: Client
+    settings: Settings
+    chats: dict[str, ChatLog]
+    actions: ActionLog
+    stop_sending: asyncio.Event
+    gates_done: asyncio.Event
+    outage_active: bool
+    completed_turns: int
+    probing: bool
+    probe_summary: dict[str, Any]
+    probe_failures: dict[str, str]
+    burst_log: list[dict[str, Any]]
+    answered_gates: set[tuple[str, str]]
+    gates_answered: Counter[str]
+    gate_rejections: Counter[str]
+    stale_probes: Counter[str]
+    rejection_samples: dict[str, str]
+    send_errors: Counter[str]
+    slow_turns: list[str]
+    run_errors: list[str]
+    stops: int
+    _answering: dict[str, asyncio.Task[None]]
+
+    def _now(self) -> float: ...
+    def _rand(self) -> float: ...
+    def _log(self, text: str) -> None: ...
+    def _due(self, target: int) -> int: ...
 
     # -- sending messages ---------------------------------------------------------------------
     async def _chat_loop(self, chat: ChatLog) -> None:
