@@ -173,6 +173,7 @@ class Chaos(Users):
         self.stale_probes: Counter[str] = Counter()
         self.answered_gates: set[tuple[str, str]] = set()
         self.send_errors: Counter[str] = Counter()
+        self.outage_looks: Counter[str] = Counter()  # state queries during outages, and how many showed it
         self.stops = 0
         self.rejection_samples: dict[str, str] = {}
         self.slow_turns: list[str] = []
@@ -249,6 +250,7 @@ class Chaos(Users):
                         self.pool.stop_all()
                     report.bursts = self.burst_log
                     report.outages = self.outage_log
+                    report.outage_looks = dict(self.outage_looks)
                     await Checker(self, report).run()
         finally:
             report.elapsed_s = time.monotonic() - self.t0

@@ -129,6 +129,7 @@ class Report:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> n, max_s, p99_s
     bursts: list[dict[str, Any]] = field(default_factory=list)
     outages: list[dict[str, Any]] = field(default_factory=list)
+    outage_looks: dict[str, int] = field(default_factory=dict)  # state queries in outages; store_unavailable
     probes: dict[str, Any] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     tools: dict[str, int] = field(default_factory=dict)
@@ -174,7 +175,9 @@ class Report:
             f"{self.workers_died_unexpectedly} died by themselves; "
             f"{self.worker_identities_serving} distinct workers served",
             f"store outages      {len(self.outages)} ({sum(o['held_s'] for o in self.outages):.1f} s in all, "
-            f"longest {max((o['held_s'] for o in self.outages), default=0):.1f} s)",
+            f"longest {max((o['held_s'] for o in self.outages), default=0):.1f} s); `state` showed "
+            f"store_unavailable in {self.outage_looks.get('store_unavailable', 0)} of "
+            f"{self.outage_looks.get('queries', 0)} queries made during one",
             f"user actions       {sum(self.user_actions.values())} ({kv(self.user_actions)})",
             f"  while resuming   {kv(self.while_resuming)}",
             f"  outcomes         {kv(self.action_outcomes)}",

@@ -78,6 +78,7 @@ class Users:
     stale_probes: Counter[str]
     rejection_samples: dict[str, str]
     send_errors: Counter[str]
+    outage_looks: Counter[str]
     slow_turns: list[str]
     run_errors: list[str]
     stops: int
@@ -196,6 +197,15 @@ class Users:
             if desc.status != WorkflowExecutionStatus.RUNNING:
                 return
 
+    async def _look(self, chat_id: str, timeout: float = 20.0) -> dict[str, Any]:
+        """A user's (or the driver's) `state` query; counts what it shows during store outages."""
+        outage = self.outage_active
+        state = await query_state(self.client, chat_id, timeout)
+        if outage and self.outage_active:
+            self.outage_looks["queries"] += 1
+            self.outage_looks["store_unavailable"] += bool(state.get("store_unavailable"))
+        return state
+
     # -- Continue, Dismiss, Stop at random moments ----------------------------------------------
     async def _user_action(self, chat: ChatLog) -> None:
         """The user looks at the chat (most of the time) and presses a button,
@@ -203,7 +213,7 @@ class Users:
         state: dict[str, Any] | None = None
         if chat.resumed_at is not None or self._rand() < 0.7:
             with contextlib.suppress(Exception):
-                state = await query_state(self.client, chat.chat_id, timeout=self.cfg.action_wait_s)
+                state = await self._look(chat.chat_id, timeout=self.cfg.action_wait_s)
         status = state.get("status") if state else None
         if state:
             chat.saw(state.get("recovery_id"))
@@ -308,7 +318,7 @@ class Users:
             self.rng.shuffle(candidates)
             for chat in candidates[:4]:
                 try:
-                    state = await query_state(self.client, chat.chat_id, timeout=5)
+                    state = await self._look(chat.chat_id, timeout=5)
                 except Exception:  # noqa: BLE001 — no run, or it just closed
                     continue
                 if tool_running(state) and not self.stop_sending.is_set():
@@ -364,7 +374,7 @@ class Users:
         cfg = self.cfg
         chat = self.chats[chat_id]
         try:
-            state = await query_state(self.client, chat_id)
+            state = await self._look(chat_id)
         except Exception:  # noqa: BLE001 — e.g. the run just closed: the next round looks again
             return
         recovery_id = state.get("recovery_id")
