@@ -390,6 +390,7 @@ class Checker:
                     return None
 
         histories = [x for x in await asyncio.gather(*(fetch(wf) for wf in runs)) if x is not None]
+        running = {wf.run_id for wf in runs if wf.status == WorkflowExecutionStatus.RUNNING}
         identities: set[str] = set()
         scheduled: dict[str, list[str]] = defaultdict(list)
         for hist in histories:
@@ -410,6 +411,7 @@ class Checker:
                     text = f"{cause}: {a.failure.message}"
                     detail = ("nondeterminism_in_history" if "NON_DETERMINISTIC" in cause
                               or "nondetermin" in text.lower() else "workflow_task_failures")
+                    self._save_history(hist)
                     self.fail(detail, f"workflow task failed in {hist.workflow_id}/{hist.run_id} "
                               f"(event {ev.event_id}, {a.identity}): {text[:500]}",
                               hist.workflow_id.removeprefix("chat-"), f"workflow task failed: {cause}")
@@ -421,6 +423,9 @@ class Checker:
                         except (ValueError, KeyError, TypeError):
                             continue
                         scheduled[call_id].append(f"{hist.workflow_id}/{hist.run_id}#{ev.event_id}")
+        for hist in histories:
+            if hist.run_id in running:
+                self._save_history(hist)  # still running after the probes: why, is for its history to tell
         identities.discard("")
         report.worker_identities_serving = len(identities)
         for call_id, where in scheduled.items():
@@ -456,12 +461,18 @@ class Checker:
             chat_id = hist.workflow_id.removeprefix("chat-")
             self.fail("replay_failures", f"replay of {hist.workflow_id}/{run_id} failed: {failure!r}"[:600],
                       chat_id, f"replay of run {run_id} failed")
-            # For `Replayer.replay_workflow(WorkflowHistory.from_json(...))` elsewhere.
-            (h.work / "evidence").mkdir(exist_ok=True)
-            (h.work / "evidence" / f"{chat_id}-{run_id}.history.json").write_text(hist.to_json())
+            self._save_history(hist)
         h.log(f"replayed {len(histories)} histories in {time.monotonic() - replay_start:.1f} s")
 
     # -- evidence ---------------------------------------------------------------------------------------
+    def _save_history(self, hist: WorkflowHistory) -> None:
+        """The whole history, for `Replayer.replay_workflow(WorkflowHistory.from_json(...))`."""
+        out = self.h.work / "evidence"
+        out.mkdir(exist_ok=True)
+        path = out / f"{hist.workflow_id.removeprefix('chat-')}-{hist.run_id}.history.json"
+        if not path.exists():
+            path.write_text(hist.to_json())
+
     def _write_evidence(self, histories: list[WorkflowHistory]) -> None:
         """Per chat with a finding: its turns, transcript, event log, runs, history
         excerpts, the harness's actions and the worker log lines that name it, in
