@@ -502,6 +502,10 @@ class Chaos(Users):
             return None
 
     # -- store outages -----------------------------------------------------------------------
+    def _resuming_chats(self) -> list[ChatLog]:
+        """Chats whose Continue was accepted and whose turn has not ended since."""
+        return [c for c in self.chats.values() if c.resumed_at is not None]
+
     async def _outager(self) -> None:
         """Holds the store's write lock for outage_s seconds at random moments, paced
         over the target turns; at least 5 s of store between two outages."""
@@ -511,7 +515,11 @@ class Chaos(Users):
             await asyncio.sleep(0.5)
             if len(self.outage_log) >= self._due(target):
                 continue
-            await asyncio.sleep(self.rng.uniform(0, 3.0))
+            # Rather while a Continue runs somewhere (up to 5 s), then at a random moment.
+            wait_until = time.monotonic() + 5.0
+            while time.monotonic() < wait_until and not self._resuming_chats():
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(self.rng.uniform(0, 1.0))
             asked = time.monotonic()
             conn = await asyncio.to_thread(self._hold_store_lock, 15.0)
             if conn is None:
@@ -519,6 +527,7 @@ class Chaos(Users):
             held_for = self.rng.uniform(*cfg.outage_s)
             start = time.monotonic()
             self.outage_active = True
+            resuming = len(self._resuming_chats())
             self.log(f"store outage {len(self.outage_log) + 1}: write lock held for {held_for:.1f} s")
             try:
                 await asyncio.sleep(held_for)
@@ -526,6 +535,7 @@ class Chaos(Users):
                 self.outage_active = False
                 await asyncio.to_thread(_release, conn)
                 self.outage_log.append({"outage": len(self.outage_log) + 1, "at_s": round(start - self.t0, 2),
+                                        "continues_running": resuming,
                                         "unix": time.time() - (time.monotonic() - start),
                                         "held_s": round(time.monotonic() - start, 2),
                                         "lock_waited_s": round(start - asked, 2)})

@@ -175,7 +175,8 @@ class Report:
             f"{self.workers_died_unexpectedly} died by themselves; "
             f"{self.worker_identities_serving} distinct workers served",
             f"store outages      {len(self.outages)} ({sum(o['held_s'] for o in self.outages):.1f} s in all, "
-            f"longest {max((o['held_s'] for o in self.outages), default=0):.1f} s); `state` showed "
+            f"longest {max((o['held_s'] for o in self.outages), default=0):.1f} s; "
+            f"{sum(1 for o in self.outages if o.get('continues_running'))} while a Continue ran); `state` showed "
             f"store_unavailable in {self.outage_looks.get('store_unavailable', 0)} of "
             f"{self.outage_looks.get('queries', 0)} queries made during one",
             f"user actions       {sum(self.user_actions.values())} ({kv(self.user_actions)})",
@@ -189,7 +190,8 @@ class Report:
             f"stale-id probes    {kv(self.stale_probes)}; Stop pressed {self.stops} times",
             *(f"  refusal '{k}' e.g.: {v}" for k, v in self.rejection_samples.items() if k == "other"),
             f"bursts             {len(self.bursts)} ({burst_msgs} large follow-ups, {burst_mb:.1f} MB; "
-            f"{sum(1 for b in self.bursts if b.get('during_outage'))} during an outage)",
+            f"{sum(1 for b in self.bursts if b.get('during_outage'))} during an outage, "
+            f"{sum(1 for b in self.bursts if b.get('while_resuming'))} while a Continue ran)",
             f"messages           sent {m.get('sends', 0)} signal-with-starts for {m.get('ids', 0)} ids "
             f"({m.get('dup_sends', 0)} retried ids); acknowledged {m.get('acknowledged', 0)}; "
             f"unacknowledged {m.get('unacknowledged', 0)}; committed {m.get('committed', 0)}; refused "

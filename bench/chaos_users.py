@@ -316,6 +316,7 @@ class Users:
                 continue
             candidates = [c for c in self.chats.values() if c.bursts < 2]
             self.rng.shuffle(candidates)
+            candidates.sort(key=lambda c: c.resumed_at is None)  # chats whose Continue runs first
             for chat in candidates[:4]:
                 try:
                     state = await self._look(chat.chat_id, timeout=5)
@@ -333,7 +334,7 @@ class Users:
         oversize_at = self.rng.randrange(n) if self._rand() < cfg.oversize else -1
         record: dict[str, Any] = {"chat_id": chat.chat_id, "at_s": round(self._now(), 2), "messages": 0,
                                   "bytes": 0, "acked": 0, "oversize": oversize_at >= 0,
-                                  "during_outage": self.outage_active}
+                                  "during_outage": self.outage_active, "while_resuming": chat.resumed_at is not None}
         self.actions.add(Action(kind="burst", chat_id=chat.chat_id, source="burst", at_s=self._now(),
                                 status_seen="running", outcome=f"{n} follow-ups", latency_s=0.0))
         self._log(f"burst: {n} large follow-ups to {chat.chat_id}"
