@@ -20,5 +20,6 @@ def build_activities(settings: Settings, store: SessionStore, provider: ModelPro
     tools = ToolCallActivity(settings, store, registry)
     writes = StoreActivities(settings, store)
     reconciler = Reconciler(settings, store)
-    return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages, writes.record_tool_result,
-            writes.update_turn, writes.finish_turn, writes.append_events, reconciler.reconcile_pass]
+    return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,
+            writes.record_tool_result, writes.commit_messages, writes.record_assistant, writes.update_turn,
+            writes.finish_turn, writes.append_events, reconciler.reconcile_pass]

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.providers import ModelProvider, ProviderError
-from activities.store import CorruptRowError, SessionStore
+from activities.store import CorruptRowError, SessionStore, StoreUnavailable
 from activities.tools import ToolRegistry
 from turnkeeper import activity_io as io
 from turnkeeper.config import Settings
@@ -40,6 +40,9 @@ class ModelCallActivity:
                 # Retrying reads the same row: the user sees it named, and can Dismiss.
                 raise ApplicationError(f"the chat's stored transcript cannot be read: {err}",
                                        type=io.CHECKPOINT_INVALID_ERROR, non_retryable=True) from None
+            except StoreUnavailable as err:
+                # Nothing was asked of the provider yet: the workflow waits and calls again.
+                raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             call_index = sum(1 for m in history if m.role == "assistant")
             tools = self._registry.specs(self._settings.tools)
             try:
@@ -49,8 +52,13 @@ class ModelCallActivity:
                 kind = "transient" if err.retryable else "permanent"
                 raise ApplicationError(f"model provider failed ({kind}): {err}",
                                        type=io.MODEL_FAILED_ERROR, non_retryable=True) from None
-            await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
-                                               final=reply.is_final and inp.closes_turn)
+            try:
+                await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
+                                                   final=reply.is_final and inp.closes_turn)
+            except StoreUnavailable as err:
+                # The answer is not lost with the store: the workflow records it once it is back.
+                activity.logger.warning("the reply of chat %s is recorded later: %s", inp.chat_id, err)
+                return io.ModelCallResult(reply=reply, committed_ids=committed, recorded=False)
             return io.ModelCallResult(reply=reply, committed_ids=committed)
 
 

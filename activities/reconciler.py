@@ -37,6 +37,7 @@ from turnkeeper.models import (
     UserMessage,
 )
 from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
+from workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")
 
@@ -124,11 +125,14 @@ class Reconciler:
             await self._store.record_tool_result(
                 ref.chat_id, ref.turn, call.id, call.name,
                 INTERRUPTED_TOOL_TEXT if call.started else UNSTARTED_TOOL_TEXT, status="interrupted")
+        pending = await self._bound(ref, pending)
         try:
             await client.start_workflow(
                 WORKFLOW_TYPE,
                 ChatTurnInput(chat_id=ref.chat_id, pending=pending, recovery=RecoveryStart(
-                    turn=ref.turn, reason=verdict.reason, can_continue=verdict.can_continue)),
+                    turn=ref.turn, reason=verdict.reason, can_continue=verdict.can_continue,
+                    recovery_id=record.recovery_id, attempts=record.attempts,
+                    detail=verdict.detail or None)),
                 id=workflow_id(ref.chat_id),
                 task_queue=self._settings.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
@@ -164,6 +168,23 @@ class Reconciler:
             return []
         held = set(await self._store.held_message_ids(chat_id, [m.message_id for m in offered]))
         return [m for m in offered if m.message_id not in held]
+
+    async def _bound(self, ref: TurnRef, pending: list[UserMessage]) -> list[UserMessage]:
+        """A recovery run's input stays under the chat's pending bound (a run of an
+        older release may have held more): the earliest messages over it are
+        committed to the turn now, in order, so none is lost and the input fits."""
+        limit = self._settings.max_pending_bytes
+        keep: list[UserMessage] = []
+        size = 0
+        for message in reversed(pending):
+            size += wire_size(message)
+            if size > limit:
+                break
+            keep.insert(0, message)
+        early = pending[:len(pending) - len(keep)]
+        for chunk in chunks(early):
+            await self._store.commit_user_messages(ref.chat_id, ref.turn, chunk)
+        return keep
 
     async def _hand_on(self, client: Client, chat_id: str, messages: list[UserMessage]) -> None:
         """The turn is closed; its follow-ups start the next turn, as a client's send would."""

@@ -17,13 +17,19 @@ class StoreActivities:
 
     @activity.defn(name=io.BEGIN_TURN)
     async def begin_turn(self, inp: io.BeginTurnInput) -> io.BeginTurnResult:
-        begun = await self._store.begin_turn(inp.chat_id, inp.run_id, inp.message_ids)
-        latest = begun.turn
+        # A run learns the configured message limit here: its first messages are judged now.
+        limit = self._settings.max_message_bytes
+        oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes) if size > limit]
+        offered = [i for i in inp.message_ids if i not in oversized]
+        begun = await self._store.begin_turn(inp.chat_id, inp.run_id, offered) if offered else None
+        turn = begun.turn if begun else None
+        latest = turn
         if latest is None:
             record = await self._store.get_turn(inp.chat_id)
             latest = record.turn if record else 0
-        return io.BeginTurnResult(turn=begun.turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids,
-                                  closed_turn=begun.closed_turn, settings=self._turn_settings())
+        return io.BeginTurnResult(turn=turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids if begun else [],
+                                  closed_turn=begun.closed_turn if begun else None,
+                                  settings=self._turn_settings(), oversized_ids=oversized)
 
     @activity.defn(name=io.ADOPT_TURN)
     async def adopt_turn(self, inp: io.AdoptTurnInput) -> io.AdoptTurnResult:
@@ -32,7 +38,8 @@ class StoreActivities:
 
     def _turn_settings(self) -> io.TurnSettings:
         s = self._settings
-        return io.TurnSettings(max_message_bytes=s.max_message_bytes, model_timeout_s=s.model_timeout,
+        return io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
+                               model_timeout_s=s.model_timeout,
                                tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
                                heartbeat_timeout_s=s.heartbeat_timeout)
 
@@ -40,6 +47,16 @@ class StoreActivities:
     async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:
         await self._store.record_tool_result(inp.chat_id, inp.turn, inp.tool_call_id, inp.name,
                                              inp.content, inp.status)
+
+    @activity.defn(name=io.COMMIT_MESSAGES)
+    async def commit_messages(self, inp: io.CommitMessagesInput) -> list[str]:
+        if inp.answer_lost_calls:
+            await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
+        return await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.messages)
+
+    @activity.defn(name=io.RECORD_ASSISTANT)
+    async def record_assistant(self, inp: io.RecordAssistantInput) -> None:
+        await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, inp.reply, final=inp.final)
 
     @activity.defn(name=io.UPDATE_TURN)
     async def update_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
@@ -82,4 +99,4 @@ class StoreActivities:
 
 def _update(inp: io.UpdateTurnInput) -> TurnUpdate:
     return TurnUpdate(status=inp.status, reason=inp.reason, recovery_id=inp.recovery_id,
-                      can_continue=inp.can_continue, attempts=inp.attempts)
+                      can_continue=inp.can_continue, attempts=inp.attempts, detail=inp.detail)

@@ -6,9 +6,10 @@ never started."""
 from __future__ import annotations
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from activities.store import SessionStore
+from activities.store import SessionStore, StoreUnavailable
 from activities.tools import ToolContext, ToolRegistry
 from turnkeeper import activity_io as io
 from turnkeeper.config import Settings
@@ -27,7 +28,12 @@ class ToolCallActivity:
     async def tool_call(self, inp: io.ToolCallInput) -> io.ToolCallResult:
         call = inp.call
         async with heartbeating():
-            if not await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key):
+            try:
+                first = await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
+            except StoreUnavailable as err:
+                # Not recorded, so not run: the workflow runs the call once the store is back.
+                raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
+            if not first:
                 status, content = "error", ALREADY_STARTED_TEXT
             else:
                 ctx = ToolContext(
@@ -38,5 +44,11 @@ class ToolCallActivity:
                     call.name, call.arguments, ctx, enabled=self._settings.tools,
                     max_output_bytes=self._settings.max_tool_output_bytes)
                 status, content = outcome.status, outcome.content
-            await self._store.record_tool_result(inp.chat_id, inp.turn, call.id, call.name, content, status)
+            try:
+                await self._store.record_tool_result(inp.chat_id, inp.turn, call.id, call.name, content, status)
+            except StoreUnavailable as err:
+                # The tool has acted: its result goes back to the workflow, which records it later.
+                activity.logger.warning("the result of %s is recorded later: %s", inp.idempotency_key, err)
+                return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content,
+                                         recorded=False)
             return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content)

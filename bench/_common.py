@@ -204,12 +204,15 @@ async def alternate_rounds(variants: Sequence[V], *, warmup: int, rounds: int, p
             await burst(v)
 
 
-def run_and_exit(main: Coroutine[Any, Any, None]) -> NoReturn:
-    """Run a script's main coroutine, report a failure, and exit with os._exit."""
+def run_and_exit(main: Coroutine[Any, Any, None],
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> NoReturn:
+    """Run a script's main coroutine (on `loop_factory`'s loop; None: asyncio's own),
+    report a failure, and exit with os._exit."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     code = 0
     try:
-        asyncio.run(main)
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main)
     except KeyboardInterrupt:  # workers and the server are already stopped (finally blocks)
         code = 130
     except Exception:  # noqa: BLE001 — report, then exit non-zero

@@ -83,7 +83,7 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
         stack.spawn_worker()
         guard = await stack.wait_state(chat, _awaiting, timeout=45)
         assert guard.reason == Reason.LOOP_GUARD and guard.attempts == 1
-        assert guard.recovery_id != gate.recovery_id
+        assert guard.recovery_id == gate.recovery_id  # kept until the turn ends
         await asyncio.sleep(1)
         assert len(server.requests) == 2
 

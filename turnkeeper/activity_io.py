@@ -18,6 +18,8 @@ RECORD_TOOL_RESULT = "turnkeeper.record_tool_result"
 UPDATE_TURN = "turnkeeper.update_turn"
 FINISH_TURN = "turnkeeper.finish_turn"
 APPEND_EVENTS = "turnkeeper.append_events"
+COMMIT_MESSAGES = "turnkeeper.commit_messages"
+RECORD_ASSISTANT = "turnkeeper.record_assistant"
 
 # Raised by the model activity when its worker is shutting down: nothing happened
 # outside, so the workflow schedules the call again for the next worker.
@@ -27,6 +29,9 @@ MODEL_FAILED_ERROR = "ModelFailed"
 # The chat's stored transcript has a row that does not decode: no model call can
 # be made from it until the row is repaired, so Continue is not offered.
 CHECKPOINT_INVALID_ERROR = "CheckpointInvalid"
+# The session store does not answer (locked, read-only, unreachable, its file
+# gone). Raised before anything happened outside: the workflow waits and tries again.
+STORE_UNAVAILABLE_ERROR = "StoreUnavailable"
 
 
 class TurnSettings(BaseModel):
@@ -34,6 +39,7 @@ class TurnSettings(BaseModel):
     activity result, so it is recorded in history and replays deterministically."""
 
     max_message_bytes: int = 64 * 1024
+    max_pending_bytes: int = 1024 * 1024
     model_timeout_s: int = 300
     tool_timeout_s: int = 600
     resume_window_s: int = 60
@@ -44,6 +50,8 @@ class BeginTurnInput(BaseModel):
     chat_id: str
     run_id: str
     message_ids: list[str]
+    message_sizes: list[int] = Field(default_factory=list)
+    """Text bytes of each message: those over the configured limit are refused."""
 
 
 class BeginTurnResult(BaseModel):
@@ -53,6 +61,8 @@ class BeginTurnResult(BaseModel):
     duplicate_ids: list[str] = Field(default_factory=list)
     closed_turn: int | None = None
     settings: TurnSettings
+    oversized_ids: list[str] = Field(default_factory=list)
+    """Messages over TURNKEEPER_MAX_MESSAGE_BYTES: refused, not part of the turn."""
 
 
 class AdoptTurnInput(BaseModel):
@@ -73,16 +83,18 @@ class ModelCallInput(BaseModel):
     new_messages: list[UserMessage] = Field(default_factory=list)
     """User rows to commit before the call: the turn's message(s) or follow-ups."""
     closes_turn: bool = True
+    """A final answer closes the turn as completed in the same store write; a
+    resumed turn is closed by the workflow instead (recovered/continued)."""
     answer_lost_calls: bool = False
     """The step before was lost: first give any tool call it may have written an
     interrupted result, so the model sees a balanced transcript."""
-    """A final answer closes the turn as completed in the same store write; a
-    resumed turn is closed by the workflow instead (recovered/continued)."""
 
 
 class ModelCallResult(BaseModel):
     reply: ModelReply
     committed_ids: list[str] = Field(default_factory=list)
+    recorded: bool = True
+    """False: the store failed after the provider answered; the workflow records the reply."""
 
 
 class ToolCallInput(BaseModel):
@@ -100,6 +112,8 @@ class ToolCallResult(BaseModel):
     name: str
     status: str  # done | error
     content: str
+    recorded: bool = True
+    """False: the store failed after the tool acted; the workflow records the result."""
 
 
 class RecordToolResultInput(BaseModel):
@@ -119,6 +133,8 @@ class UpdateTurnInput(BaseModel):
     recovery_id: str | None = None
     can_continue: bool = True
     attempts: int = 0
+    detail: str | None = None
+    """Why the gate opened, for the `recovery_state` event."""
     closing_text: str | None = None
     """With FINISH_TURN: an assistant row that closes the turn (interruption notice)."""
     commit_messages: list[UserMessage] = Field(default_factory=list)
@@ -142,3 +158,21 @@ class HeldMessagesInput(BaseModel):
 class AppendEventsInput(BaseModel):
     chat_id: str
     events: list[NewEvent]
+
+
+class CommitMessagesInput(BaseModel):
+    """A chunk of user rows committed ahead of a model call (a large batch)."""
+
+    chat_id: str
+    turn: int
+    messages: list[UserMessage]
+    answer_lost_calls: bool = False
+    """As `ModelCallInput.answer_lost_calls`: tool rows first, so the transcript stays balanced."""
+
+
+class RecordAssistantInput(BaseModel):
+    chat_id: str
+    turn: int
+    step: int
+    reply: ModelReply
+    final: bool

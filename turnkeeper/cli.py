@@ -106,6 +106,11 @@ def _describe_gate(state: TurnState) -> str:
         return f"chat {state.chat_id}: no turn yet, waiting for its first message"
     lines = [f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
              + (f" ({state.reason.value})" if state.reason else "")]
+    if state.detail:
+        lines.append(f"why: {state.detail}")
+    if state.store_unavailable:
+        lines.append("the session store does not answer: the turn waits for it and goes on, in order, "
+                     "when it is back (see the worker's log)")
     if state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
         lines.append(f"recovery id: {state.recovery_id}")
         if state.can_continue:
@@ -343,6 +348,7 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
     `status` shows it from there, and Dismiss closes it there, as the workflow
     would have (interrupted rows for unanswered calls, one closing row)."""
     from activities.store import TurnUpdate
+    from workflows import recovery
 
     store = await _store(settings)
     try:
@@ -351,10 +357,14 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
             return None
         if not dismiss:
             return _state_of(record)
+        state = _state_of(record)
+        if recovery.refusal(state, "dismiss", record.recovery_id) is not None:
+            return None
+        recovery.end_recovered(state, Reason.DISMISSED)
         await store.close_unanswered_calls(chat_id, record.turn)
         # Only from `failed`: a message sent meanwhile may have closed it as superseded.
         if not await store.finish_turn(chat_id, record.turn, TurnUpdate(
-                status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=record.recovery_id,
+                status=state.status, reason=state.reason, recovery_id=record.recovery_id,
                 can_continue=record.can_continue, attempts=record.attempts),
                 closing_text=DISMISSED_TEXT, only_from=frozenset({TurnStatus.FAILED})):
             return None

@@ -24,6 +24,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_WORKFLOW_SANDBOX",
     "TURNKEEPER_POLLERS",
     "TURNKEEPER_MAX_MESSAGE_BYTES",
+    "TURNKEEPER_MAX_PENDING_BYTES",
     "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
     "TURNKEEPER_TOOL_TIMEOUT",
     "TURNKEEPER_EXEC_TIMEOUT",
@@ -60,11 +61,17 @@ TEMPORAL_CONNECTION_ENV_VARS: tuple[str, ...] = (
 """Read by `temporalio.envconfig` when TEMPORAL_ADDRESS is set (Temporal Cloud, TLS)."""
 
 
+# Temporal refuses a payload over 2 MB: one message, and a chat's pending ones
+# together, must stay well under it (JSON escaping can add to a message's size).
+MAX_MESSAGE_BYTES_CEILING = 1024 * 1024
+MAX_PENDING_BYTES_CEILING = 1536 * 1024
+
+
 class ConfigError(ValueError):
     """A configuration variable holds a value we cannot use."""
 
 
-def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
+def _int(env: dict[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -74,6 +81,8 @@ def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
         raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -138,6 +147,9 @@ class Settings:
     resume_window: int = 60
     reconcile_every: int = 60
     max_message_bytes: int = 64 * 1024
+    # A chat's messages not yet committed, together: well under Temporal's 2 MB
+    # payload limit, so no batch of them can make a task fail for its size.
+    max_pending_bytes: int = 1024 * 1024
     max_tool_output_bytes: int = 16 * 1024
     tool_timeout: int = 600
     exec_timeout: int = 60
@@ -178,7 +190,10 @@ class Settings:
             workspace=workspace.absolute(),
             resume_window=_int(env, "TURNKEEPER_RESUME_WINDOW", 60, minimum=1),
             reconcile_every=_int(env, "TURNKEEPER_RECONCILE_EVERY", 60, minimum=1),
-            max_message_bytes=_int(env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1),
+            max_message_bytes=_int(env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1,
+                                   maximum=MAX_MESSAGE_BYTES_CEILING),
+            max_pending_bytes=_int(env, "TURNKEEPER_MAX_PENDING_BYTES", 1024 * 1024, minimum=1024,
+                                   maximum=MAX_PENDING_BYTES_CEILING),
             max_tool_output_bytes=_int(env, "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, minimum=256),
             tool_timeout=_int(env, "TURNKEEPER_TOOL_TIMEOUT", 600, minimum=1),
             exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),

@@ -33,19 +33,22 @@ SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
 # registered at start; the re-reads were about 13% of the server's CPU per turn.
 SEARCH_ATTRIBUTE_CACHE: Mapping[str, object] = {"system.forceSearchAttributesCacheRefreshOnRead": False}
 # The history service reads each of its task queues (per shard) at most this
-# many times a second; the default is 20. The dev server has one shard, so with
-# the default every workflow task history hands to matching waited for the next
-# 50 ms read: a one-tool turn (four workflow tasks) took about 200 ms, nearly all
-# of it waiting. A queue is read when a task is written to it (and once a minute
-# otherwise), so a higher cap costs nothing while the server is idle; under load
-# it means more, smaller reads of the SQLite file instead of one batch per 50 ms
-# (bench/engine_latency.py measures the CPU and throughput it costs). That is
-# safe on a single-node server: the reads are local, and nothing else shares the
-# database. Transfer: workflow and activity tasks on their way to matching (the
+# many times a second; the default is 20, with a burst of 40. The dev server has
+# one shard, so once it was busy every workflow task history hands to matching
+# waited for the next 50 ms read: a one-tool turn (four workflow tasks) took
+# about 200 ms back to back, nearly all of it waiting. A queue is read when a
+# task is written to it (and once a minute otherwise), so a higher cap costs
+# nothing while the server is idle; under load it means more, smaller reads of
+# the SQLite file instead of one batch per 50 ms: at 50 turns in flight about a
+# tenth more server CPU per turn than with 20, the same turns a second
+# (bench/engine_latency.py --previous-variant, README "Performance"). 200 a
+# second leaves a busy queue's task at most 5 ms to wait; 1000 was no faster
+# and allows five times the reads (--reads-variant 1000). Safe on a single-node
+# server: the reads are local, and nothing else shares the database. Transfer: workflow and activity tasks on their way to matching (the
 # turn's latency); timer: timeouts, such as the heartbeat timeout that notices a
 # dead worker; visibility: the search attributes `list` and `temporal workflow
 # list` see (`TurnStatus='awaiting_user'`).
-QUEUE_READS_PER_S = 1000
+QUEUE_READS_PER_S = 200
 TASK_DISPATCH: Mapping[str, object] = {
     "history.transferProcessorMaxPollRPS": QUEUE_READS_PER_S,
     "history.timerProcessorMaxPollRPS": QUEUE_READS_PER_S,

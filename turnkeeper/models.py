@@ -109,6 +109,10 @@ class RecoveryStart(BaseModel):
     turn: int
     reason: Reason
     can_continue: bool = True
+    recovery_id: str | None = None
+    """The gate's id when a waiting run hands itself on (continue-as-new): kept."""
+    attempts: int = 0
+    detail: str | None = None
 
 
 class ChatTurnInput(BaseModel):
@@ -186,6 +190,10 @@ class TurnState(BaseModel):
     attempts: int = 0
     pending_followups: list[str] = Field(default_factory=list)
     tool_calls: list[ToolCallView] = Field(default_factory=list)
+    detail: str | None = None
+    """Why the gate opened, in the words of what failed (a provider's error, a bad row)."""
+    store_unavailable: bool = False
+    """The session store does not answer: the turn waits and goes on when it returns."""
 
 
 # --- event log (contract: the store's per-chat ordered log) ------------------------

@@ -9,8 +9,9 @@ turn did not consume is handed to the next run of the same workflow id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RawValue, RetryPolicy
@@ -51,36 +52,58 @@ with workflow.unsafe.imports_passed_through():
         UserMessage,
     )
     from workflows import recovery
+    from workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from workflows.recovery import Effect, Input
 
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
-# Store writes are idempotent, so retrying them is safe; bounded so a dead
-# store fails the run (the reconciler then sees it) instead of wedging it.
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=20,
-                          maximum_interval=timedelta(seconds=5))
+# Store calls are idempotent, so retrying them is safe. A store that stays
+# unavailable past these attempts is waited for (`_wait_for_store`), visibly;
+# any other store error fails the run, and the reconciler finds the turn.
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=6,
+                          maximum_interval=timedelta(seconds=2),
+                          non_retryable_error_types=[io.STORE_UNAVAILABLE_ERROR])
 STORE_TIMEOUT = timedelta(seconds=30)
+STORE_WAIT_FIRST_S = 1.0
+STORE_WAIT_MAX_S = 30.0
 # A run started without a message (e.g. `temporal workflow start`) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
 # A model call cut off by a graceful shutdown is scheduled again this many times.
 MAX_SHUTDOWN_RESCHEDULES = 5
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+# Before the worker's configuration reaches a new run (with its first store call),
+# messages up to this size are taken and then judged against the configured limit.
+MESSAGE_BYTES_CEILING = 1024 * 1024
+# An update is answered within this long of reaching a worker, decided or not yet.
+UPDATE_ANSWER_WITHIN = timedelta(seconds=1.5)
+# A gate whose history grows this long (refused signals, say) hands itself on to a
+# fresh run of the same turn, long before Temporal's own limits.
+GATE_HISTORY_EVENTS = 10_000
 # Patch ids: behaviour that running turns recorded without must replay as it was.
 REFUSE_UNDECODABLE = "refuse-undecodable-user-message"
 ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
+# One patch for the complete recovery machine: the recovery id kept until the turn
+# ends, Dismiss while resuming, updates answered within a bound, the bounded inbox
+# and its chunked commits, the configured limit for a run's first message, long
+# gates handed on. Asked once, in the run's first activation: a patch first asked
+# later can land in another workflow task on replay than it did live.
+COMPLETE_MACHINE = "complete-recovery-machine"
 
 
 class _Cancelled(Exception):
-    """Stop, or a message that superseded the gate, cancelled the running step."""
+    """Stop, Dismiss or a message that superseded the gate cancelled the running step."""
 
 
 class _Interrupted(Exception):
     """A step was lost; carries the reason the gate opens with."""
 
-    def __init__(self, reason: Reason, committed: bool = False, can_continue: bool = True) -> None:
+    def __init__(self, reason: Reason, committed: bool = False, can_continue: bool = True,
+                 detail: str | None = None) -> None:
         super().__init__(reason.value)
         self.reason = reason
         self.committed = committed  # the call's messages are in the store for sure
         self.can_continue = can_continue
+        self.detail = detail
 
 
 @workflow.defn(name="ChatTurn")
@@ -88,24 +111,25 @@ class ChatTurn:
     @workflow.init
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
-        self._inbox: list[UserMessage] = []
-        self._in_flight: list[UserMessage] = []  # handed to a model call not yet finished
-        self._seen: set[str] = set()
+        self._inbox = Inbox()
         self._events: list[NewEvent] = []  # announced at the next boundary
-        self._max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
         self._settings = io.TurnSettings()
+        self._settings_known = False
         self._decision: recovery.Action | None = None
-        self._interrupt: Reason | None = None  # Stop, or a message that supersedes a gate
+        self._interrupt: Reason | None = None  # Stop, Dismiss, or a message that supersedes a gate
         self._superseding: list[str] = []  # ids received at a gate, to check against the store
+        self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
+        self._store_wait_s = STORE_WAIT_FIRST_S
+        self._complete = workflow.patched(COMPLETE_MACHINE)
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
         for message in input.pending:
-            self._accept(message)
+            self._inbox.offer(message)
 
     def _apply_settings(self, settings: io.TurnSettings) -> None:
         self._settings = settings
-        self._max_message_bytes = settings.max_message_bytes
+        self._settings_known = True
 
     # -- handlers: they only change state; `run` acts on it -------------------
     @workflow.signal(name="user_message")
@@ -113,21 +137,34 @@ class ChatTurn:
         # Raw, so that a payload the converter cannot decode is refused here
         # instead of being dropped by the SDK with nothing but a worker log line.
         try:
-            message = UserMessage.model_validate(_decode(payload))
-        except ValidationError as err:
-            self._reject_message(None, f"malformed user_message payload: {_first_error(err)}")
-            return
+            raw = _decode(payload)
         except _Undecodable as err:
             if workflow.patched(REFUSE_UNDECODABLE):  # earlier runs dropped these unseen
                 self._reject_message(None, f"malformed user_message payload: {err}")
             return
-        size = len(message.text.encode())
-        if size > self._max_message_bytes:
-            self._reject_message(message.message_id,
-                                 f"message is {size} bytes; the limit is {self._max_message_bytes}")
+        try:
+            message = UserMessage.model_validate(raw)
+        except ValidationError as err:
+            # The id, when it is readable, so a client following its own message sees the refusal.
+            self._reject_message(_message_id_of(raw), f"malformed user_message payload: {_first_error(err)}")
             return
-        if self._accept(message) and self._state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING):
-            # Newer input beats a waiting or running recovery.
+        size = len(message.text.encode())
+        limit = self._message_limit()
+        if size > limit:
+            self._reject_message(message.message_id, f"message is {size} bytes; the limit is {limit}")
+            return
+        if self._inbox.seen(message.message_id):
+            return  # the client's retry: one message
+        pending = self._inbox.pending_bytes()
+        if (pending + wire_size(message) > self._settings.max_pending_bytes
+                and self._complete):
+            self._reject_message(message.message_id, (
+                f"the chat already holds {pending} bytes of messages not yet answered and this one "
+                f"would pass the limit of {self._settings.max_pending_bytes}; send it again once "
+                "the turn has answered"))
+            return
+        self._inbox.offer(message)
+        if recovery.decide(self._state.status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
             self._superseding.append(message.message_id)
             self._interrupt = self._interrupt or Reason.SUPERSEDED
 
@@ -136,7 +173,7 @@ class ChatTurn:
         # Whatever it carries: Stop needs no argument.
         if not _readable(payload) and not workflow.patched(REFUSE_UNDECODABLE):
             return  # earlier runs never saw such a signal
-        if self._state.turn and self._state.status in OPEN_STATUSES:
+        if self._state.turn and recovery.decide(self._state.status, Input.STOP).accepted:
             self._interrupt = Reason.STOPPED  # the user's explicit word wins
 
     @workflow.signal(name="continue")
@@ -147,26 +184,26 @@ class ChatTurn:
     def dismiss_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._act_by_signal("dismiss", payload)
 
+    # Raw payloads: a malformed one is rejected with words, never a converter's traceback.
     @workflow.update(name="continue_turn")
-    async def continue_turn(self, action: RecoveryAction) -> TurnState:
+    async def continue_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
         return await self._act_by_update("continue")
 
     @continue_turn.validator
-    def _validate_continue(self, action: RecoveryAction) -> None:
-        self._validate("continue", action)
+    def _validate_continue(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
+        self._validate("continue", payload)
 
     @workflow.update(name="dismiss_turn")
-    async def dismiss_turn(self, action: RecoveryAction) -> TurnState:
+    async def dismiss_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
         return await self._act_by_update("dismiss")
 
     @dismiss_turn.validator
-    def _validate_dismiss(self, action: RecoveryAction) -> None:
-        self._validate("dismiss", action)
+    def _validate_dismiss(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
+        self._validate("dismiss", payload)
 
     @workflow.query(name="state")
     def state(self) -> TurnState:
-        pending = [m.message_id for m in self._in_flight + self._inbox]
-        return self._state.model_copy(update={"pending_followups": pending})
+        return self._state.model_copy(update={"pending_followups": self._inbox.ids()})
 
     # -- the turn ------------------------------------------------------------
     @workflow.run
@@ -178,71 +215,88 @@ class ChatTurn:
         if input.recovery is not None:
             await self._recover(input.recovery)
         else:
-            waited = await self._wait_for_first_message()
-            self._before_turn = False
-            if self._idle_refusals is not None:
-                await self._idle_refusals  # announced before the turn's own events
-            if waited and await self._begin():
-                await self._turn_loop(step=0, batch=self._take_inbox())
+            while await self._wait_for_first_message():
+                begun = await self._begin()
+                if begun == "begun":
+                    await self._turn_loop(step=0, batch=self._inbox.take())
+                if begun != "refused":
+                    break
+                # Every message was over the configured limit: refused, and the run
+                # waits for a message it can take, as it does after any refusal.
+                await self._flush_events()
+                self._before_turn = True
         await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._inbox:
+        if self._inbox.waiting:
             # What this turn did not consume is the next turn, in order.
-            workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox))
+            workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting))
         return self.state()
 
     async def _wait_for_first_message(self) -> bool:
         try:
-            await workflow.wait_condition(lambda: bool(self._inbox), timeout=IDLE_TIMEOUT)
+            await workflow.wait_condition(lambda: bool(self._inbox.waiting), timeout=IDLE_TIMEOUT)
         except asyncio.TimeoutError:
             self._state.status = TurnStatus.COMPLETED
             return False
+        finally:
+            self._before_turn = False
+            if self._idle_refusals is not None:
+                await self._idle_refusals  # announced before the turn's own events
         return True
 
-    async def _begin(self) -> bool:
+    async def _begin(self) -> Literal["begun", "nothing", "refused"]:
         """Number the turn from the store and close any earlier turn left open."""
-        while self._inbox:
-            begun: io.BeginTurnResult = await workflow.execute_local_activity(
+        while self._inbox.waiting:
+            waiting = self._inbox.waiting
+            begun: io.BeginTurnResult = await self._store_call(
                 io.BEGIN_TURN,
                 io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
-                                  message_ids=[m.message_id for m in self._inbox]),
-                result_type=io.BeginTurnResult,
-                start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
-            )
+                                  message_ids=[m.message_id for m in waiting],
+                                  message_sizes=[len(m.text.encode()) for m in waiting]),
+                io.BeginTurnResult)
             self._apply_settings(begun.settings)
-            duplicates = set(begun.duplicate_ids)
-            self._inbox = [m for m in self._inbox if m.message_id not in duplicates]
+            for message in waiting:
+                if message.message_id in begun.oversized_ids:
+                    self._reject_message(message.message_id, (
+                        f"message is {len(message.text.encode())} bytes; the limit is "
+                        f"{begun.settings.max_message_bytes}"))
+            self._inbox.drop(set(begun.duplicate_ids) | set(begun.oversized_ids))
             if begun.turn is not None:
                 self._state.turn = begun.turn
-                return True
+                return "begun"
             self._state.turn = begun.latest_turn
+            if begun.oversized_ids and not begun.duplicate_ids and not self._inbox.waiting:
+                return "refused"
         # Every message was a retry of one already committed: no turn to run.
         self._state.status = TurnStatus.COMPLETED
-        return False
+        return "nothing"
 
     async def _recover(self, start: RecoveryStart) -> None:
-        """A run started by the reconciler: take the turn over and ask its user."""
-        adopted: io.AdoptTurnResult = await workflow.execute_local_activity(
+        """A run started by the reconciler, or handed on by a long gate: take the
+        turn over and ask its user."""
+        adopted: io.AdoptTurnResult = await self._store_call(
             io.ADOPT_TURN,
             io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
-            result_type=io.AdoptTurnResult, start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+            io.AdoptTurnResult)
         self._apply_settings(adopted.settings)
         self._state.turn = start.turn
-        if await self._gate(start.reason, can_continue=start.can_continue) == "continue":
-            await self._turn_loop(step=adopted.next_step, batch=self._take_inbox())
+        self._state.recovery_id = start.recovery_id
+        self._state.attempts = start.attempts
+        if await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail) == "continue":
+            await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
 
     async def _turn_loop(self, step: int, batch: list[UserMessage]) -> None:
         # Messages handed to a model call stay ours until it succeeds: a lost call
         # may not have committed them (the store's commit is idempotent).
-        self._in_flight = batch
+        self._inbox.in_flight = batch
         after_loss = False
         while True:
             try:
-                reply = await self._call_model(step, self._in_flight, after_loss)
+                reply = await self._call_model(step, after_loss)
             except _Interrupted as lost:
                 if lost.committed:
-                    self._in_flight = []
-                if await self._gate(lost.reason, can_continue=lost.can_continue) != "continue":
+                    self._inbox.in_flight = []
+                if await self._gate(lost.reason, can_continue=lost.can_continue, detail=lost.detail) != "continue":
                     return
                 # A new step: the lost one may have written tool calls that never
                 # ran; they are answered as interrupted, never replaced.
@@ -252,7 +306,7 @@ class ChatTurn:
             except _Cancelled:
                 await self._end_by_user()
                 return
-            self._in_flight = []
+            self._inbox.in_flight = []
             after_loss = False
             if reply.is_final:
                 resumed = self._state.status == TurnStatus.RESUMING
@@ -270,18 +324,28 @@ class ChatTurn:
             step += 1
             if lost is not None and await self._gate(lost) != "continue":
                 return
-            self._in_flight = self._take_inbox()
+            self._inbox.in_flight = self._inbox.take()
 
-    async def _call_model(self, step: int, batch: list[UserMessage], after_loss: bool) -> ModelReply:
+    async def _call_model(self, step: int, after_loss: bool) -> ModelReply:
         await self._flush_events()
         resuming = self._state.status == TurnStatus.RESUMING
-        for _ in range(MAX_SHUTDOWN_RESCHEDULES):
+        batch = self._inbox.in_flight
+        if sum(map(wire_size, batch)) > CHUNK_BYTES and self._complete:
+            # Too much for one activity input: committed first, in chunks, and so no
+            # longer the call's to lose.
+            for chunk in chunks(batch):
+                await self._store_call(io.COMMIT_MESSAGES, io.CommitMessagesInput(
+                    chat_id=self._state.chat_id, turn=self._state.turn, messages=chunk,
+                    answer_lost_calls=after_loss), list[str])
+                self._inbox.in_flight = self._inbox.in_flight[len(chunk):]
+        shutdowns = 0
+        while True:
             if self._interrupt is not None:
                 raise _Cancelled()
             handle = workflow.start_activity(
                 io.MODEL_CALL,
                 io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
-                                  new_messages=batch, closes_turn=not resuming,
+                                  new_messages=self._inbox.in_flight, closes_turn=not resuming,
                                   answer_lost_calls=after_loss),
                 result_type=io.ModelCallResult,
                 start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
@@ -295,76 +359,109 @@ class ChatTurn:
             if await self._settle([handle]):
                 raise _Cancelled()
             try:
-                return (await handle).reply
+                result = await handle
             except ActivityError as err:
-                if _error_type(err) == io.WORKER_SHUTDOWN_ERROR:
-                    continue  # nothing happened outside: the next worker takes it
-                if _error_type(err) == io.MODEL_FAILED_ERROR:
+                kind = _error_type(err)
+                if kind == io.WORKER_SHUTDOWN_ERROR:
+                    shutdowns += 1
+                    if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
+                        continue  # nothing happened outside: the next worker takes it
+                    raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
+                if kind == io.STORE_UNAVAILABLE_ERROR:
+                    await self._wait_for_store(_failure_text(err))  # raised before the provider was asked
+                    continue
+                if kind == io.MODEL_FAILED_ERROR:
                     # Raised after the activity committed the messages.
-                    raise _Interrupted(Reason.MODEL_FAILED, committed=True) from None
-                if _error_type(err) == io.CHECKPOINT_INVALID_ERROR:
-                    raise _Interrupted(Reason.CHECKPOINT_INVALID, can_continue=False) from None
+                    raise _Interrupted(Reason.MODEL_FAILED, committed=True, detail=_failure_text(err)) from None
+                if kind == io.CHECKPOINT_INVALID_ERROR:
+                    raise _Interrupted(Reason.CHECKPOINT_INVALID, can_continue=False,
+                                       detail=_failure_text(err)) from None
                 raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
-        raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION)
+            self._store_answers()
+            if not result.recorded:
+                await self._store_call(io.RECORD_ASSISTANT, io.RecordAssistantInput(
+                    chat_id=self._state.chat_id, turn=self._state.turn, step=step, reply=result.reply,
+                    final=result.reply.is_final and not resuming))
+            return result.reply
 
     async def _run_tools(self, calls: list[ToolCall]) -> Reason | None:
         """Run the model's tool calls in parallel; the reason to stop, if any was lost.
-        Raises `_Cancelled` after Stop or a superseding message, once every call has
-        either finished or been marked interrupted."""
+        Raises `_Cancelled` after Stop, Dismiss or a superseding message, once every
+        call has either finished or been marked interrupted. A call refused for a
+        store outage before it acted runs again once the store is back."""
         views = [ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls]
         self._state.tool_calls.extend(views)
-        handles = [
-            workflow.start_activity(
-                io.TOOL_CALL,
-                io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn, call=call),
-                result_type=io.ToolCallResult,
-                start_to_close_timeout=timedelta(seconds=self._settings.tool_timeout_s),
-                schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
-                heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
-                retry_policy=NO_RETRY,
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=_tool_summary(call),
-            )
-            for call in calls
-        ]
-        for handle, view in zip(handles, views):
-            handle.add_done_callback(lambda h, v=view: _show_result(h, v))
-        cancelled = await self._settle(handles)
-        lost = [await self._tool_outcome(call, view, handle)
-                for call, view, handle in zip(calls, views, handles)]
-        if cancelled:
-            raise _Cancelled()
+        todo = list(zip(calls, views))
+        lost: list[Reason | None] = []
+        while True:
+            handles = [self._start_tool(call) for call, _ in todo]
+            for handle, (_, view) in zip(handles, todo):
+                handle.add_done_callback(lambda h, v=view: _show_result(h, v))
+            cancelled = await self._settle(handles)
+            again: list[tuple[ToolCall, ToolCallView]] = []
+            for (call, view), handle in zip(todo, handles):
+                outcome = await self._tool_outcome(call, view, handle, may_run_again=not cancelled)
+                if outcome == "again":
+                    again.append((call, view))
+                else:
+                    lost.append(outcome)
+            if cancelled:
+                raise _Cancelled()
+            if not again:
+                break
+            await self._wait_for_store("a tool could not record its start")
+            todo = again
         if Reason.TOOL_STATE_UNKNOWN in lost:
             return Reason.TOOL_STATE_UNKNOWN
         if Reason.RESTART_REQUIRES_CONFIRMATION in lost:
             return Reason.RESTART_REQUIRES_CONFIRMATION
         return None
 
+    def _start_tool(self, call: ToolCall) -> workflow.ActivityHandle[io.ToolCallResult]:
+        return workflow.start_activity(
+            io.TOOL_CALL,
+            io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn, call=call),
+            result_type=io.ToolCallResult,
+            start_to_close_timeout=timedelta(seconds=self._settings.tool_timeout_s),
+            schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
+            heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
+            retry_policy=NO_RETRY,
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=_tool_summary(call),
+        )
+
     async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
-                            handle: workflow.ActivityHandle[io.ToolCallResult]) -> Reason | None:
+                            handle: workflow.ActivityHandle[io.ToolCallResult],
+                            may_run_again: bool) -> Reason | None | Literal["again"]:
         try:
             result = await handle
         except (ActivityError, asyncio.CancelledError) as err:
+            refused = isinstance(err, ActivityError) and _error_type(err) == io.STORE_UNAVAILABLE_ERROR
+            if refused and may_run_again:
+                view.status = ToolCallStatus.PENDING
+                return "again"  # it never acted: its start could not be recorded
             # The tool may or may not have acted: it is never run again by us. If it
             # did record a result before it died, the store keeps that one.
             view.status = ToolCallStatus.INTERRUPTED
-            never_started = (isinstance(err, ActivityError)
-                             and _timeout_type(err) == TimeoutType.SCHEDULE_TO_START)
-            await workflow.execute_local_activity(
+            never_started = refused or (isinstance(err, ActivityError)
+                                        and _timeout_type(err) == TimeoutType.SCHEDULE_TO_START)
+            await self._store_call(
                 io.RECORD_TOOL_RESULT,
                 io.RecordToolResultInput(
                     chat_id=self._state.chat_id, turn=self._state.turn, tool_call_id=call.id,
                     name=call.name, status="interrupted",
-                    content=UNSTARTED_TOOL_TEXT if never_started else INTERRUPTED_TOOL_TEXT),
-                start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
-            )
+                    content=UNSTARTED_TOOL_TEXT if never_started else INTERRUPTED_TOOL_TEXT))
             return Reason.RESTART_REQUIRES_CONFIRMATION if never_started else Reason.TOOL_STATE_UNKNOWN
+        if not result.recorded:
+            await self._store_call(io.RECORD_TOOL_RESULT, io.RecordToolResultInput(
+                chat_id=self._state.chat_id, turn=self._state.turn, tool_call_id=call.id, name=call.name,
+                status=result.status, content=result.content))
         view.status = ToolCallStatus.DONE if result.status == "done" else ToolCallStatus.ERROR
         return None
 
     async def _settle(self, handles: list[workflow.ActivityHandle[Any]]) -> bool:
-        """Wait for the step; on Stop or a superseding message cancel what still runs
-        and wait for it to stop. True when the step was cancelled."""
+        """Wait for the step; on Stop, Dismiss or a superseding message cancel what
+        still runs and wait for it to stop. True when the step was cancelled."""
         while True:
             await workflow.wait_condition(
                 lambda: all(h.done() for h in handles) or self._interrupt is not None)
@@ -384,34 +481,44 @@ class ChatTurn:
         if self._interrupt != Reason.SUPERSEDED or not workflow.patched("supersede-checks-store"):
             return True
         ids, self._superseding = self._superseding, []
-        held = set(await workflow.execute_local_activity(
-            io.HELD_MESSAGES, io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids),
-            result_type=list[str], start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY))
+        held = set(await self._store_call(
+            io.HELD_MESSAGES, io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids), list[str]))
         if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids) or self._superseding:
             return True
-        self._inbox = [m for m in self._inbox if m.message_id not in held]
+        self._inbox.drop(held)
         self._interrupt = None
         return False
 
     async def _end_by_user(self) -> None:
-        """Stop or a superseding message ended the turn: keep what is known, add one
-        closing row. Messages still pending become the next turn."""
+        """Stop, Dismiss or a superseding message ended the turn: keep what is known,
+        add one closing row. Dismiss commits the follow-ups that were pending when
+        it came as user rows; every other message becomes the next turn, in order."""
         reason = self._interrupt or Reason.STOPPED
-        self._return_in_flight()  # they start the next turn with the rest, in order
+        self._inbox.return_in_flight()
         recovery.end_recovered(self._state, reason)
+        if reason == Reason.DISMISSED:
+            committed = [m for m in self._inbox.waiting if m.message_id in self._dismissed_pending]
+            self._inbox.drop(self._dismissed_pending)
+            await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
+            return
         await self._finish_turn(closing_text=SUPERSEDED_TEXT if reason == Reason.SUPERSEDED else STOPPED_TEXT)
 
     # -- gates ---------------------------------------------------------------
-    async def _gate(self, reason: Reason, can_continue: bool = True) -> str:
+    async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> str:
         """Wait for the user's decision. Returns "continue" (resuming), "dismiss",
         or "ended" (Stop or a newer message closed the turn)."""
-        recovery.open_gate(self._state, reason, str(workflow.uuid4()), can_continue)
+        new_id = str(workflow.uuid4())  # drawn at every gate, so recorded runs replay
+        recovery.open_gate(self._state, reason, new_id, can_continue, keep_id=self._complete)
+        self._state.detail = detail
         self._decision = None
         if not await self._persist_state():
             return "ended"  # e.g. the lost call had committed the final answer
         while True:
             await workflow.wait_condition(
-                lambda: self._decision is not None or self._interrupt is not None or bool(self._events))
+                lambda: self._decision is not None or self._interrupt is not None or bool(self._events)
+                or self._gate_history_long())
+            if self._gate_history_long() and self._complete:
+                await self._hand_on_gate()
             await self._flush_events()
             if self._interrupt is not None and not await self._interrupt_stands():
                 continue
@@ -423,14 +530,29 @@ class ChatTurn:
             return "ended"
         if decision == "continue":
             recovery.accept_continue(self._state)
+            self._state.detail = None
             await self._persist_state()
             return "continue"
         recovery.end_recovered(self._state, Reason.DISMISSED)
         # Follow-ups that waited behind the gate are kept as user rows, not answered.
-        self._return_in_flight()
-        committed, self._inbox = self._inbox, []
-        await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=committed)
+        self._inbox.return_in_flight()
+        await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=self._inbox.take())
         return "dismiss"
+
+    def _gate_history_long(self) -> bool:
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > GATE_HISTORY_EVENTS
+
+    async def _hand_on_gate(self) -> None:
+        """Continue the waiting gate in a fresh run: same turn, same recovery id."""
+        await self._flush_events()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        self._inbox.return_in_flight()
+        s = self._state
+        assert s.reason is not None  # a gate always has one
+        workflow.continue_as_new(ChatTurnInput(chat_id=s.chat_id, pending=self._inbox.waiting, recovery=RecoveryStart(
+            turn=s.turn, reason=s.reason, can_continue=s.can_continue, recovery_id=s.recovery_id,
+            attempts=s.attempts, detail=s.detail)))
 
     def _refusal(self, action: recovery.Action, recovery_id: str | None) -> str | None:
         """As `recovery.refusal`, and a gate already decided in this task waits no more."""
@@ -439,14 +561,39 @@ class ChatTurn:
             why = recovery.NOT_WAITING
         return why
 
-    def _validate(self, action: recovery.Action, payload: RecoveryAction) -> None:
-        why = self._refusal(action, payload.recovery_id)
+    def _validate(self, action: recovery.Action, payload: RawValue | None) -> None:
+        try:
+            recovery_id = RecoveryAction.model_validate(_decode(payload)).recovery_id
+        except (ValidationError, _Undecodable) as err:
+            why = _first_error(err) if isinstance(err, ValidationError) else str(err)
+            raise ApplicationError(f'malformed {action} payload ({why}); expected {{"recovery_id": "..."}}',
+                                   type="MalformedPayload", non_retryable=True) from None
+        why = self._refusal(action, recovery_id)
         if why is not None:
             raise ApplicationError(why, type="RecoveryActionRejected", non_retryable=True)
 
+    def _decide(self, action: recovery.Action) -> bool:
+        """Act on an accepted Continue or Dismiss. True when it cancels a running continuation."""
+        outcome = recovery.decide(self._state.status, Input(action), can_continue=self._state.can_continue)
+        if outcome.effect == Effect.CANCEL_AND_DISMISS and self._complete:
+            if self._interrupt is None:  # a Stop or a newer message already ends it
+                self._interrupt = Reason.DISMISSED
+                self._dismissed_pending = set(self._inbox.ids())
+            return True
+        self._decision = action  # the gate takes it
+        return False
+
     async def _act_by_update(self, action: recovery.Action) -> TurnState:
-        self._decision = action
-        await workflow.wait_condition(lambda: self._decision is None)
+        cancels = self._decide(action)
+        if not self._complete:
+            await workflow.wait_condition(lambda: self._decision is None)
+            return self.state()
+        # Answered once the gate took the decision (or the continuation ended), and
+        # never later than the bound: no handler waits on what may not come.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await workflow.wait_condition(
+                (lambda: self._state.status not in OPEN_STATUSES) if cancels else (lambda: self._decision is None),
+                timeout=UPDATE_ANSWER_WITHIN)
         return self.state()
 
     def _act_by_signal(self, action: recovery.Action, payload: RawValue | None) -> None:
@@ -464,16 +611,46 @@ class ChatTurn:
             self._events.append(NewEvent(type="recovery_action_rejected", payload={
                 "turn": self._state.turn, "action": action, "recovery_id": recovery_id, "reason": why}))
             return
-        self._decision = action
+        self._decide(action)
 
     # -- persistence ---------------------------------------------------------
+    async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
+        """A store local activity that waits out an outage: the turn shows
+        `store_unavailable` and goes on, in order, when the store answers again."""
+        while True:
+            try:
+                result = await workflow.execute_local_activity(
+                    activity, arg, result_type=result_type,
+                    start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+            except (ActivityError, ApplicationError) as err:
+                # A local activity's failure arrives as the ApplicationError itself.
+                if _error_type(err) != io.STORE_UNAVAILABLE_ERROR:
+                    raise
+                await self._wait_for_store(_failure_text(err))
+                continue
+            self._store_answers()
+            return result
+
+    async def _wait_for_store(self, why: str | None) -> None:
+        if not self._state.store_unavailable:
+            self._state.store_unavailable = True
+            self._store_wait_s = STORE_WAIT_FIRST_S
+            workflow.logger.warning("chat %s: the session store is unavailable, the turn waits: %s",
+                                    self._state.chat_id, why)
+        await asyncio.sleep(self._store_wait_s)
+        self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
+
+    def _store_answers(self) -> None:
+        if self._state.store_unavailable:
+            self._state.store_unavailable = False
+            workflow.logger.info("chat %s: the session store answers again", self._state.chat_id)
+
     async def _persist_state(self) -> bool:
         """Persist, then announce: the store row and its events, then the search
         attributes. False when the store had already ended the turn (its
         completion wins): the state then follows the store."""
-        written: io.TurnWriteResult | None = await workflow.execute_local_activity(
-            io.UPDATE_TURN, self._turn_update(), result_type=io.TurnWriteResult | None,
-            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        written: io.TurnWriteResult | None = await self._store_call(
+            io.UPDATE_TURN, self._turn_update(), io.TurnWriteResult | None)
         self._follow_store(written)
         self._upsert_search_attributes()
         return written is None or written.written
@@ -483,9 +660,8 @@ class ChatTurn:
         update = self._turn_update()
         update.closing_text = closing_text
         update.commit_messages = commit_messages or []
-        written: io.TurnWriteResult | None = await workflow.execute_local_activity(
-            io.FINISH_TURN, update, result_type=io.TurnWriteResult | None,
-            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        written: io.TurnWriteResult | None = await self._store_call(
+            io.FINISH_TURN, update, io.TurnWriteResult | None)
         self._follow_store(written)
         self._upsert_search_attributes()
 
@@ -499,7 +675,7 @@ class ChatTurn:
         s = self._state
         return io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
                                   recovery_id=s.recovery_id, can_continue=s.can_continue,
-                                  attempts=s.attempts)
+                                  attempts=s.attempts, detail=s.detail)
 
     async def _announce_refusals(self) -> None:
         # Refusals that arrive while one batch is being written go in the next.
@@ -510,9 +686,7 @@ class ChatTurn:
         if not self._events:
             return
         events, self._events = self._events, []
-        await workflow.execute_local_activity(
-            io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events),
-            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events))
 
     def _search_attributes_current(self) -> bool:
         """Our client sets them at start; an operator's signal-with-start does not."""
@@ -529,20 +703,11 @@ class ChatTurn:
         ])
 
     # -- inbox ---------------------------------------------------------------
-    def _accept(self, message: UserMessage) -> bool:
-        if message.message_id in self._seen:
-            return False  # the client's retry: one message
-        self._seen.add(message.message_id)
-        self._inbox.append(message)
-        return True
-
-    def _return_in_flight(self) -> None:
-        self._inbox = self._in_flight + self._inbox
-        self._in_flight = []
-
-    def _take_inbox(self) -> list[UserMessage]:
-        batch, self._inbox = self._inbox, []
-        return batch
+    def _message_limit(self) -> int:
+        if self._settings_known:
+            return self._settings.max_message_bytes
+        # The configured limit arrives with the first store call: judged there.
+        return MESSAGE_BYTES_CEILING if self._complete else DEFAULT_MAX_MESSAGE_BYTES
 
     def _reject_message(self, message_id: str | None, why: str) -> None:
         workflow.logger.warning("user_message refused for chat %s: %s", self._state.chat_id, why)
@@ -561,8 +726,8 @@ def _show_result(handle: "asyncio.Future[io.ToolCallResult]", view: ToolCallView
         view.status = ToolCallStatus.DONE if handle.result().status == "done" else ToolCallStatus.ERROR
 
 
-def _error_type(err: ActivityError) -> str | None:
-    cause = err.cause
+def _error_type(err: ActivityError | ApplicationError) -> str | None:
+    cause = err if isinstance(err, ApplicationError) else err.cause
     return cause.type if isinstance(cause, ApplicationError) else None
 
 
@@ -592,6 +757,17 @@ def _readable(payload: RawValue | None) -> bool:
     except _Undecodable:
         return False
     return True
+
+
+def _message_id_of(raw: Any) -> str | None:
+    """The client's message id of a payload that failed validation, if it is a valid one."""
+    candidate = raw.get("message_id") if isinstance(raw, dict) else None
+    return candidate if isinstance(candidate, str) and 0 < len(candidate) <= 200 else None
+
+
+def _failure_text(err: ActivityError | ApplicationError) -> str | None:
+    cause = err if isinstance(err, ApplicationError) else err.cause
+    return cause.message if isinstance(cause, ApplicationError) else None
 
 
 def _first_error(err: ValidationError) -> str:

@@ -1,58 +1,169 @@
-"""The recovery state machine of a turn: pure functions over `TurnState`.
+"""The recovery machine: one outcome for every pair of turn status and input.
 
-No I/O and no Temporal calls: the workflow persists and announces what these
-return. Kept apart so every rule can be read, and tested, in one place.
+`decide` is the table; the workflow, the reconciler, the store activities and the
+CLI ask it what an input does and never pick a status themselves. The mutators
+below it (`open_gate`, `accept_continue`, `finish`, `end_recovered`) are the only
+code that writes a status. Pure: no I/O, no Temporal calls, safe in workflow code.
+`TABLE` renders the whole table for the README; tests/test_recovery_machine.py
+drives it with Hypothesis.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import Literal
 
-from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
 
 Action = Literal["continue", "dismiss"]
 
 NOT_WAITING = "not waiting for confirmation"
 CONTEXT_UNAVAILABLE = "recovery context is unavailable"
+NOT_RUNNING = "no turn is running"
+
+
+class Input(str, Enum):
+    """Everything that can happen to a turn."""
+
+    USER_MESSAGE = "user_message"
+    CONTINUE = "continue"
+    DISMISS = "dismiss"
+    STOP = "stop"
+    STEP_LOST = "step_lost"
+    """A model or tool activity was lost: its worker died, or none took it up in time."""
+    SHUTDOWN = "graceful_shutdown"
+    RUN_ENDED = "run_ended_abnormally"
+    """The run was terminated, timed out or failed; the reconciler finds it."""
+    RECONCILE = "reconcile_pass"
+    """A reconcile pass while the turn's run is alive."""
+    STORE_OUTAGE = "store_outage"
+
+
+class Effect(str, Enum):
+    JOIN = "join"
+    NEXT_TURN = "next_turn"
+    SUPERSEDE = "supersede"
+    RESUME = "resume"
+    DISMISS = "dismiss"
+    CANCEL_AND_DISMISS = "cancel_and_dismiss"
+    STOP = "stop"
+    OPEN_GATE = "open_gate"
+    RESCHEDULE = "reschedule"
+    JUDGE = "judge"
+    WAIT_FOR_STORE = "wait_for_store"
+    REFUSE = "refuse"
+    NOTHING = "nothing"
+
+
+# What each effect means, in the words the README table uses.
+EFFECT_TEXT: dict[Effect, str] = {
+    Effect.JOIN: "joins the turn at its next model call",
+    Effect.NEXT_TURN: "starts the next turn (a failed turn is closed `superseded` first)",
+    Effect.SUPERSEDE: "cancels what runs, ends `recovered/superseded`; the message starts the next turn",
+    Effect.RESUME: "`resuming/user_confirmed`, attempts + 1; the turn goes on",
+    Effect.DISMISS: "ends `recovered/dismissed`; pending follow-ups become user rows, no model work",
+    Effect.CANCEL_AND_DISMISS: "cancels the continuation like Stop, ends `recovered/dismissed`",
+    Effect.STOP: "ends `recovered/stopped`: completed results kept, running tools interrupted",
+    Effect.OPEN_GATE: "`awaiting_user` with the step's reason (`loop_guard` after a Continue)",
+    Effect.RESCHEDULE: "a model call goes to the next worker; a running tool may finish in the grace",
+    Effect.JUDGE: "the reconciler judges what the run left: a gate, `answer_restored` or `committed`",
+    Effect.WAIT_FOR_STORE: "waits, `store_unavailable` in `state`, and goes on when the store returns",
+    Effect.REFUSE: "refused, nothing changes",
+    Effect.NOTHING: "nothing",
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    effect: Effect
+    refusal: str | None = None
+    """Why the input is refused (REFUSE); updates are rejected with these words."""
+
+    @property
+    def accepted(self) -> bool:
+        return self.effect != Effect.REFUSE
+
+
+_AWAITING, _RESUMING, _RUNNING, _FAILED = (
+    TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.RUNNING, TurnStatus.FAILED)
+# Statuses a decision is taken in: the gate's, and `failed` (no run holds it; the
+# CLI closes it in the store).
+DECIDABLE = frozenset({_AWAITING, _RESUMING, _FAILED})
+
+
+def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_continue: bool = True) -> Outcome:
+    """What `input` does to a turn in `status`. `id_matches`: Continue or Dismiss
+    carries the turn's current recovery id; `can_continue`: the turn's flag."""
+    if input == Input.USER_MESSAGE:
+        if status == _RUNNING:
+            return Outcome(Effect.JOIN)
+        if status in (_AWAITING, _RESUMING):
+            return Outcome(Effect.SUPERSEDE)  # newer input beats a waiting or running recovery
+        return Outcome(Effect.NEXT_TURN)
+    if input in (Input.CONTINUE, Input.DISMISS):
+        if not id_matches:
+            return Outcome(Effect.REFUSE, "stale")
+        if input == Input.DISMISS:
+            # Possible for the current id whatever the saved state is.
+            if status == _RESUMING:
+                return Outcome(Effect.CANCEL_AND_DISMISS)
+            if status in (_AWAITING, _FAILED):
+                return Outcome(Effect.DISMISS)
+            return Outcome(Effect.REFUSE, NOT_WAITING)
+        if status not in (_AWAITING, _FAILED):
+            return Outcome(Effect.REFUSE, NOT_WAITING)
+        if not can_continue:
+            return Outcome(Effect.REFUSE, CONTEXT_UNAVAILABLE)
+        return Outcome(Effect.RESUME)
+    if input == Input.STOP:
+        return Outcome(Effect.STOP) if status in OPEN_STATUSES else Outcome(Effect.REFUSE, NOT_RUNNING)
+    if input == Input.STEP_LOST:
+        return Outcome(Effect.OPEN_GATE) if status in (_RUNNING, _RESUMING) else Outcome(Effect.NOTHING)
+    if input == Input.SHUTDOWN:
+        # A gate holds no worker: a shutdown changes nothing for it.
+        return Outcome(Effect.RESCHEDULE) if status in (_RUNNING, _RESUMING) else Outcome(Effect.NOTHING)
+    if input == Input.RUN_ENDED:
+        return Outcome(Effect.JUDGE) if status in OPEN_STATUSES else Outcome(Effect.NOTHING)
+    if input == Input.STORE_OUTAGE:
+        return Outcome(Effect.WAIT_FOR_STORE) if status in OPEN_STATUSES else Outcome(Effect.NOTHING)
+    return Outcome(Effect.NOTHING)  # RECONCILE: a live run is left alone, a closed turn too
 
 
 def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | None:
     """Why `action` with `recovery_id` must be refused now, or None to accept it."""
-    if not state.recovery_id or recovery_id != state.recovery_id:
+    outcome = decide(state.status, Input(action), can_continue=state.can_continue,
+                     id_matches=bool(state.recovery_id) and recovery_id == state.recovery_id)
+    if outcome.refusal == "stale":
         return f"recovery id {recovery_id!r} is stale"
-    if action == "dismiss":
-        # Dismiss is possible for the current id whatever the saved state is,
-        # as long as the gate has not been decided yet.
-        if state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.FAILED):
-            return None
-        return NOT_WAITING
-    if state.status not in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
-        return NOT_WAITING
-    if not state.can_continue:
-        return CONTEXT_UNAVAILABLE
-    return None
+    return outcome.refusal
 
 
-def open_gate(state: TurnState, reason: Reason, recovery_id: str, can_continue: bool = True) -> None:
+# -- the only code that writes a status ------------------------------------------
+
+def open_gate(state: TurnState, reason: Reason, new_id: str, can_continue: bool = True,
+              keep_id: bool = True) -> None:
     """An interruption: the turn waits for its user. A step lost while resuming
     is a loop: never retried by itself, the user decides again. A reason that
-    rules Continue out says more than `loop_guard`, and is kept."""
-    if state.status == TurnStatus.RESUMING and can_continue:
+    rules Continue out says more than `loop_guard`, and is kept. The recovery id
+    is minted at the turn's first gate and kept until the turn ends."""
+    if state.status == _RESUMING and can_continue:
         reason = Reason.LOOP_GUARD
-    state.status = TurnStatus.AWAITING_USER
+    state.status = _AWAITING
     state.reason = reason
-    state.recovery_id = recovery_id
+    if not (keep_id and state.recovery_id):
+        state.recovery_id = new_id
     state.can_continue = can_continue
 
 
 def accept_continue(state: TurnState) -> None:
-    state.status = TurnStatus.RESUMING
+    state.status = _RESUMING
     state.reason = Reason.USER_CONFIRMED
     state.attempts += 1
 
 
 def finish(state: TurnState) -> None:
     """The turn committed its answer: a plain completion, or a recovery that worked."""
-    if state.status == TurnStatus.RESUMING:
+    if state.status == _RESUMING:
         state.status = TurnStatus.RECOVERED
         state.reason = Reason.CONTINUED
     else:
@@ -63,3 +174,40 @@ def finish(state: TurnState) -> None:
 def end_recovered(state: TurnState, reason: Reason) -> None:
     state.status = TurnStatus.RECOVERED
     state.reason = reason
+
+
+def mark_failed(state: TurnState) -> None:
+    """The reconciler could not recover the turn; only Dismiss (or a newer message) closes it."""
+    state.status = _FAILED
+    state.reason = Reason.RECOVERY_FAILED
+    state.can_continue = False
+
+
+def ending_of(effect: Effect) -> Reason | None:
+    """The `recovered` reason a closing effect ends the turn with."""
+    return {Effect.SUPERSEDE: Reason.SUPERSEDED, Effect.DISMISS: Reason.DISMISSED,
+            Effect.CANCEL_AND_DISMISS: Reason.DISMISSED, Effect.STOP: Reason.STOPPED}.get(effect)
+
+
+# -- the table, as the README shows it ---------------------------------------------
+
+STATUSES: tuple[TurnStatus, ...] = (_RUNNING, _AWAITING, _RESUMING, TurnStatus.COMPLETED,
+                                    TurnStatus.RECOVERED, _FAILED)
+
+
+def table() -> str:
+    """The whole machine as a Markdown table: one row per input, one column per status."""
+    def cell(status: TurnStatus, input: Input) -> str:
+        outcome = decide(status, input, can_continue=status != _FAILED)
+        if outcome.effect == Effect.REFUSE:
+            return f"refused: `{outcome.refusal}`"
+        return EFFECT_TEXT[outcome.effect]
+
+    lines = ["| input | " + " | ".join(f"`{s.value}`" for s in STATUSES) + " |",
+             "| --- |" + " --- |" * len(STATUSES)]
+    for input in Input:
+        lines.append(f"| `{input.value}` | " + " | ".join(cell(s, input) for s in STATUSES) + " |")
+    lines.append("")
+    lines.append("Continue or Dismiss with any other id than the turn's current one: refused, `stale`. "
+                 "Continue where `can_continue` is false: refused, `context is unavailable`.")
+    return "\n".join(lines)

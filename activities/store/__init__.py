@@ -12,6 +12,7 @@ from activities.store.base import (
     CorruptRowError,
     SessionStore,
     StoreError,
+    StoreUnavailable,
     TurnUpdate,
 )
 from activities.store.sqlite import SQLiteStore
@@ -30,6 +31,7 @@ __all__ = [
     "SQLiteStore",
     "SessionStore",
     "StoreError",
+    "StoreUnavailable",
     "TurnUpdate",
     "open_store",
 ]

@@ -8,6 +8,7 @@ rows and the events that announce them are written together or not at all.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -31,6 +32,11 @@ class StoreError(RuntimeError):
     """The store cannot serve the request (bad rows, unreachable database)."""
 
 
+class StoreUnavailable(StoreError):
+    """The store does not answer now (locked, read-only, unreachable, its file gone);
+    the same call may work later. Turns wait for it instead of failing."""
+
+
 class CorruptRowError(StoreError):
     """A stored row does not decode; the message names the chat and the row."""
 
@@ -52,6 +58,19 @@ class TurnUpdate(BaseModel):
     recovery_id: str | None = None
     can_continue: bool = True
     attempts: int = 0
+    detail: str | None = None
+    """Why the gate opened, announced in `recovery_state` (not stored in the row)."""
+
+
+def recovery_state_payload(turn: int, update: TurnUpdate) -> dict[str, Any]:
+    """The `recovery_state` event that announces `update`."""
+    payload: dict[str, Any] = {
+        "turn": turn, "status": update.status.value, "reason": update.reason.value if update.reason else None,
+        "recovery_id": update.recovery_id, "can_continue": update.can_continue, "attempts": update.attempts,
+    }
+    if update.detail:
+        payload["detail"] = update.detail
+    return payload
 
 
 def superseded(record: TurnRecord) -> TurnUpdate:

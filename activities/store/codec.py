@@ -5,6 +5,7 @@ ValidationError from deep inside a turn."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -65,16 +66,29 @@ def decode_turn(row: Row) -> TurnRecord:
         ) from exc
 
 
+CORRUPT_EVENT = "corrupt_event"
+
+
 def decode_event(row: Row) -> Event:
+    """One event row. A row that does not decode stands in the log as a
+    `corrupt_event` naming the problem: one bad row never hides the rest."""
     try:
         return Event.model_validate({
             "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
             "payload": json.loads(row["payload"]), "created_at": row["created_at"],
         })
     except (TypeError, ValueError) as exc:
-        raise CorruptRowError(
-            f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {short_error(exc)}"
-        ) from exc
+        error = f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {short_error(exc)}"
+    try:
+        created_at = Event.model_validate({"chat_id": "", "seq": 0, "type": "",
+                                           "created_at": row["created_at"]}).created_at
+    except (TypeError, ValueError):
+        created_at = datetime.fromtimestamp(0, timezone.utc)
+    try:
+        return Event(chat_id=str(row["chat_id"]), seq=int(row["seq"]), type=CORRUPT_EVENT,
+                     payload={"error": error, "type": str(row["type"])}, created_at=created_at)
+    except (TypeError, ValueError) as exc:  # not even its seq reads: it cannot be placed
+        raise CorruptRowError(error) from exc
 
 
 def seq_before_message(rows: Iterable[Row], message_id: str) -> int | None:

@@ -39,8 +39,10 @@ from activities.store.base import (
     CorruptRowError,
     SessionStore,
     StoreError,
+    StoreUnavailable,
     TurnRef,
     TurnUpdate,
+    recovery_state_payload,
     superseded,
 )
 from activities.store import codec
@@ -184,6 +186,16 @@ def _password(url: str) -> str | None:
         return None
     return unquote(password) if password else None
 
+
+# The server is down, unreachable, read-only, overloaded or shutting down: the same
+# call may work later (StoreUnavailable). Anything else is a bug or a bad row.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.LockNotAvailableError, asyncpg.exceptions.QueryCanceledError,
+    asyncpg.exceptions.TooManyConnectionsError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
 
 class _Tx:
     """One write transaction on one chat, holding that chat's lock."""
@@ -335,8 +347,9 @@ class PostgresStore(SessionStore):
             if self._password:
                 text = text.replace(self._password, "***")
             where = f"{doing} PostgreSQL store" if doing else "PostgreSQL store"
+            kind = StoreUnavailable if isinstance(exc, _UNAVAILABLE) else StoreError
             # `from None`: the driver's exception could carry the URL it was given.
-            raise StoreError(f"{where} {self.display_url}: {text}") from None
+            raise kind(f"{where} {self.display_url}: {text}") from None
 
     async def _write(self, chat_id: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`fn(tx, *args)` in one transaction that holds `chat_id`'s lock."""
@@ -371,14 +384,7 @@ class PostgresStore(SessionStore):
             update.status.value, codec.enum_value(update.reason), update.recovery_id, update.can_continue,
             update.attempts, tx.now, tx.chat_id, turn,
         )
-        await tx.emit("recovery_state", {
-            "turn": turn,
-            "status": update.status.value,
-            "reason": codec.enum_value(update.reason),
-            "recovery_id": update.recovery_id,
-            "can_continue": update.can_continue,
-            "attempts": update.attempts,
-        })
+        await tx.emit("recovery_state", recovery_state_payload(turn, update))
         await tx.emit("session_updated", {"scope": "thread"})
         return True
 

@@ -9,6 +9,8 @@ and CLI open the same file). Each public method is one transaction; writes use
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -23,8 +25,10 @@ from activities.store.base import (
     CorruptRowError,
     SessionStore,
     StoreError,
+    StoreUnavailable,
     TurnRef,
     TurnUpdate,
+    recovery_state_payload,
     superseded,
 )
 from activities.store import codec
@@ -42,6 +46,7 @@ from turnkeeper.models import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("turnkeeper.store")
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
@@ -140,6 +145,8 @@ class SQLiteStore(SessionStore):
         self.path = Path(path)
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        self._reported_gone = False
 
     # -- lifecycle ---------------------------------------------------------------
     async def open(self) -> None:
@@ -175,6 +182,8 @@ class SQLiteStore(SessionStore):
                 conn.close()
                 raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
             self._conn = conn
+            st = os.stat(self.path)
+            self._identity = (st.st_dev, st.st_ino)
         self._tx(True, self._schema_tx)
 
     def _schema_tx(self, conn: sqlite3.Connection) -> None:
@@ -221,7 +230,7 @@ class SQLiteStore(SessionStore):
             finally:
                 conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+            raise self._failure(exc) from exc
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(conn, *args)` in a read transaction on the store thread."""
@@ -232,6 +241,7 @@ class SQLiteStore(SessionStore):
         conn = self._conn
         if conn is None:
             raise StoreError("the store is not open")
+        self._check_file()
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
@@ -243,7 +253,27 @@ class SQLiteStore(SessionStore):
             conn.execute("COMMIT")
             return result
         except sqlite3.Error as exc:
-            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+            raise self._failure(exc) from exc
+
+    def _failure(self, exc: sqlite3.Error) -> StoreError:
+        # Locked, read-only, out of space, unreadable: the same call may work later.
+        kind = StoreUnavailable if isinstance(exc, sqlite3.OperationalError) else StoreError
+        return kind(f"SQLite store {self.path}: {exc}")
+
+    def _check_file(self) -> None:
+        """The connection would go on writing to a deleted file, silently: refuse instead."""
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            if not self._reported_gone:
+                self._reported_gone = True
+                log.error("SQLite store %s was deleted or replaced under the running worker; turns wait "
+                          "until it is back (restore the file, or restart the worker to use a new one)", self.path)
+            raise StoreUnavailable(f"SQLite store {self.path} was deleted or replaced while the worker ran")
+        self._reported_gone = False
 
     @staticmethod
     def _emit(conn: sqlite3.Connection, chat_id: str, type_: str, payload: dict[str, Any], now: str) -> None:
@@ -288,14 +318,7 @@ class SQLiteStore(SessionStore):
             (update.status.value, codec.enum_value(update.reason), update.recovery_id, int(update.can_continue),
              update.attempts, now, chat_id, turn),
         )
-        self._emit(conn, chat_id, "recovery_state", {
-            "turn": turn,
-            "status": update.status.value,
-            "reason": codec.enum_value(update.reason),
-            "recovery_id": update.recovery_id,
-            "can_continue": update.can_continue,
-            "attempts": update.attempts,
-        }, now)
+        self._emit(conn, chat_id, "recovery_state", recovery_state_payload(turn, update), now)
         self._emit(conn, chat_id, "session_updated", {"scope": "thread"}, now)
         return True
 

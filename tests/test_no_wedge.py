@@ -1,0 +1,225 @@
+"""No wedge, no loss: the paths that used to hang a chat or lose a message. Each
+ends with the chat answering its next message and every acknowledged message
+committed once (or refused visibly, with its id)."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from tests.support import Stack, until
+from turnkeeper import client as tk
+from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.testing import FakeChatServer
+
+pytestmark = pytest.mark.crash
+
+
+def _fake_model(stack: Stack, server: FakeChatServer) -> None:
+    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                            "OPENAI_API_KEY": "k"})
+
+
+def _ok(request: dict[str, Any]) -> dict[str, Any]:
+    return {"text": "ok"}
+
+
+async def _answers_next_message(stack: Stack, chat: str, timeout: float = 30) -> None:
+    """Sends a probe; returns once an assistant row follows it in the transcript."""
+    await stack.send(chat, "are you there?", message_id="probe")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = await stack.history(chat)
+        at = next((i for i, r in enumerate(rows) if r.get("content") == "are you there?"), None)
+        if at is not None and any(r["role"] == "assistant" for r in rows[at + 1:]):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"chat {chat} did not answer its next message: {await stack.history(chat)}")
+
+
+async def _user_rows(stack: Stack, chat: str) -> list[str]:
+    return [r["content"] for r in await stack.history(chat) if r["role"] == "user"]
+
+
+@pytest.mark.parametrize("form", ["update", "signal"])
+async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack, form: str) -> None:
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(ledger)})
+    with FakeChatServer(responder=_ok) as server:
+        server.script([{"tool_calls": [{"name": "slow_write",
+                                        "arguments": {"path": "k.txt", "content": "x", "seconds": 20}}]},
+                       {"text": "the continued step, slowly", "delay": 20}])
+        _fake_model(stack, server)
+        first = stack.spawn_worker()
+        chat = stack.chat()
+        await stack.send(chat, "write k.txt", message_id="m1")
+        await until(lambda: ledger.exists() and "start" in ledger.read_text(), what="tool started")
+        stack.kill(first)  # mid-tool
+        stack.spawn_worker()
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
+        assert gate.reason == Reason.TOOL_STATE_UNKNOWN
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+        await handle.execute_update("continue_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
+        await until(lambda: len(server.requests) == 2, what="the continued model call under way")
+        # A follow-up sent now supersedes nothing yet: Dismiss comes first.
+        started = time.monotonic()
+        if form == "update":
+            state = await handle.execute_update("dismiss_turn", {"recovery_id": gate.recovery_id},
+                                                result_type=TurnState)
+            assert time.monotonic() - started < 2.0
+            assert state.status in (TurnStatus.RESUMING, TurnStatus.RECOVERED)
+        else:
+            await handle.signal("dismiss", {"recovery_id": gate.recovery_id})
+        done = await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED, timeout=10)
+        assert done.reason == Reason.DISMISSED and done.recovery_id == gate.recovery_id
+        assert time.monotonic() - started < 5.0
+        await _answers_next_message(stack, chat)
+        assert await _user_rows(stack, chat) == ["write k.txt", "are you there?"]
+        assert ledger.read_text().count("start") == 1  # the tool never ran again
+
+
+async def test_a_burst_of_follow_ups_over_2_mb_is_bounded_and_loses_nothing(stack: Stack) -> None:
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    with FakeChatServer(responder=_ok) as server:
+        server.script([{"tool_calls": [{"name": "slow_write",
+                                        "arguments": {"path": "k.txt", "content": "x", "seconds": 4}}]}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "start", message_id="m0")
+        await stack.wait_state(chat, lambda s: bool(s.tool_calls))
+        ids = [f"f{i:02d}" for i in range(40)]
+        await asyncio.gather(*(stack.send(chat, f"{i} " + "y" * 60_000, message_id=i) for i in ids))
+        final = await stack.wait_state(chat, lambda s: s.status == TurnStatus.COMPLETED and not s.pending_followups,
+                                       timeout=90)
+        assert final.status == TurnStatus.COMPLETED
+        store = await stack.store()
+        rejected = {e.payload["message_id"]: e.payload["reason"] for e in await store.events(chat, limit=10_000)
+                    if e.type == "message_rejected"}
+        committed = [t.split(" ", 1)[0] for t in await _user_rows(stack, chat)][1:]
+        assert len(committed) == len(set(committed))  # once each
+        assert set(committed) | set(rejected) == set(ids) and not set(committed) & set(rejected)
+        assert rejected and all("limit" in why for why in rejected.values())
+        assert sum(60_000 for _ in committed) > 256 * 1024  # more than one chunk's worth
+        await _answers_next_message(stack, chat)
+
+
+async def test_a_message_sent_while_the_store_file_is_gone_waits_and_lands_once(stack: Stack) -> None:
+    stack.script([{"text": "first"}, {"text": "second"}, {"text": "third"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "one")).result()
+    db = stack.data / "sessions.db"
+    aside = stack.data / "sessions.db.aside"
+    db.rename(aside)  # as an operator deleting it by mistake
+    try:
+        await stack.send(chat, "two", message_id="m2")
+        waiting = await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=20)
+        assert waiting.status == TurnStatus.RUNNING
+    finally:
+        aside.rename(db)
+    done = await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED
+                                  and not s.store_unavailable, timeout=60)
+    assert done.pending_followups == []
+    assert await _user_rows(stack, chat) == ["one", "two"]
+    await _answers_next_message(stack, chat)
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_acknowledged_while_the_store_is_locked_lands_once(stack: Stack) -> None:
+    """The store refuses every write for longer than its busy timeout (another
+    process holds the lock): the turn waits visibly and goes on."""
+    stack.script([{"text": "first"}, {"text": "second"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "one")).result()
+    blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        await stack.send(chat, "two", message_id="m2")
+        await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=40)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED, timeout=60)
+    assert await _user_rows(stack, chat) == ["one", "two"]
+
+
+async def test_the_configured_limit_applies_to_a_runs_first_message(stack: Stack) -> None:
+    stack.script([{"text": "fine"}])
+    await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="100000")
+    chat = stack.chat()
+    big = "z" * 80_000  # over the 64 KiB default, under the configured limit
+    handle = await stack.client.start_workflow(
+        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
+        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": big}],
+        result_type=TurnState)
+    final = await asyncio.wait_for(handle.result(), 30)
+    assert final.status == TurnStatus.COMPLETED
+    assert await _user_rows(stack, chat) == [big]
+
+
+async def test_a_first_message_over_a_smaller_limit_is_refused_and_the_run_takes_the_next(stack: Stack) -> None:
+    stack.script([{"text": "fine"}])
+    await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="1000")
+    chat = stack.chat()
+    handle = await stack.client.start_workflow(
+        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
+        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": "q" * 2000}],
+        result_type=TurnState)
+    await until(lambda: True)
+    await handle.signal("user_message", {"message_id": "small", "text": "hi"})
+    final = await asyncio.wait_for(handle.result(), 30)
+    assert final.status == TurnStatus.COMPLETED
+    assert await _user_rows(stack, chat) == ["hi"]
+    rejected = [e.payload for e in await (await stack.store()).events(chat) if e.type == "message_rejected"]
+    assert rejected == [{"message_id": "big", "reason": "message is 2000 bytes; the limit is 1000"}]
+
+
+async def test_a_malformed_message_keeps_its_id_and_a_malformed_update_is_refused_in_words(stack: Stack) -> None:
+    with FakeChatServer([{"status": 400, "message": "API error 401: unauthorized"}], responder=_ok) as server:
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        handle = await stack.send(chat, "hello")
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+        # The provider's own words reach `state` and the event log.
+        assert gate.reason == Reason.MODEL_FAILED and "unauthorized" in (gate.detail or "")
+        events = await (await stack.store()).events(chat)
+        assert any(e.type == "recovery_state" and "unauthorized" in e.payload.get("detail", "") for e in events)
+
+        await handle.signal("user_message", {"message_id": "mine", "text": 5})
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update("dismiss_turn", {"recoveryid": gate.recovery_id}, result_type=TurnState)
+        cause = refused.value.cause
+        assert "malformed dismiss payload" in str(cause.message) and "recovery_id" in str(cause.message)
+        assert cause.non_retryable
+        await until(lambda: True)
+        async def rejected() -> list[dict[str, Any]]:
+            return [e.payload for e in await (await stack.store()).events(chat) if e.type == "message_rejected"]
+        deadline = time.monotonic() + 10
+        while not await rejected() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert [r["message_id"] for r in await rejected()] == ["mine"]
+        state = await handle.execute_update("dismiss_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
+        assert state.status == TurnStatus.RECOVERED
+        await _answers_next_message(stack, chat)
+
+
+async def test_one_corrupt_event_row_does_not_hide_the_event_log(stack: Stack) -> None:
+    stack.script([{"text": "fine"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "hello")).result()
+    db = sqlite3.connect(Path(stack.data) / "sessions.db", isolation_level=None)
+    db.execute("UPDATE events SET payload = '{not json' WHERE chat_id = ? AND seq = 1", (chat,))
+    db.close()
+    events = await (await stack.store()).events(chat)
+    assert events[0].type == "corrupt_event" and "does not decode" in events[0].payload["error"]
+    assert [e.type for e in events][-1] == "turn_end"

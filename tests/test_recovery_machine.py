@@ -1,0 +1,187 @@
+"""The recovery machine, model-based: Hypothesis drives `workflows.recovery`
+through random sequences of every input (as the workflow, the reconciler and the
+CLI apply them) and checks the invariants after each step. No Temporal here; the
+same cells run on a real server in test_recovery_cells.py."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
+from workflows import recovery
+from workflows.recovery import Effect, Input, decide
+
+GATE_REASONS = [Reason.RESTART_REQUIRES_CONFIRMATION, Reason.TOOL_STATE_UNKNOWN, Reason.MODEL_FAILED,
+                Reason.INTERRUPTED_WITH_SAVED_CONTEXT, Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
+                Reason.CHECKPOINT_INVALID, Reason.CHECKPOINT_UNKNOWN]
+TERMINAL = {TurnStatus.COMPLETED, TurnStatus.RECOVERED}
+RECOVERED_REASONS = {Reason.ANSWER_RESTORED, Reason.CONTINUED, Reason.COMMITTED, Reason.DISMISSED,
+                     Reason.STOPPED, Reason.SUPERSEDED}
+# The statuses Dismiss with the current id must always be accepted in.
+DISMISSABLE = {TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.FAILED}
+ENDINGS = {Effect.DISMISS, Effect.CANCEL_AND_DISMISS, Effect.STOP, Effect.SUPERSEDE, Effect.JUDGE}
+
+
+class Chat(RuleBasedStateMachine):
+    """One chat: its current turn's state, and what every earlier turn ended as."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = TurnState(chat_id="c", turn=1)
+        self.ids_drawn = 0
+        self.first_id: str | None = None  # the turn's first recovery id
+        self.attempts_seen = 0
+        self.ended: dict[int, tuple[TurnStatus, Reason | None]] = {}
+
+    # -- helpers -------------------------------------------------------------
+    def _new_id(self) -> str:
+        self.ids_drawn += 1
+        return f"rec-{self.ids_drawn}"
+
+    def _next_turn(self) -> None:
+        assert self.state.status not in OPEN_STATUSES
+        self.ended[self.state.turn] = (self.state.status, self.state.reason)
+        self.state = TurnState(chat_id="c", turn=self.state.turn + 1)
+        self.first_id = None
+        self.attempts_seen = 0
+
+    def _apply(self, outcome: recovery.Outcome) -> None:
+        ending = recovery.ending_of(outcome.effect)
+        if outcome.effect == Effect.RESUME:
+            recovery.accept_continue(self.state)
+        elif ending is not None:
+            recovery.end_recovered(self.state, ending)
+            if outcome.effect == Effect.SUPERSEDE:
+                self._next_turn()
+
+    # -- inputs ----------------------------------------------------------------
+    @rule()
+    def user_message(self) -> None:
+        outcome = decide(self.state.status, Input.USER_MESSAGE)
+        if outcome.effect == Effect.NEXT_TURN:
+            if self.state.status == TurnStatus.FAILED:  # begin_turn closes it first
+                recovery.end_recovered(self.state, Reason.SUPERSEDED)
+            self._next_turn()
+        else:
+            self._apply(outcome)
+
+    @rule(action=st.sampled_from(["continue", "dismiss"]), stale=st.booleans())
+    def decision(self, action: str, stale: bool) -> None:
+        before = self.state.model_copy()
+        given = "not-the-id" if stale else self.state.recovery_id
+        why = recovery.refusal(self.state, action, given)  # type: ignore[arg-type]
+        outcome = decide(self.state.status, Input(action), can_continue=self.state.can_continue,
+                         id_matches=bool(self.state.recovery_id) and given == self.state.recovery_id)
+        assert (why is None) == outcome.accepted
+        if not outcome.accepted:
+            assert self.state == before
+            return
+        self._apply(outcome)
+
+    @rule()
+    def stop(self) -> None:
+        self._apply(decide(self.state.status, Input.STOP))
+
+    @rule(reason=st.sampled_from(GATE_REASONS), can_continue=st.booleans())
+    def step_lost(self, reason: Reason, can_continue: bool) -> None:
+        if decide(self.state.status, Input.STEP_LOST).effect == Effect.OPEN_GATE:
+            recovery.open_gate(self.state, reason, self._new_id(), can_continue)
+
+    @precondition(lambda self: self.state.status in (TurnStatus.RUNNING, TurnStatus.RESUMING))
+    @rule()
+    def model_answers(self) -> None:
+        recovery.finish(self.state)
+
+    @rule(verdict=st.sampled_from(GATE_REASONS + [Reason.ANSWER_RESTORED, Reason.COMMITTED]),
+          can_continue=st.booleans())
+    def run_ends_abnormally(self, verdict: Reason, can_continue: bool) -> None:
+        """The reconciler's pass over a dead run: a gate again, or a closing verdict."""
+        if decide(self.state.status, Input.RUN_ENDED).effect != Effect.JUDGE:
+            return
+        if verdict in (Reason.ANSWER_RESTORED, Reason.COMMITTED):
+            recovery.end_recovered(self.state, verdict)
+        else:
+            recovery.open_gate(self.state, verdict, self._new_id(), can_continue)
+
+    @rule()
+    def recovering_fails(self) -> None:
+        if decide(self.state.status, Input.RUN_ENDED).effect == Effect.JUDGE:
+            if not self.state.recovery_id:
+                self.state.recovery_id = self._new_id()
+            recovery.mark_failed(self.state)
+
+    @rule(input=st.sampled_from([Input.SHUTDOWN, Input.RECONCILE, Input.STORE_OUTAGE]))
+    def nothing_changes(self, input: Input) -> None:
+        before = self.state.model_copy()
+        effect = decide(self.state.status, input).effect
+        assert effect in (Effect.RESCHEDULE, Effect.WAIT_FOR_STORE, Effect.NOTHING)
+        assert self.state == before
+
+    # -- invariants ------------------------------------------------------------
+    @invariant()
+    def recovery_id_is_kept_until_the_turn_ends(self) -> None:
+        if self.first_id is None:
+            self.first_id = self.state.recovery_id
+        assert self.state.recovery_id == self.first_id
+
+    @invariant()
+    def attempts_never_decrease(self) -> None:
+        assert self.state.attempts >= self.attempts_seen
+        self.attempts_seen = self.state.attempts
+
+    @invariant()
+    def dismiss_with_the_current_id_is_accepted_in_every_open_status(self) -> None:
+        if self.state.status in DISMISSABLE:
+            assert recovery.refusal(self.state, "dismiss", self.state.recovery_id) is None
+
+    @invariant()
+    def every_status_has_a_way_out(self) -> None:
+        if self.state.status in OPEN_STATUSES | {TurnStatus.FAILED}:
+            ways = {decide(self.state.status, i, can_continue=self.state.can_continue).effect for i in Input}
+            assert ways & ENDINGS, self.state.status
+        # and a closed chat always takes its next message
+        if self.state.status in TERMINAL | {TurnStatus.FAILED}:
+            assert decide(self.state.status, Input.USER_MESSAGE).effect == Effect.NEXT_TURN
+
+    @invariant()
+    def statuses_are_well_formed(self) -> None:
+        s = self.state
+        if s.status == TurnStatus.AWAITING_USER:
+            assert s.recovery_id and s.reason in GATE_REASONS + [Reason.LOOP_GUARD]
+        if s.status == TurnStatus.RESUMING:
+            assert s.reason == Reason.USER_CONFIRMED and s.attempts >= 1 and s.recovery_id
+        if s.status == TurnStatus.COMPLETED:
+            assert s.reason is None
+        if s.status == TurnStatus.RECOVERED:
+            assert s.reason in RECOVERED_REASONS
+        if s.status == TurnStatus.FAILED:
+            assert not s.can_continue
+
+    @invariant()
+    def terminal_statuses_stay_terminal(self) -> None:
+        for status, _ in self.ended.values():
+            assert status in TERMINAL
+
+
+Chat.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
+                                  suppress_health_check=[HealthCheck.too_slow])
+TestRecoveryMachine = Chat.TestCase
+
+
+@pytest.mark.parametrize("status", list(TurnStatus))
+def test_every_cell_has_exactly_one_outcome(status: TurnStatus) -> None:
+    for input in Input:
+        for id_matches in (True, False):
+            for can_continue in (True, False):
+                outcome = decide(status, input, id_matches=id_matches, can_continue=can_continue)
+                assert isinstance(outcome.effect, Effect)
+                assert (outcome.refusal is not None) == (outcome.effect == Effect.REFUSE)
+
+
+def test_the_readme_shows_the_table() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert recovery.table() in readme, "README.md's recovery table is out of date: paste recovery.table()"

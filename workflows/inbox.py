@@ -1,0 +1,75 @@
+"""A run's inbox: messages it acknowledged and has not committed yet, in order.
+
+Bounded so that nothing a user sends can add up to a workflow task Temporal
+refuses (2 MB per payload): the pending bytes of a chat are capped, and messages
+travel to the store in chunks well under the limit. Pure; used by `ChatTurn`.
+"""
+from __future__ import annotations
+
+from turnkeeper.models import UserMessage
+
+# One store write carries at most this much message data (one larger message alone).
+CHUNK_BYTES = 256 * 1024
+
+
+def wire_size(message: UserMessage) -> int:
+    """Bytes the message takes in a payload: JSON escaping can make it far larger
+    than its text (a control character becomes six bytes)."""
+    return len(message.model_dump_json().encode())
+
+
+def chunks(messages: list[UserMessage], limit: int = CHUNK_BYTES) -> list[list[UserMessage]]:
+    """`messages` in order, cut into runs of at most `limit` bytes (a larger
+    message is a chunk of its own)."""
+    out: list[list[UserMessage]] = []
+    size = 0
+    for message in messages:
+        n = wire_size(message)
+        if not out or size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(message)
+        size += n
+    return out
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.waiting: list[UserMessage] = []
+        self.in_flight: list[UserMessage] = []
+        """Handed to a model call not yet finished: a lost call may not have committed them."""
+        self._seen: set[str] = set()
+        self._sizes: dict[str, int] = {}
+
+    def offer(self, message: UserMessage) -> bool:
+        """Take a message; False for a client's retry of one already taken."""
+        if message.message_id in self._seen:
+            return False
+        self._seen.add(message.message_id)
+        self._sizes[message.message_id] = wire_size(message)
+        self.waiting.append(message)
+        return True
+
+    def seen(self, message_id: str) -> bool:
+        return message_id in self._seen
+
+    def pending_bytes(self) -> int:
+        return sum(self._sizes.get(m.message_id, 0) for m in self.in_flight + self.waiting)
+
+    def pending(self) -> list[UserMessage]:
+        return self.in_flight + self.waiting
+
+    def ids(self) -> list[str]:
+        return [m.message_id for m in self.in_flight + self.waiting]
+
+    def take(self) -> list[UserMessage]:
+        batch, self.waiting = self.waiting, []
+        return batch
+
+    def drop(self, message_ids: set[str]) -> None:
+        self.waiting = [m for m in self.waiting if m.message_id not in message_ids]
+
+    def return_in_flight(self) -> None:
+        """A call that did not finish: its messages go back, first, in order."""
+        self.waiting = self.in_flight + self.waiting
+        self.in_flight = []
