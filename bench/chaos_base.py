@@ -237,6 +237,7 @@ class ChatLog:
     sends: int = 0
     dup_sends: int = 0
     late_dups: list[tuple[float, str]] = field(default_factory=list)
+    sent: Counter[str] = field(default_factory=Counter)  # signal-with-starts per message id
     recovery_ids: list[str] = field(default_factory=list)  # every id the user has seen, oldest first
     resumed_at: float | None = None  # a Continue of this chat was accepted at (monotonic)
     bursts: int = 0

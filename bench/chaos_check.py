@@ -128,6 +128,7 @@ class Checker:
         ended: dict[tuple[str, int], int] = {}
         self.turn_ends: Counter[tuple[str, int]] = Counter()
         self.refused_ids: dict[str, dict[str, str]] = defaultdict(dict)  # chat -> message id -> reason
+        self.refusals: Counter[tuple[str, str]] = Counter()  # message_rejected events per (chat, id)
         assistant_writes: Counter[tuple[str, int, int]] = Counter()
         for e in self.events:
             payload = json.loads(e["payload"])
@@ -151,6 +152,7 @@ class Checker:
                 self.det["signals_refused_in_event_log"] += 1
             elif e["type"] == "message_rejected" and payload.get("message_id"):
                 self.refused_ids[e["chat_id"]][payload["message_id"]] = str(payload.get("reason"))
+                self.refusals[(e["chat_id"], payload["message_id"])] += 1
         report.gates_by_reason = dict(gates)
         for (chat_id, turn, step), n in assistant_writes.items():
             if n > 1:
@@ -210,12 +212,20 @@ class Checker:
             msg["acknowledged"] += len(chat.acked)
             msg["unacknowledged"] += len(chat.unacked)
             msg["acknowledged_during_outage"] += len(chat.acked_during_outage)
+            resent = {mid for _, mid in chat.late_dups}
             for mid in chat.acked:
                 text = chat.texts[mid]
                 if mid in refused:
                     msg["refused_visibly"] += 1
                     msg[f"refused: {refused[mid].split(';')[0][:40]}"] += 1
-                    if count[mid]:
+                    if self.refusals[(chat.chat_id, mid)] > chat.sent[mid]:
+                        self.det["refusals_announced_more_than_sent"] += 1
+                        report.anomalies.append(
+                            f"chat {chat.chat_id} message {mid}: {self.refusals[(chat.chat_id, mid)]} "
+                            f"message_rejected events for {chat.sent[mid]} sends")
+                    if count[mid] == 1 and mid in resent:
+                        msg["refused_then_sent_again_and_committed"] += 1  # as the refusal asks
+                    elif count[mid]:
                         self.fail("refused_but_committed",
                                   f"chat {chat.chat_id} message {mid} was refused ({refused[mid]}) "
                                   f"but committed {count[mid]} times", chat.chat_id,
@@ -248,8 +258,9 @@ class Checker:
                 self.det["unknown_user_rows"] += len(unknown) - 1
                 self.fail("unknown_user_rows", f"chat {chat.chat_id}: user rows nobody sent: {unknown}",
                           chat.chat_id)
-            committed_order = [i for i in ids if i in chat.acked_set]
-            expected_order = [i for i in chat.acked if count[i] >= 1]
+            # A refused message sent again later has its place where it was sent again.
+            committed_order = [i for i in ids if i in chat.acked_set and i not in refused]
+            expected_order = [i for i in chat.acked if count[i] >= 1 and i not in refused]
             if committed_order != expected_order:
                 self.fail("chats_out_of_order", f"chat {chat.chat_id}: messages committed out of order: "
                           f"sent {expected_order}, committed {committed_order}", chat.chat_id,

@@ -114,6 +114,7 @@ class Users:
                              kind: str = "message", attempts: int = 3) -> bool:
         for attempt in range(attempts):
             chat.sends += 1
+            chat.sent[message_id] += 1
             if dup or attempt:
                 chat.dup_sends += 1
             action = self.actions.add(Action(kind=kind, chat_id=chat.chat_id, source="user", at_s=self._now()))
