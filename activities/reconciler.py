@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from temporalio import activity
@@ -33,6 +34,7 @@ from turnkeeper.models import (
     Reason,
     RecoveryStart,
     TurnRecord,
+    TurnState,
     TurnStatus,
     UserMessage,
 )
@@ -40,6 +42,11 @@ from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
 from workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")
+
+WORKFLOW_ID_PREFIX = workflow_id("")
+# Visibility is eventually consistent: each pass looks a little further back.
+SWEEP_OVERLAP = timedelta(minutes=5)
+SWEEP_FIRST_LOOKBACK = timedelta(days=1)
 
 # What a pass reports for a turn it left as it was.
 Untouched = Literal["healthy", "settled", "busy"]
@@ -53,6 +60,9 @@ class Reconciler:
     def __init__(self, settings: Settings, store: SessionStore) -> None:
         self._settings = settings
         self._store = store
+        # Abnormally closed runs already looked at, and how far back the next pass looks.
+        self._swept: set[str] = set()
+        self._swept_until = datetime.now(timezone.utc) - SWEEP_FIRST_LOOKBACK
 
     @activity.defn(name=RECONCILE_PASS)
     async def reconcile_pass(self) -> ReconcileSummary:
@@ -80,7 +90,8 @@ class Reconciler:
                 summary.settled += 1
             else:
                 summary.busy += 1
-        if summary.examined != summary.healthy:
+        summary.handed_on = await self._sweep_unrecorded_runs(client)
+        if summary.examined != summary.healthy or summary.handed_on:
             log.info("reconcile pass: %s", summary.model_dump_json())
         return summary
 
@@ -143,6 +154,49 @@ class Reconciler:
             # whose first task closes this one itself.
             return "busy"
         return verdict.reason
+
+    async def _sweep_unrecorded_runs(self, client: Client) -> int:
+        """Runs that ended abnormally before the store recorded a turn for them (say,
+        terminated while the store was down) hold acknowledged messages no turn row
+        points to: find them by the run's close, and hand their messages on. Cost:
+        one visibility query a pass, and a look at each such run once."""
+        since = self._swept_until - SWEEP_OVERLAP
+        started = datetime.now(timezone.utc)
+        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND CloseTime > '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}' AND "
+                 "(ExecutionStatus = 'Terminated' OR ExecutionStatus = 'Failed' OR ExecutionStatus = 'TimedOut')")
+        handed = 0
+        complete = True
+        async for run in client.list_workflows(query):
+            if run.run_id in self._swept or not run.id.startswith(WORKFLOW_ID_PREFIX):
+                continue
+            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
+            try:
+                handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
+            except Exception as err:  # noqa: BLE001 — the next pass looks again
+                log.warning("chat %s run %s: not swept this pass: %s", chat_id, run.run_id, err)
+                complete = False
+                continue
+            self._swept.add(run.run_id)
+        if complete:
+            self._swept_until = started
+        return handed
+
+    async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
+        if await self._store.run_known(chat_id, run_id):
+            return 0  # its turn is the open-turn path's (or closed)
+        events = (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events
+        lost = await self._uncommitted(chat_id, checkpoint.acknowledged(events))
+        if lost:
+            # A run that holds the chat now may have them already (handed on by an earlier pass).
+            live = client.get_workflow_handle(workflow_id_)
+            if (await live.describe()).status == WorkflowExecutionStatus.RUNNING:
+                state = await live.query("state", result_type=TurnState)
+                lost = [m for m in lost if m.message_id not in state.pending_followups]
+        if lost:
+            log.info("chat %s: %d message(s) of run %s, which ended before its turn was recorded, handed on",
+                     chat_id, len(lost), run_id)
+            await self._hand_on(client, chat_id, lost)
+        return len(lost)
 
     async def _close(self, ref: TurnRef, record: TurnRecord, verdict: checkpoint.Verdict) -> None:
         """Persist, then announce: the store writes recovery_state, session_updated, turn_end."""

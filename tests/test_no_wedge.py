@@ -223,3 +223,29 @@ async def test_one_corrupt_event_row_does_not_hide_the_event_log(stack: Stack) -
     events = await (await stack.store()).events(chat)
     assert events[0].type == "corrupt_event" and "does not decode" in events[0].payload["error"]
     assert [e.type for e in events][-1] == "turn_end"
+
+
+async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stack: Stack) -> None:
+    """Terminated while the store was gone (no turn row points to it): a reconcile
+    pass finds the run by its close and hands its message on."""
+    from tests.test_reconciler import run_pass
+
+    stack.script([{"text": "first"}, {"text": "second"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await (await stack.send(chat, "one")).result()
+    db = stack.data / "sessions.db"
+    aside = stack.data / "sessions.db.aside"
+    db.rename(aside)
+    try:
+        handle = await stack.send(chat, "two", message_id="m2")
+        await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=20)
+        await handle.terminate(reason="an operator's mistake")
+    finally:
+        aside.rename(db)
+    await until(lambda: True)
+    summary = await run_pass(stack)
+    assert summary.handed_on == 1
+    await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED, timeout=30)
+    assert await _user_rows(stack, chat) == ["one", "two"]
+    assert (await run_pass(stack)).handed_on == 0  # once

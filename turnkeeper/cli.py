@@ -348,7 +348,6 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
     `status` shows it from there, and Dismiss closes it there, as the workflow
     would have (interrupted rows for unanswered calls, one closing row)."""
     from activities.store import TurnUpdate
-    from workflows import recovery
 
     store = await _store(settings)
     try:
@@ -357,6 +356,8 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
             return None
         if not dismiss:
             return _state_of(record)
+        from workflows import recovery  # only here: `status` stays light
+
         state = _state_of(record)
         if recovery.refusal(state, "dismiss", record.recovery_id) is not None:
             return None

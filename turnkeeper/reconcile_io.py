@@ -35,6 +35,9 @@ class ReconcileSummary(BaseModel):
     """Turns whose recovery raised: marked failed/recovery_failed."""
     deferred: int = 0
     """Turns skipped for a transient error (Temporal or the store unreachable): tried again next pass."""
+    handed_on: int = 0
+    """Messages of runs that ended abnormally before the store recorded a turn for
+    them (e.g. while the store was down), handed on to their chats."""
 
     def count(self, reason: Reason) -> None:
         self.outcomes[reason] = self.outcomes.get(reason, 0) + 1

@@ -86,7 +86,9 @@ ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
 # ends, Dismiss while resuming, updates answered within a bound, the bounded inbox
 # and its chunked commits, the configured limit for a run's first message, long
 # gates handed on. Asked once, in the run's first activation: a patch first asked
-# later can land in another workflow task on replay than it did live.
+# later (after a local activity) can land in another workflow task on replay than
+# it did live. Runs that have it take the earlier patches' behaviour as given
+# and never ask for those.
 COMPLETE_MACHINE = "complete-recovery-machine"
 
 
@@ -139,7 +141,7 @@ class ChatTurn:
         try:
             raw = _decode(payload)
         except _Undecodable as err:
-            if workflow.patched(REFUSE_UNDECODABLE):  # earlier runs dropped these unseen
+            if self._complete or workflow.patched(REFUSE_UNDECODABLE):  # earlier runs dropped these unseen
                 self._reject_message(None, f"malformed user_message payload: {err}")
             return
         try:
@@ -171,7 +173,7 @@ class ChatTurn:
     @workflow.signal(name="stop")
     def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         # Whatever it carries: Stop needs no argument.
-        if not _readable(payload) and not workflow.patched(REFUSE_UNDECODABLE):
+        if not _readable(payload) and not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
             return  # earlier runs never saw such a signal
         if self._state.turn and recovery.decide(self._state.status, Input.STOP).accepted:
             self._interrupt = Reason.STOPPED  # the user's explicit word wins
@@ -478,7 +480,7 @@ class ChatTurn:
     async def _interrupt_stands(self) -> bool:
         """A client's late retry of a message the chat already holds is not newer
         input: it must not supersede the gate. Drop such retries, keep waiting."""
-        if self._interrupt != Reason.SUPERSEDED or not workflow.patched("supersede-checks-store"):
+        if self._interrupt != Reason.SUPERSEDED or not (self._complete or workflow.patched("supersede-checks-store")):
             return True
         ids, self._superseding = self._superseding, []
         held = set(await self._store_call(
@@ -603,7 +605,7 @@ class ChatTurn:
         except ValidationError:
             pass
         except _Undecodable:
-            if not workflow.patched(REFUSE_UNDECODABLE):
+            if not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
                 return  # earlier runs never saw such a signal
         why = self._refusal(action, recovery_id)
         if why is not None:
@@ -714,7 +716,7 @@ class ChatTurn:
         self._events.append(NewEvent(type="message_rejected",
                                      payload={"message_id": message_id, "reason": why}))
         if (self._before_turn and (self._idle_refusals is None or self._idle_refusals.done())
-                and workflow.patched(ANNOUNCE_IDLE_REFUSALS)):
+                and (self._complete or workflow.patched(ANNOUNCE_IDLE_REFUSALS))):
             # A run still waiting for its first valid message would otherwise hold
             # the refusal until IDLE_TIMEOUT.
             self._idle_refusals = asyncio.create_task(self._announce_refusals())

@@ -483,6 +483,11 @@ class PostgresStore(SessionStore):
         return [TurnRef(chat_id=str(r["chat_id"]), turn=int(r["turn"]),
                         run_id=None if r["run_id"] is None else str(r["run_id"])) for r in rows]
 
+    async def run_known(self, chat_id: str, run_id: str) -> bool:
+        async with self._read() as conn:
+            return await conn.fetchval(
+                "SELECT 1 FROM turns WHERE chat_id = $1 AND run_id = $2 LIMIT 1", chat_id, run_id) is not None
+
     async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
         async with self._read() as conn:
             return await _held_ids(conn, chat_id, list(message_ids))

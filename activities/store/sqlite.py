@@ -446,6 +446,10 @@ class SQLiteStore(SessionStore):
         return [TurnRef(chat_id=str(r["chat_id"]), turn=int(r["turn"]),
                         run_id=None if r["run_id"] is None else str(r["run_id"])) for r in rows]
 
+    async def run_known(self, chat_id: str, run_id: str) -> bool:
+        return await self._read(lambda conn: conn.execute(
+            "SELECT 1 FROM turns WHERE chat_id = ? AND run_id = ? LIMIT 1", (chat_id, run_id)).fetchone() is not None)
+
     async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
         return await self._read(self._held_ids, chat_id, list(message_ids))
 
