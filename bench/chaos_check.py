@@ -18,6 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, Report
+from bench.chaos_infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 
@@ -38,7 +39,7 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
                     "closed_turns_without_one_turn_end", "runs_ended_abnormally", "run_errors"),
     "nondeterminism_errors": ("nondeterminism_in_history", "workflow_task_failures", "worker_log_lines",
                               "replay_failures"),
-    "unbalanced_transcripts": ("unbalanced_transcripts",),
+    "unbalanced_transcripts": ("unbalanced_transcripts", "tool_rows_apart_from_their_call"),
     "actions_not_answered_in_time": ("actions_answered_late", "actions_unanswered"),
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
@@ -282,6 +283,13 @@ class Checker:
             if bad:
                 self.fail("unbalanced_transcripts", f"chat {chat_id}: unbalanced tool rows for calls {bad}",
                           chat_id, f"unbalanced tool rows {bad}")
+            # A provider also wants each call's tool row right after the call's assistant row.
+            apart = [c for c in unanswered_tool_calls([json.loads(r["body"]) | {"role": r["role"]} for r in rows])
+                     if c not in bad]
+            if apart:
+                self.fail("tool_rows_apart_from_their_call", f"chat {chat_id}: the tool rows of calls {apart} do not "
+                          "follow their assistant row at once (a provider refuses the transcript)", chat_id,
+                          f"tool rows apart from their call {apart}")
 
     # -- 3. stuck turns ----------------------------------------------------------------------------
     def _stuck(self) -> None:

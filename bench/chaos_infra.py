@@ -96,7 +96,7 @@ class ChaosModel:
             if m.get("role") == "assistant" and m.get("tool_calls"):
                 rounds += 1
         cfg = self.cfg
-        unanswered = _unanswered_tool_calls(messages)
+        unanswered = unanswered_tool_calls(messages)
         with self.lock:
             self.requests += 1
             r = self.rng
@@ -124,7 +124,7 @@ class ChaosModel:
             return {"text": f"done after {rounds} tool round(s)", "delay": round(delay, 3)}
 
 
-def _unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
+def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
     """Tool call ids of assistant messages not followed by their tool messages."""
     missing: list[str] = []
     for i, m in enumerate(messages):
