@@ -1,5 +1,5 @@
-"""What an abnormally ended turn left behind, judged by the reason table of
-DESIGN.md. Pure functions, no I/O: the reconciler reads the run's history and the
+"""What an abnormally ended turn left behind, judged by the reason table
+(README, "When a turn is interrupted"). Pure functions, no I/O: the reconciler reads the run's history and the
 store's rows of the turn and acts on the verdict.
 
 The run's event history is the checkpoint: every model call and tool call is its

@@ -1,4 +1,4 @@
-"""The reconciler (DESIGN.md rule 6): finds turns the store shows open whose run
+"""The reconciler (docs/contract.md, "Reconciler"): finds turns the store shows open whose run
 is no longer running, judges what remains (activities/checkpoint.py) and either
 closes the turn (`committed`, `answer_restored`) or starts a `ChatTurn` run in
 recovery mode, which opens the gate and waits for Continue or Dismiss.

@@ -94,7 +94,7 @@ class StoreActivities:
 
     @activity.defn(name=io.APPEND_EVENTS)
     async def append_events(self, inp: io.AppendEventsInput) -> None:
-        await self._store.append_events(inp.chat_id, inp.events)
+        await self._store.append_events(inp.chat_id, inp.events, keys=inp.keys)
 
 
 def _update(inp: io.UpdateTurnInput) -> TurnUpdate:

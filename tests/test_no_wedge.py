@@ -249,3 +249,34 @@ async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stac
     await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED, timeout=30)
     assert await _user_rows(stack, chat) == ["one", "two"]
     assert (await run_pass(stack)).handed_on == 0  # once
+
+
+async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused signals at a gate add to its history: past the bound the gate goes on
+    in a fresh run of the same turn, with the same recovery id and pending messages."""
+    import workflows.chat_turn
+
+    monkeypatch.setattr(workflows.chat_turn, "GATE_HISTORY_EVENTS", 60)
+    with FakeChatServer([{"status": 400, "message": "no"}], responder=_ok) as server:
+        _fake_model(stack, server)
+        await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
+        chat = stack.chat()
+        first = await stack.send(chat, "hello")
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+        for i in range(30):
+            await first.signal("dismiss", {"recovery_id": f"stale-{i}"})
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+        await until(lambda: True)
+        deadline = time.monotonic() + 20
+        while (await handle.describe()).run_id == first.first_execution_run_id:
+            assert time.monotonic() < deadline, "the gate was not handed on"
+            await asyncio.sleep(0.2)
+        again = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+        assert (again.turn, again.reason, again.recovery_id) == (1, Reason.MODEL_FAILED, gate.recovery_id)
+        done = await handle.execute_update("continue_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
+        assert done.status in (TurnStatus.RESUMING, TurnStatus.RECOVERED)
+        await stack.wait_turn_done(chat, 1)
+        rejected = [e for e in await (await stack.store()).events(chat, limit=10_000)
+                    if e.type == "recovery_action_rejected"]
+        assert len(rejected) == 30
+        await _answers_next_message(stack, chat)

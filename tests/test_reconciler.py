@@ -1,4 +1,4 @@
-"""The reconciler (DESIGN.md rule 6 and the reconciler rows of the reason table):
+"""The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
 the pure checkpoint judge on recorded histories, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, and the cost of a pass over many healthy chats."""

@@ -370,7 +370,7 @@ async def test_21_follow_ups_around_a_kill_are_committed_once_in_order(stack: St
 async def test_an_unreadable_stored_row_asks_the_user_without_continue(stack: Stack) -> None:
     """A transcript row that does not decode: no model call can be made from the
     transcript, so the turn waits as checkpoint_invalid (no Continue), names the
-    row, and Dismiss closes it (DESIGN rule 3: whatever state is corrupt)."""
+    row, and Dismiss closes it (Dismiss is always possible for the current id, whatever state is corrupt)."""
     import sqlite3
 
     stack.script([{"text": "first answer"}, {"text": "never asked"}])

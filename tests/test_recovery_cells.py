@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from tests.support import Stack

@@ -185,3 +185,26 @@ def test_the_readme_shows_the_table() -> None:
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert recovery.table() in readme, "README.md's recovery table is out of date: paste recovery.table()"
+
+
+def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
+    from turnkeeper.models import UserMessage
+    from workflows.inbox import Inbox, chunks, wire_size
+
+    inbox = Inbox()
+    messages = [UserMessage(message_id=f"m{i}", text="x" * (i * 1000)) for i in range(1, 6)]
+    for m in messages:
+        assert inbox.offer(m)
+    assert not inbox.offer(messages[0])  # a retry
+    total = sum(map(wire_size, messages))
+    assert inbox.pending_bytes() == total
+    inbox.in_flight = inbox.take()
+    assert inbox.pending_bytes() == total and inbox.ids() == [m.message_id for m in messages]
+    inbox.in_flight = inbox.in_flight[2:]
+    assert inbox.pending_bytes() == total - wire_size(messages[0]) - wire_size(messages[1])
+    inbox.return_in_flight()
+    inbox.drop({"m3"})
+    assert inbox.ids() == ["m4", "m5"] and inbox.pending_bytes() == wire_size(messages[3]) + wire_size(messages[4])
+    parts = chunks(messages, limit=6000)
+    assert [m for part in parts for m in part] == messages
+    assert all(sum(map(wire_size, p)) <= 6000 or len(p) == 1 for p in parts)

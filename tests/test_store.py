@@ -836,7 +836,7 @@ async def test_pg_several_stores_create_the_schema_at_once(pg: PostgresBackend) 
         tables = await pg.fetchval(
             "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables"
             " WHERE table_schema = ?", pg.schema)
-        assert tables == ["events", "messages", "meta", "tool_runs", "turns"]
+        assert tables == ["event_keys", "events", "messages", "meta", "tool_runs", "turns"]
     finally:
         await asyncio.gather(*(s.close() for s in stores))
 
@@ -913,3 +913,12 @@ def test_postgres_store_refuses_a_schema_that_is_no_plain_identifier() -> None:
 def test_open_store_rejects_other_urls(url: str) -> None:
     with pytest.raises(StoreError):
         open_store(Settings(database_url=url))
+
+
+async def test_events_with_keys_are_appended_once(store: SessionStore) -> None:
+    """A workflow task retried after a failure appends its events again, keyed."""
+    first = [NewEvent(type="session_updated", payload={"n": 1}), NewEvent(type="session_updated", payload={"n": 2})]
+    await store.append_events(CHAT, first, keys=["run/0", "run/1"])
+    again = first + [NewEvent(type="session_updated", payload={"n": 3})]
+    await store.append_events(CHAT, again, keys=["run/0", "run/1", "run/2"])
+    assert [e.payload["n"] for e in await store.events(CHAT)] == [1, 2, 3]

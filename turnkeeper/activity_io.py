@@ -158,6 +158,8 @@ class HeldMessagesInput(BaseModel):
 class AppendEventsInput(BaseModel):
     chat_id: str
     events: list[NewEvent]
+    keys: list[str] | None = None
+    """One per event, `<run id>/<n>`: a retried workflow task appends each once."""
 
 
 class CommitMessagesInput(BaseModel):

@@ -1,7 +1,7 @@
 """Data shared by the workflow, the activities, the store and the clients.
 
 Everything here is plain pydantic: no I/O, safe to import from workflow code.
-The shapes marked *contract* are part of the public contract in DESIGN.md.
+The shapes marked *contract* are part of the public contract in docs/contract.md.
 """
 from __future__ import annotations
 

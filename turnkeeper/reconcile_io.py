@@ -8,7 +8,7 @@ from turnkeeper.models import Reason
 
 RECONCILE_WORKFLOW = "Reconcile"
 RECONCILE_PASS = "turnkeeper.reconcile_pass"
-# Contract (DESIGN.md rule 6): operators trigger it with
+# Contract (docs/contract.md, "Reconciler"): operators trigger it with
 # `temporal schedule trigger --schedule-id turnkeeper-reconcile`.
 SCHEDULE_ID = "turnkeeper-reconcile"
 

@@ -1,4 +1,4 @@
-"""The reconciler's Temporal Schedule (DESIGN.md rule 6), created by the worker at
+"""The reconciler's Temporal Schedule (docs/contract.md, "Reconciler"), created by the worker at
 start-up when missing. `temporal schedule trigger --schedule-id turnkeeper-reconcile`
 runs a pass at once."""
 from __future__ import annotations

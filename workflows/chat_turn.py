@@ -29,14 +29,11 @@ with workflow.unsafe.imports_passed_through():
 
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
-        CHAT_ID_ATTR,
         DISMISSED_TEXT,
         INTERRUPTED_TOOL_TEXT,
         OPEN_STATUSES,
-        RECOVERY_REASON_ATTR,
         STOPPED_TEXT,
         SUPERSEDED_TEXT,
-        TURN_STATUS_ATTR,
         UNSTARTED_TOOL_TEXT,
         ChatTurnInput,
         RecoveryStart,
@@ -54,18 +51,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows import recovery
     from workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from workflows.recovery import Effect, Input
+    from workflows.turn_persistence import STORE_WAIT_FIRST_S, TurnPersistence, error_type, failure_text
 
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
-# Store calls are idempotent, so retrying them is safe. A store that stays
-# unavailable past these attempts is waited for (`_wait_for_store`), visibly;
-# any other store error fails the run, and the reconciler finds the turn.
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=6,
-                          maximum_interval=timedelta(seconds=2),
-                          non_retryable_error_types=[io.STORE_UNAVAILABLE_ERROR])
-STORE_TIMEOUT = timedelta(seconds=30)
-STORE_WAIT_FIRST_S = 1.0
-STORE_WAIT_MAX_S = 30.0
 # A run started without a message (e.g. `temporal workflow start`) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
 # A model call cut off by a graceful shutdown is scheduled again this many times.
@@ -109,7 +98,7 @@ class _Interrupted(Exception):
 
 
 @workflow.defn(name="ChatTurn")
-class ChatTurn:
+class ChatTurn(TurnPersistence):
     @workflow.init
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
@@ -349,35 +338,28 @@ class ChatTurn:
                 io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
                                   new_messages=self._inbox.in_flight, closes_turn=not resuming,
                                   answer_lost_calls=after_loss),
-                result_type=io.ModelCallResult,
-                start_to_close_timeout=timedelta(seconds=self._settings.model_timeout_s),
-                schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
-                heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
-                retry_policy=NO_RETRY,
-                # A cancelled call must have stopped before the turn writes its closing row.
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"model call {step + 1} of turn {self._state.turn}",
-            )
+                result_type=io.ModelCallResult, summary=f"model call {step + 1} of turn {self._state.turn}",
+                **self._step_options(self._settings.model_timeout_s))
             if await self._settle([handle]):
                 raise _Cancelled()
             try:
                 result = await handle
             except ActivityError as err:
-                kind = _error_type(err)
+                kind = error_type(err)
                 if kind == io.WORKER_SHUTDOWN_ERROR:
                     shutdowns += 1
                     if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
                         continue  # nothing happened outside: the next worker takes it
                     raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
                 if kind == io.STORE_UNAVAILABLE_ERROR:
-                    await self._wait_for_store(_failure_text(err))  # raised before the provider was asked
+                    await self._wait_for_store(failure_text(err))  # raised before the provider was asked
                     continue
                 if kind == io.MODEL_FAILED_ERROR:
                     # Raised after the activity committed the messages.
-                    raise _Interrupted(Reason.MODEL_FAILED, committed=True, detail=_failure_text(err)) from None
+                    raise _Interrupted(Reason.MODEL_FAILED, committed=True, detail=failure_text(err)) from None
                 if kind == io.CHECKPOINT_INVALID_ERROR:
                     raise _Interrupted(Reason.CHECKPOINT_INVALID, can_continue=False,
-                                       detail=_failure_text(err)) from None
+                                       detail=failure_text(err)) from None
                 raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
             self._store_answers()
             if not result.recorded:
@@ -423,13 +405,19 @@ class ChatTurn:
         return workflow.start_activity(
             io.TOOL_CALL,
             io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn, call=call),
-            result_type=io.ToolCallResult,
-            start_to_close_timeout=timedelta(seconds=self._settings.tool_timeout_s),
+            result_type=io.ToolCallResult, summary=_tool_summary(call),
+            **self._step_options(self._settings.tool_timeout_s))
+
+    def _step_options(self, timeout_s: int) -> dict[str, Any]:
+        """A model or tool call: never retried by Temporal, lost within seconds of its
+        worker's death, and on the resume window's clock when no worker takes it."""
+        return dict(
+            start_to_close_timeout=timedelta(seconds=timeout_s),
             schedule_to_start_timeout=timedelta(seconds=self._settings.resume_window_s),
             heartbeat_timeout=timedelta(seconds=self._settings.heartbeat_timeout_s),
             retry_policy=NO_RETRY,
+            # A cancelled call must have stopped before the turn writes its closing row.
             cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            summary=_tool_summary(call),
         )
 
     async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
@@ -438,7 +426,7 @@ class ChatTurn:
         try:
             result = await handle
         except (ActivityError, asyncio.CancelledError) as err:
-            refused = isinstance(err, ActivityError) and _error_type(err) == io.STORE_UNAVAILABLE_ERROR
+            refused = isinstance(err, ActivityError) and error_type(err) == io.STORE_UNAVAILABLE_ERROR
             if refused and may_run_again:
                 view.status = ToolCallStatus.PENDING
                 return "again"  # it never acted: its start could not be recorded
@@ -518,8 +506,8 @@ class ChatTurn:
         while True:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events)
-                or self._gate_history_long())
-            if self._gate_history_long() and self._complete:
+                or self._should_hand_on())
+            if self._should_hand_on():
                 await self._hand_on_gate()
             await self._flush_events()
             if self._interrupt is not None and not await self._interrupt_stands():
@@ -541,14 +529,20 @@ class ChatTurn:
         await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=self._inbox.take())
         return "dismiss"
 
+    def _should_hand_on(self) -> bool:
+        """Undecided, quiet, and long: a decision or a message is acted on first."""
+        return (self._complete and self._decision is None and self._interrupt is None and not self._events
+                and self._gate_history_long())
+
     def _gate_history_long(self) -> bool:
         info = workflow.info()
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > GATE_HISTORY_EVENTS
 
     async def _hand_on_gate(self) -> None:
         """Continue the waiting gate in a fresh run: same turn, same recovery id."""
-        await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if not self._should_hand_on():
+            return  # something came meanwhile: the gate acts on it here
         self._inbox.return_in_flight()
         s = self._state
         assert s.reason is not None  # a gate always has one
@@ -615,95 +609,6 @@ class ChatTurn:
             return
         self._decide(action)
 
-    # -- persistence ---------------------------------------------------------
-    async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
-        """A store local activity that waits out an outage: the turn shows
-        `store_unavailable` and goes on, in order, when the store answers again."""
-        while True:
-            try:
-                result = await workflow.execute_local_activity(
-                    activity, arg, result_type=result_type,
-                    start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
-            except (ActivityError, ApplicationError) as err:
-                # A local activity's failure arrives as the ApplicationError itself.
-                if _error_type(err) != io.STORE_UNAVAILABLE_ERROR:
-                    raise
-                await self._wait_for_store(_failure_text(err))
-                continue
-            self._store_answers()
-            return result
-
-    async def _wait_for_store(self, why: str | None) -> None:
-        if not self._state.store_unavailable:
-            self._state.store_unavailable = True
-            self._store_wait_s = STORE_WAIT_FIRST_S
-            workflow.logger.warning("chat %s: the session store is unavailable, the turn waits: %s",
-                                    self._state.chat_id, why)
-        await asyncio.sleep(self._store_wait_s)
-        self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
-
-    def _store_answers(self) -> None:
-        if self._state.store_unavailable:
-            self._state.store_unavailable = False
-            workflow.logger.info("chat %s: the session store answers again", self._state.chat_id)
-
-    async def _persist_state(self) -> bool:
-        """Persist, then announce: the store row and its events, then the search
-        attributes. False when the store had already ended the turn (its
-        completion wins): the state then follows the store."""
-        written: io.TurnWriteResult | None = await self._store_call(
-            io.UPDATE_TURN, self._turn_update(), io.TurnWriteResult | None)
-        self._follow_store(written)
-        self._upsert_search_attributes()
-        return written is None or written.written
-
-    async def _finish_turn(self, closing_text: str | None = None,
-                           commit_messages: list[UserMessage] | None = None) -> None:
-        update = self._turn_update()
-        update.closing_text = closing_text
-        update.commit_messages = commit_messages or []
-        written: io.TurnWriteResult | None = await self._store_call(
-            io.FINISH_TURN, update, io.TurnWriteResult | None)
-        self._follow_store(written)
-        self._upsert_search_attributes()
-
-    def _follow_store(self, written: io.TurnWriteResult | None) -> None:
-        # None: recorded by a release whose store writes returned nothing.
-        if written is not None and not written.written:
-            self._state.status = written.status
-            self._state.reason = written.reason
-
-    def _turn_update(self) -> io.UpdateTurnInput:
-        s = self._state
-        return io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
-                                  recovery_id=s.recovery_id, can_continue=s.can_continue,
-                                  attempts=s.attempts, detail=s.detail)
-
-    async def _announce_refusals(self) -> None:
-        # Refusals that arrive while one batch is being written go in the next.
-        while self._events and self._before_turn:
-            await self._flush_events()
-
-    async def _flush_events(self) -> None:
-        if not self._events:
-            return
-        events, self._events = self._events, []
-        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events))
-
-    def _search_attributes_current(self) -> bool:
-        """Our client sets them at start; an operator's signal-with-start does not."""
-        current = workflow.info().typed_search_attributes
-        return (current.get(CHAT_ID_ATTR) == self._state.chat_id
-                and current.get(TURN_STATUS_ATTR) == self._state.status.value)
-
-    def _upsert_search_attributes(self) -> None:
-        reason = self._state.reason
-        workflow.upsert_search_attributes([
-            CHAT_ID_ATTR.value_set(self._state.chat_id),
-            TURN_STATUS_ATTR.value_set(self._state.status.value),
-            RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
-        ])
-
     # -- inbox ---------------------------------------------------------------
     def _message_limit(self) -> int:
         if self._settings_known:
@@ -726,11 +631,6 @@ def _show_result(handle: "asyncio.Future[io.ToolCallResult]", view: ToolCallView
     """A finished call shows in `state` at once, while its siblings still run."""
     if not handle.cancelled() and handle.exception() is None:
         view.status = ToolCallStatus.DONE if handle.result().status == "done" else ToolCallStatus.ERROR
-
-
-def _error_type(err: ActivityError | ApplicationError) -> str | None:
-    cause = err if isinstance(err, ApplicationError) else err.cause
-    return cause.type if isinstance(cause, ApplicationError) else None
 
 
 def _timeout_type(err: ActivityError) -> TimeoutType | None:
@@ -765,11 +665,6 @@ def _message_id_of(raw: Any) -> str | None:
     """The client's message id of a payload that failed validation, if it is a valid one."""
     candidate = raw.get("message_id") if isinstance(raw, dict) else None
     return candidate if isinstance(candidate, str) and 0 < len(candidate) <= 200 else None
-
-
-def _failure_text(err: ActivityError | ApplicationError) -> str | None:
-    cause = err if isinstance(err, ApplicationError) else err.cause
-    return cause.message if isinstance(cause, ApplicationError) else None
 
 
 def _first_error(err: ValidationError) -> str:

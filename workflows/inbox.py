@@ -35,41 +35,66 @@ def chunks(messages: list[UserMessage], limit: int = CHUNK_BYTES) -> list[list[U
 
 class Inbox:
     def __init__(self) -> None:
-        self.waiting: list[UserMessage] = []
-        self.in_flight: list[UserMessage] = []
-        """Handed to a model call not yet finished: a lost call may not have committed them."""
+        self._waiting: list[UserMessage] = []
+        self._in_flight: list[UserMessage] = []
         self._seen: set[str] = set()
         self._sizes: dict[str, int] = {}
+        self._bytes = 0  # of waiting + in flight, kept as they change: signals ask for it
+
+    def _size(self, messages: list[UserMessage]) -> int:
+        return sum(self._sizes.get(m.message_id, 0) for m in messages)
+
+    @property
+    def waiting(self) -> list[UserMessage]:
+        """Taken, not yet handed to a model call."""
+        return self._waiting
+
+    @waiting.setter
+    def waiting(self, messages: list[UserMessage]) -> None:
+        self._bytes += self._size(messages) - self._size(self._waiting)
+        self._waiting = messages
+
+    @property
+    def in_flight(self) -> list[UserMessage]:
+        """Handed to a model call not yet finished: a lost call may not have committed them."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, messages: list[UserMessage]) -> None:
+        self._bytes += self._size(messages) - self._size(self._in_flight)
+        self._in_flight = messages
 
     def offer(self, message: UserMessage) -> bool:
         """Take a message; False for a client's retry of one already taken."""
         if message.message_id in self._seen:
             return False
         self._seen.add(message.message_id)
-        self._sizes[message.message_id] = wire_size(message)
-        self.waiting.append(message)
+        self._sizes[message.message_id] = size = wire_size(message)
+        self._waiting.append(message)
+        self._bytes += size
         return True
 
     def seen(self, message_id: str) -> bool:
         return message_id in self._seen
 
     def pending_bytes(self) -> int:
-        return sum(self._sizes.get(m.message_id, 0) for m in self.in_flight + self.waiting)
+        return self._bytes
 
     def pending(self) -> list[UserMessage]:
-        return self.in_flight + self.waiting
+        return self._in_flight + self._waiting
 
     def ids(self) -> list[str]:
-        return [m.message_id for m in self.in_flight + self.waiting]
+        return [m.message_id for m in self._in_flight + self._waiting]
 
     def take(self) -> list[UserMessage]:
-        batch, self.waiting = self.waiting, []
+        batch = self._waiting
+        self.waiting = []
         return batch
 
     def drop(self, message_ids: set[str]) -> None:
-        self.waiting = [m for m in self.waiting if m.message_id not in message_ids]
+        self.waiting = [m for m in self._waiting if m.message_id not in message_ids]
 
     def return_in_flight(self) -> None:
         """A call that did not finish: its messages go back, first, in order."""
-        self.waiting = self.in_flight + self.waiting
+        self.waiting = self._in_flight + self._waiting
         self.in_flight = []

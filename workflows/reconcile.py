@@ -1,4 +1,4 @@
-"""`Reconcile`: one pass of the reconciler (DESIGN.md rule 6), started by the
+"""`Reconcile`: one pass of the reconciler (docs/contract.md, "Reconciler"), started by the
 schedule `turnkeeper-reconcile`. All the work is in one activity: the pass talks
 to Temporal and the store, and a workflow would add nothing but history."""
 from __future__ import annotations

@@ -210,7 +210,9 @@ class SessionStore(ABC):
 
     # -- events ----------------------------------------------------------------
     @abstractmethod
-    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None: ...
+    async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
+        """Append `events` in order. With `keys` (one per event), each once: an event
+        whose key the chat has seen before is not added again."""
 
     @abstractmethod
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:

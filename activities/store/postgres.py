@@ -160,6 +160,15 @@ _SCHEMA: tuple[str, ...] = (
         started_at      timestamptz NOT NULL
     )
     """,
+    # Events a workflow appended, by the key it gave each: a workflow task retried
+    # after a failure runs its store calls again, and adds no event twice.
+    """
+    CREATE TABLE IF NOT EXISTS event_keys (
+        chat_id   text NOT NULL,
+        event_key text NOT NULL,
+        PRIMARY KEY (chat_id, event_key)
+    )
+    """,
 )
 
 Row = asyncpg.Record
@@ -638,12 +647,16 @@ class PostgresStore(SessionStore):
         return [codec.decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
-    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
-        await self._write(chat_id, self._append_events_tx, list(events))
+    async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
+        await self._write(chat_id, self._append_events_tx, list(events), keys)
 
     @staticmethod
-    async def _append_events_tx(tx: _Tx, events: list[NewEvent]) -> None:
-        for event in events:
+    async def _append_events_tx(tx: _Tx, events: list[NewEvent], keys: list[str] | None) -> None:
+        for i, event in enumerate(events):
+            if keys is not None and await tx.conn.fetchval(
+                    "INSERT INTO event_keys (chat_id, event_key) VALUES ($1, $2)"
+                    " ON CONFLICT DO NOTHING RETURNING 1", tx.chat_id, keys[i]) is None:
+                continue  # appended before
             await tx.emit(event.type, event.payload)
 
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:

@@ -49,7 +49,10 @@ T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_S = 10.0
+# A write waits this long for another process's lock before it counts as an outage
+# (StoreUnavailable): the turn then waits visibly and tries again, and the
+# workflow task is not held so long that updates and signals wait behind it.
+BUSY_TIMEOUT_S = 3.0
 _OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
 _SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
 
@@ -121,6 +124,15 @@ _SCHEMA: tuple[str, ...] = (
         payload    TEXT    NOT NULL,  -- JSON object
         created_at TEXT    NOT NULL,
         PRIMARY KEY (chat_id, seq)
+    )
+    """,
+    # Events a workflow appended, by the key it gave each: a workflow task retried
+    # after a failure runs its store calls again, and adds no event twice.
+    """
+    CREATE TABLE IF NOT EXISTS event_keys (
+        chat_id   TEXT NOT NULL,
+        event_key TEXT NOT NULL,
+        PRIMARY KEY (chat_id, event_key)
     )
     """,
     """
@@ -623,12 +635,17 @@ class SQLiteStore(SessionStore):
         return [codec.decode_message(chat_id, row) for row in rows]
 
     # -- events ------------------------------------------------------------------------------
-    async def append_events(self, chat_id: str, events: list[NewEvent]) -> None:
-        await self._write(self._append_events_tx, chat_id, list(events))
+    async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
+        await self._write(self._append_events_tx, chat_id, list(events), keys)
 
-    def _append_events_tx(self, conn: sqlite3.Connection, chat_id: str, events: list[NewEvent]) -> None:
+    def _append_events_tx(self, conn: sqlite3.Connection, chat_id: str, events: list[NewEvent],
+                          keys: list[str] | None) -> None:
         now = _now()
-        for event in events:
+        for i, event in enumerate(events):
+            if keys is not None and conn.execute(
+                    "INSERT OR IGNORE INTO event_keys (chat_id, event_key) VALUES (?, ?)",
+                    (chat_id, keys[i])).rowcount != 1:
+                continue  # appended before
             self._emit(conn, chat_id, event.type, event.payload, now)
 
     async def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:

@@ -1,0 +1,149 @@
+"""The turn's store calls and announcements, as a mixin of `ChatTurn`.
+
+Persist, then announce: every state change goes to the store's turn row with its
+events, then to the search attributes. Every store call waits out an outage
+(`store_unavailable` in `state`) instead of failing the run.
+"""
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from turnkeeper import activity_io as io
+    from turnkeeper.models import (
+        CHAT_ID_ATTR,
+        RECOVERY_REASON_ATTR,
+        TURN_STATUS_ATTR,
+        NewEvent,
+        TurnState,
+        UserMessage,
+    )
+
+# Store calls are idempotent, so retrying them is safe. A store that stays
+# unavailable past these attempts is waited for (`_wait_for_store`), visibly;
+# any other store error fails the run, and the reconciler finds the turn.
+STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=6,
+                          maximum_interval=timedelta(seconds=2),
+                          non_retryable_error_types=[io.STORE_UNAVAILABLE_ERROR])
+STORE_TIMEOUT = timedelta(seconds=30)
+STORE_WAIT_FIRST_S = 1.0
+STORE_WAIT_MAX_S = 30.0
+
+
+class TurnPersistence:
+    """Needs `_state`, `_events`, `_before_turn` and `_store_wait_s` from the workflow."""
+
+    _state: TurnState
+    _events: list[NewEvent]
+    _before_turn: bool
+    _store_wait_s: float
+    _events_numbered: int = 0  # this run's events so far: each one's store key
+
+    async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
+        """A store local activity that waits out an outage: the turn shows
+        `store_unavailable` and goes on, in order, when the store answers again."""
+        while True:
+            try:
+                result = await workflow.execute_local_activity(
+                    activity, arg, result_type=result_type,
+                    start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+            except (ActivityError, ApplicationError) as err:
+                # A local activity's failure arrives as the ApplicationError itself.
+                if error_type(err) != io.STORE_UNAVAILABLE_ERROR:
+                    raise
+                await self._wait_for_store(failure_text(err))
+                continue
+            self._store_answers()
+            return result
+
+    async def _wait_for_store(self, why: str | None) -> None:
+        if not self._state.store_unavailable:
+            self._state.store_unavailable = True
+            self._store_wait_s = STORE_WAIT_FIRST_S
+            workflow.logger.warning("chat %s: the session store is unavailable, the turn waits: %s",
+                                    self._state.chat_id, why)
+        await asyncio.sleep(self._store_wait_s)
+        self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
+
+    def _store_answers(self) -> None:
+        if self._state.store_unavailable:
+            self._state.store_unavailable = False
+            workflow.logger.info("chat %s: the session store answers again", self._state.chat_id)
+
+    async def _persist_state(self) -> bool:
+        """Persist, then announce: the store row and its events, then the search
+        attributes. False when the store had already ended the turn (its
+        completion wins): the state then follows the store."""
+        written: io.TurnWriteResult | None = await self._store_call(
+            io.UPDATE_TURN, self._turn_update(), io.TurnWriteResult | None)
+        self._follow_store(written)
+        self._upsert_search_attributes()
+        return written is None or written.written
+
+    async def _finish_turn(self, closing_text: str | None = None,
+                           commit_messages: list[UserMessage] | None = None) -> None:
+        update = self._turn_update()
+        update.closing_text = closing_text
+        update.commit_messages = commit_messages or []
+        written: io.TurnWriteResult | None = await self._store_call(
+            io.FINISH_TURN, update, io.TurnWriteResult | None)
+        self._follow_store(written)
+        self._upsert_search_attributes()
+
+    def _follow_store(self, written: io.TurnWriteResult | None) -> None:
+        # None: recorded by a release whose store writes returned nothing.
+        if written is not None and not written.written:
+            self._state.status = written.status
+            self._state.reason = written.reason
+
+    def _turn_update(self) -> io.UpdateTurnInput:
+        s = self._state
+        return io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
+                                  recovery_id=s.recovery_id, can_continue=s.can_continue,
+                                  attempts=s.attempts, detail=s.detail)
+
+    async def _announce_refusals(self) -> None:
+        # Refusals that arrive while one batch is being written go in the next.
+        while self._events and self._before_turn:
+            await self._flush_events()
+
+    async def _flush_events(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        run_id, first = workflow.info().run_id, self._events_numbered
+        self._events_numbered += len(events)
+        keys = [f"{run_id}/{first + i}" for i in range(len(events))]
+        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events,
+                                                                      keys=keys))
+
+    def _search_attributes_current(self) -> bool:
+        """Our client sets them at start; an operator's signal-with-start does not."""
+        current = workflow.info().typed_search_attributes
+        return (current.get(CHAT_ID_ATTR) == self._state.chat_id
+                and current.get(TURN_STATUS_ATTR) == self._state.status.value)
+
+    def _upsert_search_attributes(self) -> None:
+        reason = self._state.reason
+        workflow.upsert_search_attributes([
+            CHAT_ID_ATTR.value_set(self._state.chat_id),
+            TURN_STATUS_ATTR.value_set(self._state.status.value),
+            RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
+        ])
+
+
+
+def error_type(err: ActivityError | ApplicationError) -> str | None:
+    cause = err if isinstance(err, ApplicationError) else err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def failure_text(err: ActivityError | ApplicationError) -> str | None:
+    cause = err if isinstance(err, ApplicationError) else err.cause
+    return cause.message if isinstance(cause, ApplicationError) else None
