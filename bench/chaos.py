@@ -31,7 +31,7 @@ What runs (everything real, nothing mocked but the model):
 - bursts of large follow-ups (10-40 of 40-60 KB, now and then one over the
   single-message limit) sent quickly while a tool runs, paced over the run;
 - store outages: the harness holds the store's write lock for 3-12 s (past the
-  store's 10 s busy timeout, writes fail), paced over the run, starting rather
+  store's busy timeout, 3 s, writes fail), paced over the run, starting rather
   while a Continue runs somewhere;
 - a killer that SIGKILLs a random worker at random moments (paced so that at
   least --kills kills happen before the target turn count) and at once starts
