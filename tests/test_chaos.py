@@ -1,11 +1,14 @@
 """A short run of the chaos harness (bench/chaos.py): three worker processes,
-SIGKILLed at random while chats send messages, follow-ups and retried ids and
-a driver answers every gate; then the harness's checker.
+SIGKILLed at random while chats send messages, follow-ups and retried ids,
+their users press Continue, Dismiss and Stop at random moments (updates and
+signals, stale ids among them), a burst of large follow-ups arrives while a
+tool runs, the store is out for a few seconds, and a driver answers every
+gate; then every chat gets a probe message, and the harness's checker.
 
 The harness starts its own dev server and worker processes. Set TK_CHAOS_SEED
 to replay a seed (timing still varies); a failing run keeps its work directory
 (logs, ledger, store, report.json, evidence/<chat>.json) under the test's
-tmp_path."""
+tmp_path. The other tests check the checker's own rules, without a server."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,8 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.crash
 
 _PATH = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
 
@@ -29,17 +30,74 @@ def _harness():
     return module
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.crash
+@pytest.mark.timeout(300)
 async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     chaos = _harness()
     seed = int(os.environ.get("TK_CHAOS_SEED", "20240611"))
     report = await chaos.run_chaos(chaos.ChaosConfig(
-        turns=30, kills=5, workers=3, chats=8, seed=seed,
+        turns=30, kills=5, workers=3, chats=8, seed=seed, bursts=1, outages=1,
         max_chaos_s=120, settle_timeout_s=90, workdir=tmp_path / "chaos",
         progress=lambda text: print(text, flush=True)))
     print(report.summary())
     assert report.target_reached, report.summary()
     assert report.kills >= 5 and report.turns_closed >= 30
     assert report.messages["acknowledged"] > 0 and report.tools["starts"] > 0
+    assert len(report.bursts) == 1 and len(report.outages) == 1
+    assert sum(report.user_actions.values()) > 5, report.user_actions
+    assert report.probes["answered"] == 8, report.probes
     failed = {name: count for name, count in report.invariants.items() if count}
     assert not failed, f"invariants failed: {failed}\n{report.summary()}"
+
+
+def test_answer_times_count_late_and_unanswered_actions_but_not_bursts() -> None:
+    chaos = _harness()
+    from bench.chaos_base import Action, ActionLog
+
+    log = ActionLog()
+    log.add(Action(kind="continue/update", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted"))
+    log.add(Action(kind="dismiss/update", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"))
+    log.add(Action(kind="stop/signal", chat_id="c", source="user", at_s=3, latency_s=None, outcome="no answer"))
+    log.add(Action(kind="burst", chat_id="c", source="burst", at_s=4, latency_s=0.0, outcome="12 follow-ups"))
+    log.add(Action(kind="followup", chat_id="c", source="user", at_s=5, latency_s=0.1, outcome="accepted"))
+    late = log.unanswered(chaos.ChaosConfig().answer_bound_s)
+    assert [a.kind for a in late] == ["dismiss/update", "stop/signal"]
+    assert log.counts() == {"continue/update": 1, "dismiss/update": 1, "stop/signal": 1, "burst": 1}
+    assert log.latency()["updates"] == {"n": 2, "max_s": 6.0, "p99_s": 6.0}
+
+
+def test_percentile_is_nearest_rank() -> None:
+    _harness()
+    from bench.chaos_base import percentile
+
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 99) == 0.0
+
+
+def test_update_refusals_are_sorted_by_their_words() -> None:
+    _harness()
+    from bench.chaos_base import error_kind
+
+    assert error_kind("recovery id 'x' is stale") == "stale"
+    assert error_kind("not waiting for confirmation") == "not waiting"
+    assert error_kind("recovery context is unavailable") == "context unavailable"
+    assert error_kind("RPCError: workflow update was aborted by closing workflow") == "run closed"
+    assert error_kind("workflow execution already completed") == "run closed"
+    assert error_kind("something else") == "other"
+
+
+def test_a_run_looks_idle_when_its_state_shows_nothing_to_do() -> None:
+    chaos = _harness()
+    tool = {"id": "t1", "name": "ledger_write", "status": "running"}
+    assert chaos._looks_idle({"status": "recovered", "reason": "continued"})
+    assert chaos._looks_idle({"status": "running", "tool_calls": []})
+    assert chaos._looks_idle("query failed: RPCError")
+    assert not chaos._looks_idle({"status": "running", "tool_calls": [tool]})
+    assert not chaos._looks_idle({"status": "resuming", "store_unavailable": True})
+    assert not chaos._looks_idle({"status": "awaiting_user", "reason": "tool_state_unknown"})
+    # A state that moves is no wedge: the signature changes with it.
+    assert chaos.state_signature({"status": "running", "tool_calls": [tool]}) != chaos.state_signature(
+        {"status": "running", "tool_calls": [{**tool, "status": "done"}]})

@@ -1,0 +1,577 @@
+"""The chaos harness's checker: reads the store, the ledger, the worker logs, the
+harness's own records and every workflow history after a run, and counts each
+invariant's violations. See bench/chaos.py for the invariants."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, Report
+from bench.chaos_infra import unanswered_tool_calls
+from turnkeeper import activity_io as io
+from turnkeeper import client as tk
+
+if TYPE_CHECKING:
+    from bench.chaos import Chaos
+
+LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
+ABNORMAL_RUN = (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
+                WorkflowExecutionStatus.TIMED_OUT, WorkflowExecutionStatus.CANCELED)
+# invariant -> the details it sums
+INVARIANTS: dict[str, tuple[str, ...]] = {
+    "duplicate_tool_executions": ("ledger_keys_started_twice", "ledger_start_without_tool_runs_row",
+                                  "tool_calls_scheduled_twice"),
+    "lost_or_doubly_committed_messages": ("lost_messages", "doubly_committed_messages", "message_text_changed",
+                                          "unknown_user_rows", "chats_out_of_order",
+                                          "refused_but_committed"),
+    "stuck_turns": ("chats_running_at_end", "open_turn_rows_without_run", "gates_without_run",
+                    "closed_turns_without_one_turn_end", "runs_ended_abnormally", "run_errors"),
+    "nondeterminism_errors": ("nondeterminism_in_history", "workflow_task_failures", "worker_log_lines",
+                              "replay_failures"),
+    "unbalanced_transcripts": ("unbalanced_transcripts", "tool_rows_apart_from_their_call"),
+    "actions_not_answered_in_time": ("actions_answered_late", "actions_unanswered"),
+    "chats_not_answering_probe": ("probes_unanswered",),
+    "idle_running_runs": ("idle_running_runs",),
+}
+
+
+class Checker:
+    def __init__(self, h: Chaos, report: Report) -> None:
+        self.h = h
+        self.report = report
+        self.det: Counter[str] = Counter()
+        self.evidence: dict[str, list[str]] = defaultdict(list)
+        self.late: list[Any] = []  # actions answered late
+
+    def fail(self, detail: str, text: str, chat_id: str | None = None, why: str | None = None) -> None:
+        self.det[detail] += 1
+        self.report.failures.append(text)
+        if chat_id is not None:
+            self.evidence[chat_id].append(why or text)
+
+    async def run(self) -> None:
+        h, report = self.h, self.report
+        start = time.monotonic()
+        self.det.update({k: 0 for ks in INVARIANTS.values() for k in ks})
+        report.chats = len(h.chats)
+        report.gates_answered = dict(h.gates_answered)
+        report.gate_rejections = dict(h.gate_rejections)
+        report.stale_probes = dict(h.stale_probes)
+        report.rejection_samples = dict(h.rejection_samples)
+        report.stops = h.stops
+        refused = h.model.counts.get("protocol_violation", 0)
+        if refused:
+            report.anomalies.append(
+                f"{refused} model requests carried a tool call without its tool result: a real OpenAI "
+                "server refuses those with 400 (here: answered the same way, so the turn waits as model_failed)")
+        self._load_store()
+        self._turns_and_events()
+        self._tools()
+        self._messages()
+        self._transcripts()
+        self._stuck()
+        self._actions()
+        self._probes_and_idle_runs()
+        histories = await self._runs_and_histories()
+        self._why_late(histories)
+        await self._nondeterminism(histories)
+        report.invariants = {name: sum(self.det[k] for k in keys) for name, keys in INVARIANTS.items()}
+        report.details = dict(self.det)
+        if self.evidence:
+            self._write_evidence(histories)
+        report.check_s = time.monotonic() - start
+
+    def _load_store(self) -> None:
+        conn = sqlite3.connect(str(self.h.settings.sqlite_path), timeout=30)
+        conn.row_factory = sqlite3.Row
+        try:
+            self.turns = conn.execute("SELECT chat_id, turn, run_id, status, reason, recovery_id, attempts, ended"
+                                      " FROM turns ORDER BY chat_id, turn").fetchall()
+            self.messages = conn.execute("SELECT id, chat_id, turn, role, message_id, step, tool_call_id, body"
+                                         " FROM messages ORDER BY id").fetchall()
+            self.events = conn.execute("SELECT chat_id, seq, type, payload FROM events"
+                                       " ORDER BY chat_id, seq").fetchall()
+            self.tool_runs = {r["idempotency_key"]: r for r in conn.execute(
+                "SELECT idempotency_key, chat_id, turn, tool_call_id FROM tool_runs")}
+        finally:
+            conn.close()
+        self.turns_of: dict[str, dict[int, sqlite3.Row]] = defaultdict(dict)
+        for r in self.turns:
+            self.turns_of[r["chat_id"]][r["turn"]] = r
+        self.rows_of: dict[str, list[sqlite3.Row]] = defaultdict(list)
+        for m in self.messages:
+            self.rows_of[m["chat_id"]].append(m)
+
+    # -- turns and the event log: gates, turns written to after their end -----------------
+    def _turns_and_events(self) -> None:
+        report = self.report
+        by_status = Counter(r["status"] for r in self.turns)
+        report.turns_by_status = dict(by_status)
+        report.turns_closed = sum(by_status[s] for s in CLOSED_TURN)
+        report.recovered_by_reason = dict(Counter(r["reason"] for r in self.turns if r["status"] == "recovered"))
+        for r in self.turns:
+            if r["reason"] == "superseded" and r["turn"] + 1 not in self.turns_of[r["chat_id"]]:
+                report.anomalies.append(f"chat {r['chat_id']}: turn {r['turn']} was superseded but no turn "
+                                        "follows it (superseded by a retried message id?)")
+                self.evidence[r["chat_id"]].append(f"turn {r['turn']} superseded without a successor")
+        gates: Counter[str] = Counter()
+        ended: dict[tuple[str, int], int] = {}
+        self.turn_ends: Counter[tuple[str, int]] = Counter()
+        self.refused_ids: dict[str, dict[str, str]] = defaultdict(dict)  # chat -> message id -> reason
+        self.refusals: Counter[tuple[str, str]] = Counter()  # message_rejected events per (chat, id)
+        assistant_writes: Counter[tuple[str, int, int]] = Counter()
+        for e in self.events:
+            payload = json.loads(e["payload"])
+            key = (e["chat_id"], payload.get("turn"))
+            if e["type"] == "recovery_state":
+                if payload.get("status") == "awaiting_user":
+                    gates[payload.get("reason")] += 1
+                if key in ended:
+                    self.det["turn_reopened_after_end"] += 1
+                    report.anomalies.append(
+                        f"chat {e['chat_id']}: turn {payload.get('turn')} got recovery_state "
+                        f"{payload.get('status')}/{payload.get('reason')} (seq {e['seq']}) after its turn_end "
+                        f"(seq {ended[key]}): a closed turn was reopened")
+                    self.evidence[e["chat_id"]].append(f"turn {payload.get('turn')} reopened after turn_end")
+            elif e["type"] == "turn_end":
+                ended.setdefault(key, e["seq"])
+                self.turn_ends[key] += 1
+            elif e["type"] == "assistant_message":
+                assistant_writes[(e["chat_id"], payload.get("turn"), payload.get("step"))] += 1
+            elif e["type"] == "recovery_action_rejected":
+                self.det["signals_refused_in_event_log"] += 1
+            elif e["type"] == "message_rejected" and payload.get("message_id"):
+                self.refused_ids[e["chat_id"]][payload["message_id"]] = str(payload.get("reason"))
+                self.refusals[(e["chat_id"], payload["message_id"])] += 1
+        report.gates_by_reason = dict(gates)
+        for (chat_id, turn, step), n in assistant_writes.items():
+            if n > 1:
+                self.det["assistant_row_rewritten"] += 1
+                report.anomalies.append(f"chat {chat_id}: turn {turn} step {step}: the assistant row was "
+                                        f"written {n} times (an answer rewritten in place)")
+                self.evidence[chat_id].append(f"turn {turn} step {step} assistant row written {n} times")
+
+    # -- 1. tools ------------------------------------------------------------------------------
+    def _tools(self) -> None:
+        h, report = self.h, self.report
+        starts: dict[str, list[str]] = defaultdict(list)
+        dones: Counter[str] = Counter()
+        for line in h.ledger.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "start":
+                starts[parts[1]].append(line)
+            elif len(parts) >= 2 and parts[0] == "done":
+                dones[parts[1]] += 1
+        for key, lines in starts.items():
+            if len(lines) > 1:
+                self.fail("ledger_keys_started_twice", f"tool executed {len(lines)} times: {key}: {lines}",
+                          key.split("/")[0], f"tool {key} started {len(lines)} times")
+            if key not in self.tool_runs:
+                self.fail("ledger_start_without_tool_runs_row",
+                          f"tool acted without a tool_runs row in the store: {key}")
+        killed_at = {k["pid"]: k["unix"] for k in h.kill_log}
+
+        def cut_by_kill(line: str) -> bool:
+            # The tool's worker was killed while it could still be running.
+            fields = dict(f.split("=", 1) for f in line.split()[2:] if "=" in f)
+            at = killed_at.get(int(fields.get("pid", -1)))
+            return at is not None and 0 <= at - float(fields.get("t", 0)) <= h.cfg.tool_max_s + 1
+
+        cut_off = [k for k in starts if dones[k] == 0]
+        report.tools = {
+            "starts": sum(len(v) for v in starts.values()), "done": sum(dones.values()),
+            "cut_off": len(cut_off),
+            "cut_off_by_kills": sum(1 for k in cut_off if cut_by_kill(starts[k][0])),
+            "recorded_not_acted": sum(1 for k in self.tool_runs if k not in starts),
+        }
+
+    # -- 4 (issue). messages: every acknowledged one committed exactly once, or refused visibly --
+    def _messages(self) -> None:
+        h, report = self.h, self.report
+        msg: Counter[str] = Counter()
+        for chat in h.chats.values():
+            rows = [r for r in self.rows_of.get(chat.chat_id, []) if r["role"] == "user"]
+            ids = [r["message_id"] for r in rows]
+            count = Counter(ids)
+            contents = Counter(json.loads(r["body"]).get("content") for r in rows)
+            refused = self.refused_ids.get(chat.chat_id, {})
+            msg["ids"] += len(chat.texts)
+            msg["sends"] += chat.sends
+            msg["dup_sends"] += chat.dup_sends
+            msg["late_dup_sends"] += len(chat.late_dups)
+            msg["acknowledged"] += len(chat.acked)
+            msg["unacknowledged"] += len(chat.unacked)
+            msg["acknowledged_during_outage"] += len(chat.acked_during_outage)
+            resent = {mid for _, mid in chat.late_dups}
+            for mid in chat.acked:
+                text = chat.texts[mid]
+                if mid in refused:
+                    msg["refused_visibly"] += 1
+                    msg[f"refused: {refused[mid].split(';')[0][:40]}"] += 1
+                    if self.refusals[(chat.chat_id, mid)] > chat.sent[mid]:
+                        self.det["refusals_announced_more_than_sent"] += 1
+                        report.anomalies.append(
+                            f"chat {chat.chat_id} message {mid}: {self.refusals[(chat.chat_id, mid)]} "
+                            f"message_rejected events for {chat.sent[mid]} sends")
+                    if count[mid] == 1 and mid in resent:
+                        msg["refused_then_sent_again_and_committed"] += 1  # as the refusal asks
+                    elif count[mid]:
+                        self.fail("refused_but_committed",
+                                  f"chat {chat.chat_id} message {mid} was refused ({refused[mid]}) "
+                                  f"but committed {count[mid]} times", chat.chat_id,
+                                  f"message {mid} refused and committed")
+                    continue
+                if count[mid] == 0:
+                    self.fail("lost_messages", f"acknowledged message lost: chat {chat.chat_id} message {mid}"
+                              + (" (acknowledged during a store outage)" if mid in chat.acked_during_outage
+                                 else ""), chat.chat_id, f"message {mid} acknowledged, never committed")
+                elif count[mid] > 1 or contents[text] > 1:
+                    self.fail("doubly_committed_messages", f"message committed {max(count[mid], contents[text])} "
+                              f"times: chat {chat.chat_id} message {mid}", chat.chat_id,
+                              f"message {mid} committed more than once")
+                else:
+                    msg["committed"] += 1
+                    if mid in chat.acked_during_outage:
+                        msg["committed_acknowledged_during_outage"] += 1
+                    row = next(r for r in rows if r["message_id"] == mid)
+                    if json.loads(row["body"]).get("content") != text:
+                        self.fail("message_text_changed", f"chat {chat.chat_id} message {mid}: committed text "
+                                  "differs", chat.chat_id)
+            for mid in chat.unacked:
+                if count[mid] > 1:
+                    self.fail("doubly_committed_messages",
+                              f"unacknowledged message committed {count[mid]} times: {mid}", chat.chat_id)
+                elif count[mid] == 1:
+                    msg["unacknowledged_but_committed"] += 1
+            unknown = [i for i in ids if i not in chat.texts]
+            if unknown:
+                self.det["unknown_user_rows"] += len(unknown) - 1
+                self.fail("unknown_user_rows", f"chat {chat.chat_id}: user rows nobody sent: {unknown}",
+                          chat.chat_id)
+            # A refused message sent again later has its place where it was sent again.
+            committed_order = [i for i in ids if i in chat.acked_set and i not in refused]
+            expected_order = [i for i in chat.acked if count[i] >= 1 and i not in refused]
+            if committed_order != expected_order:
+                self.fail("chats_out_of_order", f"chat {chat.chat_id}: messages committed out of order: "
+                          f"sent {expected_order}, committed {committed_order}", chat.chat_id,
+                          "user rows out of order")
+        report.messages = dict(msg)
+
+    # -- 5. transcripts stay balanced: one tool row per tool call, no orphan tool row ------------
+    def _transcripts(self) -> None:
+        for chat_id, rows in self.rows_of.items():
+            calls: list[str] = []
+            answered: Counter[str] = Counter()
+            for r in rows:
+                body = json.loads(r["body"])
+                if r["role"] == "assistant":
+                    calls += [c["id"] for c in body.get("tool_calls") or []]
+                elif r["role"] == "tool":
+                    answered[body.get("tool_call_id")] += 1
+            bad = [c for c in calls if answered[c] != 1] + [c for c in answered if c not in calls]
+            if bad:
+                self.fail("unbalanced_transcripts", f"chat {chat_id}: unbalanced tool rows for calls {bad}",
+                          chat_id, f"unbalanced tool rows {bad}")
+            # A provider also wants each call's tool row right after the call's assistant row.
+            apart = [c for c in unanswered_tool_calls([json.loads(r["body"]) | {"role": r["role"]} for r in rows])
+                     if c not in bad]
+            if apart:
+                self.fail("tool_rows_apart_from_their_call", f"chat {chat_id}: the tool rows of calls {apart} do not "
+                          "follow their assistant row at once (a provider refuses the transcript)", chat_id,
+                          f"tool rows apart from their call {apart}")
+
+    # -- 3. stuck turns ----------------------------------------------------------------------------
+    def _stuck(self) -> None:
+        h, report = self.h, self.report
+        still_running = set(h.still_running)
+        for chat_id in h.still_running:
+            state = h.final_states.get(chat_id)
+            if isinstance(state, dict) and state.get("status") == "awaiting_user":
+                report.anomalies.append(f"chat {chat_id} ended waiting visibly: {state.get('reason')}")
+                continue
+            self.fail("chats_running_at_end", f"chat {chat_id} still running after settling: {state}",
+                      chat_id, "running at the end")
+        for r in self.turns:
+            chat_id, turn = r["chat_id"], r["turn"]
+            if r["status"] in ("running", "resuming"):
+                if chat_id not in still_running:
+                    self.fail("open_turn_rows_without_run", f"chat {chat_id} turn {turn}: store says "
+                              f"{r['status']} but no run is running", chat_id, f"turn {turn} open in the store")
+            elif r["status"] == "awaiting_user" and chat_id not in still_running:
+                self.fail("gates_without_run", f"chat {chat_id} turn {turn}: store says awaiting_user "
+                          "but no run is waiting", chat_id, f"turn {turn} awaiting in the store without a run")
+            elif r["status"] in CLOSED_TURN and self.turn_ends[(chat_id, turn)] != 1:
+                # What reads the event log (`send`, a UI) would show it working forever, or end it twice.
+                self.fail("closed_turns_without_one_turn_end", f"chat {chat_id} turn {turn}: "
+                          f"{r['status']}/{r['reason']} with {self.turn_ends[(chat_id, turn)]} turn_end events",
+                          chat_id, f"turn {turn} closed without one turn_end")
+        for text in h.slow_turns:
+            report.anomalies.append(text)
+        for text in h.run_errors:
+            self.fail("run_errors", text)
+
+    # -- 1 (issue). every action answered in time --------------------------------------------------
+    def _actions(self) -> None:
+        h, report = self.h, self.report
+        log = h.actions
+        report.user_actions = log.counts()
+        report.action_outcomes = log.outcomes()
+        report.while_resuming = log.while_resuming()
+        report.latency = log.latency()
+        bound = h.cfg.answer_bound_s
+        for a in log.unanswered(bound):
+            detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
+            took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"
+            around = self._circumstances(a.at_s, a.latency_s or h.cfg.action_wait_s)
+            self.late.append(a)
+            self.fail(detail, f"chat {a.chat_id}: {a.kind} ({a.source}, id {a.id_kind}, status seen "
+                      f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}{around}", a.chat_id,
+                      f"{a.kind} at {a.at_s:.1f} s took {took}")
+        made_up = [a for a in log.actions if a.id_kind == "made-up" and a.outcome == "accepted"
+                   and a.kind.endswith("/update")]
+        for a in made_up:
+            self.fail("run_errors", f"chat {a.chat_id}: {a.kind} with a made-up recovery id was accepted", a.chat_id)
+        # Expected under the contract, not an invariant of its own: Dismiss with the
+        # current id is accepted in every open status, resuming included.
+        refused = [a for a in log.actions if a.kind == "dismiss/update" and a.id_kind == "current"
+                   and a.status_seen == "resuming" and a.outcome.startswith("refused")]
+        if refused:
+            report.anomalies.append(
+                f"{len(refused)} Dismiss updates with the current id were refused while the turn was resuming "
+                f"(e.g. chat {refused[0].chat_id} at {refused[0].at_s:.1f} s: {refused[0].outcome}); the "
+                "contract accepts them (a race with the turn's end refuses some)")
+
+    def _why_late(self, histories: list[WorkflowHistory]) -> None:
+        """Sorts the late answers: the run's workflow task timed out meanwhile (its
+        worker was killed holding it), a store outage, or neither."""
+        timeouts: dict[str, list[float]] = defaultdict(list)
+        for hist in histories:
+            for ev in hist.events:
+                if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                    timeouts[hist.workflow_id.removeprefix("chat-")].append(ev.event_time.ToMicroseconds() / 1e6)
+        for a in self.late:
+            took = a.latency_s if a.latency_s is not None else self.h.cfg.action_wait_s
+            if any(a.unix <= t <= a.unix + took + 0.5 for t in timeouts[a.chat_id]):
+                self.det["late_behind_a_workflow_task_timeout"] += 1
+            elif any(o["at_s"] <= a.at_s + took and a.at_s <= o["at_s"] + o["held_s"] for o in self.h.outage_log):
+                self.det["late_in_a_store_outage"] += 1
+            else:
+                self.det["late_otherwise"] += 1
+
+    def _circumstances(self, at_s: float, took_s: float) -> str:
+        """The kills (up to 10 s before, the workflow task timeout) and outages around an action."""
+        h = self.h
+        parts = [f"kill {k['kill']} of worker {k['worker']} {at_s - k['at_s']:+.1f} s before it"
+                 for k in h.kill_log if at_s - 10.5 <= k["at_s"] <= at_s + took_s]
+        parts += [f"store outage {o['outage']} ({o['at_s']:.1f}-{o['at_s'] + o['held_s']:.1f} s)"
+                  for o in h.outage_log if o["at_s"] <= at_s + took_s and at_s <= o["at_s"] + o["held_s"]]
+        return f" [{'; '.join(parts)}]" if parts else ""
+
+    # -- 2 and 3 (issue). probes answered; no run running with nothing to do ----------------------------
+    def _probes_and_idle_runs(self) -> None:
+        h, report = self.h, self.report
+        report.probes = dict(h.probe_summary)
+        for chat_id, why in h.probe_failures.items():
+            self.fail("probes_unanswered", f"chat {chat_id}: the probe message was not answered within "
+                      f"{h.cfg.probe_timeout_s:.0f} s: {why}", chat_id, f"probe unanswered: {why}")
+        for chat_id, why in h.idle_runs.items():
+            self.fail("idle_running_runs", f"chat {chat_id}: run running with nothing to do: {why}", chat_id,
+                      f"idle run: {why}")
+
+    # -- workflow runs and their histories ----------------------------------------------------------
+    async def _runs_and_histories(self) -> list[WorkflowHistory]:
+        h, report = self.h, self.report
+        runs = [wf async for wf in h.client.list_workflows("WorkflowType='ChatTurn'")]
+        report.runs_by_status = dict(Counter(wf.status.name.lower() if wf.status else "?" for wf in runs))
+        for wf in runs:
+            if wf.status in ABNORMAL_RUN:
+                self.fail("runs_ended_abnormally", f"run {wf.id}/{wf.run_id} ended {wf.status.name}",
+                          wf.id.removeprefix("chat-"), f"run {wf.run_id} {wf.status.name}")
+        sem = asyncio.Semaphore(8)
+
+        async def fetch(wf: Any) -> WorkflowHistory | None:
+            async with sem:
+                try:
+                    return await h.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+                except Exception as err:  # noqa: BLE001
+                    report.anomalies.append(f"history of {wf.id}/{wf.run_id} not fetched: {err}")
+                    return None
+
+        histories = [x for x in await asyncio.gather(*(fetch(wf) for wf in runs)) if x is not None]
+        running = {wf.run_id for wf in runs if wf.status == WorkflowExecutionStatus.RUNNING}
+        identities: set[str] = set()
+        scheduled: dict[str, list[str]] = defaultdict(list)
+        for hist in histories:
+            for ev in hist.events:
+                et = ev.event_type
+                if et == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                    identities.add(ev.workflow_task_started_event_attributes.identity)
+                elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    identities.add(ev.activity_task_started_event_attributes.identity)
+                elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                    report.workflow_task_timeouts += 1
+                elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    a = ev.workflow_task_failed_event_attributes
+                    if a.cause in BENIGN_WFT_CAUSES:
+                        self.det["benign_workflow_task_failures"] += 1
+                        continue
+                    cause = WorkflowTaskFailedCause.Name(a.cause)
+                    text = f"{cause}: {a.failure.message}"
+                    detail = ("nondeterminism_in_history" if "NON_DETERMINISTIC" in cause
+                              or "nondetermin" in text.lower() else "workflow_task_failures")
+                    self._save_history(hist)
+                    self.fail(detail, f"workflow task failed in {hist.workflow_id}/{hist.run_id} "
+                              f"(event {ev.event_id}, {a.identity}): {text[:500]}",
+                              hist.workflow_id.removeprefix("chat-"), f"workflow task failed: {cause}")
+                elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    a = ev.activity_task_scheduled_event_attributes
+                    if a.activity_type.name == io.TOOL_CALL and a.input.payloads:
+                        try:
+                            call_id = json.loads(a.input.payloads[0].data)["call"]["id"]
+                        except (ValueError, KeyError, TypeError):
+                            continue
+                        scheduled[call_id].append(f"{hist.workflow_id}/{hist.run_id}#{ev.event_id}")
+        for hist in histories:
+            if hist.run_id in running:
+                self._save_history(hist)  # still running after the probes: why, is for its history to tell
+        identities.discard("")
+        report.worker_identities_serving = len(identities)
+        for call_id, where in scheduled.items():
+            if len(where) > 1:
+                self.fail("tool_calls_scheduled_twice", f"tool call {call_id} scheduled {len(where)} times: {where}")
+        return histories
+
+    # -- 4. non-determinism -----------------------------------------------------------------------------
+    async def _nondeterminism(self, histories: list[WorkflowHistory]) -> None:
+        h, report = self.h, self.report
+        for log in sorted((h.work / "logs").glob("worker-*.log")):
+            for n, line in enumerate(log.read_text(errors="replace").splitlines(), 1):
+                if LOG_BUG_PATTERNS.search(line):
+                    self.fail("worker_log_lines", f"{log.name}:{n}: {line.strip()[:400]}")
+                    for chat_id in h.chats:
+                        if chat_id in line:
+                            self.evidence[chat_id].append(f"{log.name}:{n}")
+        if not (h.cfg.replay and histories):
+            return
+        replay_start = time.monotonic()
+
+        async def each() -> AsyncIterator[WorkflowHistory]:
+            for hist in histories:
+                yield hist
+
+        from workflows.chat_turn import ChatTurn  # the harness itself needs no workflow code
+
+        results = await Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
+                                 ).replay_workflows(each(), raise_on_replay_failure=False)
+        report.replayed_histories = len(histories)
+        for run_id, failure in results.replay_failures.items():
+            hist = next(x for x in histories if x.run_id == run_id)
+            chat_id = hist.workflow_id.removeprefix("chat-")
+            self.fail("replay_failures", f"replay of {hist.workflow_id}/{run_id} failed: {failure!r}"[:600],
+                      chat_id, f"replay of run {run_id} failed")
+            self._save_history(hist)
+        h.log(f"replayed {len(histories)} histories in {time.monotonic() - replay_start:.1f} s")
+
+    # -- evidence ---------------------------------------------------------------------------------------
+    def _save_history(self, hist: WorkflowHistory) -> None:
+        """The whole history, for `Replayer.replay_workflow(WorkflowHistory.from_json(...))`."""
+        out = self.h.work / "evidence"
+        out.mkdir(exist_ok=True)
+        path = out / f"{hist.workflow_id.removeprefix('chat-')}-{hist.run_id}.history.json"
+        if not path.exists():
+            path.write_text(hist.to_json())
+
+    def _write_evidence(self, histories: list[WorkflowHistory]) -> None:
+        """Per chat with a finding: its turns, transcript, event log, runs, history
+        excerpts, the harness's actions and the worker log lines that name it, in
+        <work>/evidence/<chat>.json."""
+        h = self.h
+        out = h.work / "evidence"
+        out.mkdir(exist_ok=True)
+        logs = {p.name: p.read_text(errors="replace").splitlines()
+                for p in sorted((h.work / "logs").glob("worker-*.log"))}
+        for chat_id, why in self.evidence.items():
+            wid = tk.workflow_id(chat_id)
+            chat = h.chats.get(chat_id)
+            data = {
+                "chat_id": chat_id,
+                "findings": why,
+                "acknowledged_in_order": chat.acked if chat else None,
+                "late_duplicate_sends": chat.late_dups if chat else None,
+                "actions": [vars(a) for a in h.actions.actions if a.chat_id == chat_id],
+                "outages": h.outage_log,
+                "turns": [dict(r) for r in self.turns_of.get(chat_id, {}).values()],
+                "transcript": [{"id": r["id"], "turn": r["turn"], "role": r["role"], "message_id": r["message_id"],
+                                "step": r["step"], "body": _short_body(json.loads(r["body"]))}
+                               for r in self.rows_of.get(chat_id, [])],
+                "events": [{"seq": e["seq"], "type": e["type"], "payload": _short_body(json.loads(e["payload"]))}
+                           for e in self.events if e["chat_id"] == chat_id],
+                "runs": [{"run_id": x.run_id, "events": [event_line(ev) for ev in x.events]}
+                         for x in histories if x.workflow_id == wid],
+                "worker_log_lines": [f"{name}:{n}: {line[:2000]}" for name, lines in logs.items()
+                                     for n, line in enumerate(lines, 1) if chat_id in line],
+            }
+            (out / f"{chat_id}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+def _short_body(body: Any, limit: int = 300) -> Any:
+    """A row or payload with long texts (the bursts' follow-ups) cut to their start."""
+    if isinstance(body, dict):
+        return {k: _short_body(v, limit) for k, v in body.items()}
+    if isinstance(body, list):
+        return [_short_body(v, limit) for v in body]
+    if isinstance(body, str) and len(body) > limit:
+        return f"{body[:limit]}... ({len(body)} chars)"
+    return body
+
+
+def _payload(payloads: Any, limit: int = 160) -> str:
+    return payloads.payloads[0].data[:limit].decode(errors="replace") if payloads.payloads else ""
+
+
+def event_line(ev: Any) -> str:
+    """One history event as a short readable line."""
+    name = EventType.Name(ev.event_type).removeprefix("EVENT_TYPE_")
+    t = ev.event_time.ToDatetime().strftime("%H:%M:%S.%f")[:-3]
+    extra = ""
+    if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        a = ev.activity_task_scheduled_event_attributes
+        extra = f" {a.activity_type.name} {_payload(a.input)}"
+    elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+        extra = f" sched={ev.activity_task_started_event_attributes.scheduled_event_id} " \
+                f"{ev.activity_task_started_event_attributes.identity}"
+    elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+        a = ev.activity_task_timed_out_event_attributes
+        extra = f" sched={a.scheduled_event_id} {a.failure.message}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+        extra = f" {ev.workflow_task_started_event_attributes.identity}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+        a = ev.workflow_task_failed_event_attributes
+        extra = f" {WorkflowTaskFailedCause.Name(a.cause)} {a.failure.message[:300]}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+        a = ev.workflow_execution_signaled_event_attributes
+        extra = f" {a.signal_name} {_payload(a.input)}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+        a = ev.workflow_execution_update_accepted_event_attributes
+        extra = f" {a.accepted_request.input.name} {_payload(a.accepted_request.input.args)}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
+        a = ev.workflow_execution_update_completed_event_attributes
+        extra = f" {a.meta.update_id[:12]} {'failed' if a.outcome.HasField('failure') else 'ok'}"
+    elif ev.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
+        fields = ev.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        extra = " " + ",".join(f"{k}={v.data.decode(errors='replace')}" for k, v in fields.items())
+    elif ev.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+        a = ev.marker_recorded_event_attributes
+        extra = f" {a.marker_name}"
+    return f"{ev.event_id:>4} {t} {name}{extra}"

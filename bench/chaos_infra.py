@@ -1,0 +1,202 @@
+"""The chaos harness's surroundings: the Temporal dev server, the fake model
+and the worker processes. See bench/chaos.py."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.chaos_base import TOOL, ChaosConfig
+from turnkeeper.dev_server import is_healthy, start_dev_command
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_START_TIMEOUT_S = 60.0
+
+
+# -- the Temporal dev server ------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def dev_server(tmp: Path, attempts: int = 3) -> AsyncIterator[str]:
+    """`temporal server start-dev` on a free port with an on-disk SQLite file.
+
+    The dev server picks free ports for its internal services itself and can
+    pick the one just chosen for the frontend (it then panics a moment after
+    turning healthy): such a start is retried on another port."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        cmd = start_dev_command(port, tmp / f"temporal-{attempt}.db", log_level="error")
+        log_path = tmp / f"temporal-server-{attempt}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+            while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.5)  # past the internal services' start-up
+            if proc.poll() is not None or not await is_healthy(address):
+                if attempt == attempts:
+                    raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+                continue
+            yield address
+            return
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+# -- the model --------------------------------------------------------------------------
+
+class ChaosModel:
+    """The FakeChatServer responder: decides each request from its messages."""
+
+    def __init__(self, cfg: ChaosConfig, rng: random.Random) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.requests = 0
+        # The FakeChatServer keeps every request; with bursts of large follow-ups
+        # the transcripts weigh megabytes: it drops them (the model counts them).
+        self.forget: list[dict[str, Any]] | None = None
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.forget is not None:
+            self.forget.clear()
+        messages = request.get("messages") or []
+        last_role = messages[-1].get("role") if messages else None
+        rounds = 0
+        for m in reversed(messages):
+            if m.get("role") == "user":
+                break
+            if m.get("role") == "assistant" and m.get("tool_calls"):
+                rounds += 1
+        cfg = self.cfg
+        unanswered = unanswered_tool_calls(messages)
+        with self.lock:
+            self.requests += 1
+            r = self.rng
+            if cfg.strict_protocol and unanswered:
+                # What api.openai.com answers to such a request (a permanent error).
+                self.counts["protocol_violation"] += 1
+                return {"status": 400, "message": (
+                    "An assistant message with 'tool_calls' must be followed by tool messages responding "
+                    "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                    + ", ".join(unanswered))}
+            if r.random() < cfg.provider_errors:
+                self.counts["429"] += 1
+                return {"status": 429, "message": "chaos: slow down"}
+            delay = r.uniform(1.0, 3.0) if r.random() < cfg.slow_model else r.uniform(0, cfg.model_delay_max_s)
+            wants_tools = last_role == "user" or (
+                last_role == "tool" and rounds < cfg.max_rounds and r.random() < cfg.second_round)
+            if wants_tools:
+                n = 2 if r.random() < cfg.parallel_tools else 1
+                calls = [{"name": TOOL, "arguments": {"note": f"n{r.randrange(10 ** 6)}",
+                                                      "seconds": round(r.uniform(0, cfg.tool_max_s), 2)}}
+                         for _ in range(n)]
+                self.counts[f"tool_calls_{n}"] += 1
+                return {"tool_calls": calls, "delay": round(delay, 3)}
+            self.counts["text"] += 1
+            return {"text": f"done after {rounds} tool round(s)", "delay": round(delay, 3)}
+
+
+def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
+    """Tool call ids of assistant messages not followed by their tool messages."""
+    missing: list[str] = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            continue
+        answered = set()
+        for follower in messages[i + 1:]:
+            if follower.get("role") != "tool":
+                break
+            answered.add(follower.get("tool_call_id"))
+        missing += [c.get("id") for c in m["tool_calls"] if c.get("id") not in answered]
+    return missing
+
+
+# -- worker processes -------------------------------------------------------------------
+
+@dataclass
+class WorkerProc:
+    index: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+class WorkerPool:
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.workers: list[WorkerProc] = []
+        self.started = 0
+        self.died: list[dict[str, Any]] = []
+
+    def spawn(self) -> WorkerProc:
+        log = self.logs / f"worker-{self.started:03d}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        w = WorkerProc(self.started, proc, log, time.monotonic())
+        self.started += 1
+        self.workers.append(w)
+        return w
+
+    def kill(self, w: WorkerProc, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(w.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.proc.wait(timeout=30)
+        if w in self.workers:
+            self.workers.remove(w)
+
+    def reap(self) -> list[WorkerProc]:
+        """Workers that exited by themselves (not killed by us)."""
+        gone = [w for w in self.workers if w.proc.poll() is not None]
+        for w in gone:
+            self.workers.remove(w)
+            self.died.append({"index": w.index, "pid": w.pid, "code": w.proc.returncode, "log": str(w.log)})
+        return gone
+
+    def stop_all(self) -> None:
+        for w in list(self.workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for w in list(self.workers):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if w.proc.poll() is None:
+                self.kill(w)
+        self.workers.clear()
+
+

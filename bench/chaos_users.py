@@ -1,0 +1,476 @@
+"""The chaos harness's users: each chat's user sends messages and follow-ups,
+retries ids, presses Continue, Dismiss and Stop at random moments (by update or
+by signal, with current, stale and made-up recovery ids), sends bursts of large
+follow-ups while a tool runs; a gate driver answers every gate; and after the
+run a probe message goes to every chat. Every action's answer time is recorded.
+See bench/chaos.py."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+
+from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind, update_error_text
+from turnkeeper import client as tk
+from turnkeeper.models import RecoveryAction, UserMessage
+
+if TYPE_CHECKING:
+    import random
+    from collections import Counter
+
+    from temporalio.client import Client
+
+    from bench.chaos_base import ActionLog, ChaosConfig
+    from turnkeeper.config import Settings
+
+
+async def query_state(client: Any, chat_id: str, timeout: float = 20.0) -> dict[str, Any]:
+    """The `state` query as a plain dict, so that fields the harness's copy of the
+    models does not know yet (e.g. `store_unavailable`) are kept."""
+    handle = client.get_workflow_handle(tk.workflow_id(chat_id))
+    return await asyncio.wait_for(handle.query("state", result_type=dict), timeout)
+
+
+def tool_running(state: dict[str, Any]) -> bool:
+    return any(c.get("status") == "running" for c in state.get("tool_calls") or [])
+
+
+def state_signature(state: dict[str, Any] | str) -> str:
+    """What changes while a run makes progress."""
+    if isinstance(state, str):
+        return "query failed"
+    return json.dumps([state.get(k) for k in ("turn", "status", "reason", "recovery_id", "attempts",
+                                              "pending_followups", "store_unavailable")]
+                      + [[c.get("id"), c.get("status")] for c in state.get("tool_calls") or []])
+
+
+class Users:
+    """Mixed into `Chaos`: everything the users and the gate driver do."""
+
+    # Set by `Chaos`.
+    cfg: ChaosConfig
+    rng: random.Random
+    client: Client
+    settings: Settings
+    chats: dict[str, ChatLog]
+    actions: ActionLog
+    stop_sending: asyncio.Event
+    gates_done: asyncio.Event
+    outage_active: bool
+    completed_turns: int
+    probing: bool
+    probe_summary: dict[str, Any]
+    probe_failures: dict[str, str]
+    burst_log: list[dict[str, Any]]
+    answered_gates: set[tuple[str, str]]
+    gates_answered: Counter[str]
+    gate_rejections: Counter[str]
+    stale_probes: Counter[str]
+    rejection_samples: dict[str, str]
+    send_errors: Counter[str]
+    outage_looks: Counter[str]
+    slow_turns: list[str]
+    run_errors: list[str]
+    stops: int
+    _answering: dict[str, asyncio.Task[None]]
+
+    def _now(self) -> float: ...
+    def _rand(self) -> float: ...
+    def _log(self, text: str) -> None: ...
+    def _due(self, target: int) -> int: ...
+
+    # -- sending messages ---------------------------------------------------------------------
+    async def _chat_loop(self, chat: ChatLog) -> None:
+        while not self.stop_sending.is_set():
+            await self._send_new(chat)
+            await self._follow_turn(chat)
+            await asyncio.sleep(self.rng.uniform(0, self.cfg.think_max_s))
+
+    async def _send_new(self, chat: ChatLog, kind: str = "message") -> None:
+        chat.n += 1
+        message_id = f"{chat.chat_id}-m{chat.n}"
+        text = f"message {chat.n} of {chat.chat_id}"
+        chat.texts[message_id] = text
+        acked = await self._send(chat, message_id, text, kind=kind)
+        if acked and self._rand() < self.cfg.dup_retry:
+            await self._send(chat, message_id, text, dup=True, kind="retry")  # a client retry: one message
+
+    async def _send(self, chat: ChatLog, message_id: str, text: str, dup: bool = False,
+                    kind: str = "message") -> bool:
+        async with chat.send_lock:  # one send at a time per chat: the order of acknowledgements is known
+            return await self._send_unlocked(chat, message_id, text, dup=dup, kind=kind)
+
+    async def _send_unlocked(self, chat: ChatLog, message_id: str, text: str, dup: bool = False,
+                             kind: str = "message", attempts: int = 3) -> bool:
+        for attempt in range(attempts):
+            chat.sends += 1
+            chat.sent[message_id] += 1
+            if dup or attempt:
+                chat.dup_sends += 1
+            action = self.actions.add(Action(kind=kind, chat_id=chat.chat_id, source="user", at_s=self._now()))
+            outage = self.outage_active
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(tk.send_message(
+                    self.client, self.settings, chat.chat_id, UserMessage(message_id=message_id, text=text)),
+                    self.cfg.action_wait_s)
+            except Exception as err:  # noqa: BLE001 — not acknowledged: the client retries it
+                if not isinstance(err, asyncio.TimeoutError):
+                    action.latency_s = time.monotonic() - started
+                action.outcome = f"error: {type(err).__name__}"
+                self.send_errors[type(err).__name__] += 1
+                if message_id not in chat.acked_set:
+                    chat.unacked.add(message_id)
+                await asyncio.sleep(1.0)
+                continue
+            action.latency_s = time.monotonic() - started
+            action.outcome = "accepted"
+            if message_id not in chat.acked_set:
+                chat.acked.append(message_id)
+                chat.acked_set.add(message_id)
+                chat.unacked.discard(message_id)
+                if outage or self.outage_active:
+                    chat.acked_during_outage.add(message_id)
+            return True
+        return False
+
+    async def _follow_turn(self, chat: ChatLog) -> None:
+        """Wait until the chat has no running run; meanwhile send follow-ups and
+        retries, and press Continue, Dismiss or Stop now and then."""
+        cfg = self.cfg
+        handle = self.client.get_workflow_handle(tk.workflow_id(chat.chat_id))
+        started = time.monotonic()
+        followups = 0
+        reported_slow = False
+        while True:
+            result = asyncio.create_task(handle.result())  # the latest run, following continue-as-new
+            try:
+                while not result.done():
+                    await asyncio.wait({result}, timeout=self.rng.uniform(0.3, 0.8))
+                    if self.stop_sending.is_set():
+                        return  # the settling phase waits for the runs from here
+                    if result.done():
+                        continue
+                    p_action = cfg.resuming_action if chat.resumed_at is not None else cfg.action
+                    if followups < cfg.max_followups and self._rand() < cfg.followup:
+                        followups += 1
+                        await self._send_new(chat, kind="followup")
+                    elif self._rand() < cfg.stop:
+                        await self._stop(chat, None)
+                    elif self._rand() < p_action:
+                        await self._user_action(chat)
+                    elif len(chat.acked) > 1 and self._rand() < cfg.late_dup:
+                        old = self.rng.choice(chat.acked[:-1])
+                        chat.late_dups.append((self._now(), old))
+                        await self._send(chat, old, chat.texts[old], dup=True, kind="late retry")
+                    if not reported_slow and time.monotonic() - started > cfg.slow_turn_s:
+                        reported_slow = True
+                        try:
+                            state: Any = await query_state(self.client, chat.chat_id)
+                        except Exception as err:  # noqa: BLE001
+                            state = f"query failed: {err}"
+                        self.slow_turns.append(f"{chat.chat_id}: still running after {cfg.slow_turn_s:.0f} s: "
+                                               f"{state}")
+            finally:
+                if not result.done():
+                    result.cancel()
+                    with contextlib.suppress(BaseException):
+                        await result
+                chat.resumed_at = None
+            if not result.cancelled() and result.exception() is not None:
+                err = result.exception()
+                self.run_errors.append(f"{chat.chat_id}: run ended with {type(err).__name__}: {err}")
+            try:
+                desc = await asyncio.wait_for(handle.describe(), 20)
+            except Exception:  # noqa: BLE001 — try again
+                await asyncio.sleep(0.5)
+                continue
+            if desc.status != WorkflowExecutionStatus.RUNNING:
+                return
+
+    async def _look(self, chat_id: str, timeout: float = 20.0) -> dict[str, Any]:
+        """A user's (or the driver's) `state` query; counts what it shows during store outages."""
+        outage = self.outage_active
+        state = await query_state(self.client, chat_id, timeout)
+        if outage and self.outage_active:
+            self.outage_looks["queries"] += 1
+            self.outage_looks["store_unavailable"] += bool(state.get("store_unavailable"))
+        return state
+
+    # -- Continue, Dismiss, Stop at random moments ----------------------------------------------
+    async def _user_action(self, chat: ChatLog) -> None:
+        """The user looks at the chat (most of the time) and presses a button,
+        with the recovery id on the screen or one remembered from earlier."""
+        state: dict[str, Any] | None = None
+        if chat.resumed_at is not None or self._rand() < 0.7:
+            with contextlib.suppress(Exception):
+                state = await self._look(chat.chat_id, timeout=self.cfg.action_wait_s)
+        status = state.get("status") if state else None
+        if state:
+            chat.saw(state.get("recovery_id"))
+            if status != "resuming":
+                chat.resumed_at = None
+        r = self._rand()
+        if status == "resuming":  # a Continue runs: Dismiss it, Stop it, supersede it, or press again
+            verb = "dismiss" if r < 0.45 else "stop" if r < 0.6 else "message" if r < 0.75 else "continue"
+        else:
+            verb = "continue" if r < 0.4 else "dismiss" if r < 0.8 else "stop"
+        if verb == "stop":
+            await self._stop(chat, status)
+        elif verb == "message":
+            await self._send_new(chat, kind="superseding message")
+        else:
+            await self._recovery_action(chat, verb, state)
+
+    def _pick_recovery_id(self, chat: ChatLog, state: dict[str, Any] | None) -> tuple[str, str]:
+        current = state.get("recovery_id") if state else None
+        choices: list[tuple[str, str, float]] = [("made-up", f"stale-{uuid.uuid4().hex[:8]}", 0.15)]
+        if current:
+            choices.append(("current", current, 0.6))
+        if chat.recovery_ids:
+            choices.append(("last-seen", chat.recovery_ids[-1], 0.15))
+        if len(chat.recovery_ids) > 1:
+            choices.append(("old", self.rng.choice(chat.recovery_ids[:-1]), 0.1))
+        r = self._rand() * sum(w for _, _, w in choices)
+        for kind, value, w in choices:
+            r -= w
+            if r <= 0:
+                return kind, value
+        return choices[-1][0], choices[-1][1]
+
+    async def _recovery_action(self, chat: ChatLog, verb: str, state: dict[str, Any] | None,
+                               source: str = "user", id_kind: str | None = None,
+                               recovery_id: str | None = None) -> str:
+        if recovery_id is None:
+            id_kind, recovery_id = self._pick_recovery_id(chat, state)
+        form = "signal" if source == "user" and self._rand() < self.cfg.signal_form else "update"
+        action = self.actions.add(Action(kind=f"{verb}/{form}", chat_id=chat.chat_id, source=source,
+                                         at_s=self._now(), status_seen=state.get("status") if state else None,
+                                         id_kind=id_kind))
+        handle = self.client.get_workflow_handle(tk.workflow_id(chat.chat_id))
+        started = time.monotonic()
+        try:
+            if form == "signal":
+                await asyncio.wait_for(handle.signal(verb, {"recovery_id": recovery_id}), self.cfg.action_wait_s)
+                action.outcome = "accepted by the server"
+            else:
+                await asyncio.wait_for(handle.execute_update(
+                    f"{verb}_turn", RecoveryAction(recovery_id=recovery_id), result_type=dict),
+                    self.cfg.action_wait_s)
+                action.outcome = "accepted"
+            action.latency_s = time.monotonic() - started
+        except (asyncio.TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+            action.outcome = "no answer"  # the update's wait, cancelled by wait_for, raises the latter
+        except Exception as err:  # noqa: BLE001 — refused, or the run closed under us (superseded, completed)
+            action.latency_s = time.monotonic() - started
+            text = update_error_text(err) if isinstance(err, WorkflowUpdateFailedError) \
+                else f"{type(err).__name__}: {err}"
+            kind = self._rejected(text, count=source == "gate" and id_kind == "current")
+            action.outcome = f"refused: {kind}"
+        if verb == "continue" and action.outcome == "accepted":
+            chat.resumed_at = time.monotonic()
+        return action.outcome
+
+    async def _stop(self, chat: ChatLog, status_seen: str | None) -> None:
+        action = self.actions.add(Action(kind="stop/signal", chat_id=chat.chat_id, source="user",
+                                         at_s=self._now(), status_seen=status_seen))
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self.client.get_workflow_handle(tk.workflow_id(chat.chat_id)).signal("stop", {}),
+                                   self.cfg.action_wait_s)
+            action.latency_s = time.monotonic() - started
+            action.outcome = "accepted by the server"
+            self.stops += 1
+        except asyncio.TimeoutError:
+            action.outcome = "no answer"
+        except Exception as err:  # noqa: BLE001 — e.g. no run is running
+            action.latency_s = time.monotonic() - started
+            action.outcome = f"refused: {error_kind(str(err))}"
+
+    def _rejected(self, text: str, count: bool = True) -> str:
+        kind = error_kind(text)
+        if count:
+            self.gate_rejections[kind] += 1
+        self.rejection_samples.setdefault(kind, text[:300])
+        return kind
+
+    # -- bursts of large follow-ups while a tool runs --------------------------------------------
+    async def _burster(self) -> None:
+        """Paced over the target turns like the kills: a chat whose turn shows a
+        tool running gets a burst of large follow-ups from its user."""
+        cfg = self.cfg
+        target = cfg.burst_target
+        done = 0
+        while not self.stop_sending.is_set() and done < target:
+            await asyncio.sleep(0.3)
+            if done >= self._due(target):
+                continue
+            candidates = [c for c in self.chats.values() if c.bursts < 2]
+            self.rng.shuffle(candidates)
+            candidates.sort(key=lambda c: c.resumed_at is None)  # chats whose Continue runs first
+            for chat in candidates[:4]:
+                try:
+                    state = await self._look(chat.chat_id, timeout=5)
+                except Exception:  # noqa: BLE001 — no run, or it just closed
+                    continue
+                if tool_running(state) and not self.stop_sending.is_set():
+                    done += 1
+                    await self._burst(chat)
+                    break
+
+    async def _burst(self, chat: ChatLog) -> None:
+        cfg = self.cfg
+        chat.bursts += 1
+        n = self.rng.randint(*cfg.burst_size)
+        oversize_at = self.rng.randrange(n) if self._rand() < cfg.oversize else -1
+        record: dict[str, Any] = {"chat_id": chat.chat_id, "at_s": round(self._now(), 2), "messages": 0,
+                                  "bytes": 0, "acked": 0, "oversize": oversize_at >= 0,
+                                  "during_outage": self.outage_active, "while_resuming": chat.resumed_at is not None}
+        self.actions.add(Action(kind="burst", chat_id=chat.chat_id, source="burst", at_s=self._now(),
+                                status_seen="running", outcome=f"{n} follow-ups", latency_s=0.0))
+        self._log(f"burst: {n} large follow-ups to {chat.chat_id}"
+                  f"{' during a store outage' if self.outage_active else ''}")
+        started = time.monotonic()
+        async with chat.send_lock:
+            for j in range(n):
+                size = MAX_MESSAGE_BYTES + 4096 if j == oversize_at else self.rng.randint(*cfg.burst_bytes)
+                message_id = f"{chat.chat_id}-b{chat.bursts}-{j}"
+                head = f"burst {chat.bursts} follow-up {j} of {chat.chat_id}: "
+                text = head + self.rng.randbytes((size - len(head)) // 2 + 1).hex()[:size - len(head)]
+                chat.texts[message_id] = text
+                record["messages"] += 1
+                record["bytes"] += len(text)
+                if await self._send_unlocked(chat, message_id, text, kind="burst follow-up", attempts=2):
+                    record["acked"] += 1
+                await asyncio.sleep(self.rng.uniform(0, cfg.burst_gap_s))
+        record["took_s"] = round(time.monotonic() - started, 2)
+        record["during_outage"] = record["during_outage"] or self.outage_active
+        self.burst_log.append(record)
+
+    # -- the gate driver ------------------------------------------------------------------------
+    async def _gate_driver(self) -> None:
+        query = "WorkflowType='ChatTurn' AND ExecutionStatus='Running' AND TurnStatus='awaiting_user'"
+        while not self.gates_done.is_set():
+            try:
+                async for wf in self.client.list_workflows(query):
+                    chat_id = wf.id.removeprefix("chat-")
+                    if chat_id in self.chats and chat_id not in self._answering:
+                        task = asyncio.create_task(self._answer_gate(chat_id))
+                        self._answering[chat_id] = task
+                        task.add_done_callback(lambda _t, c=chat_id: self._answering.pop(c, None))
+            except Exception as err:  # noqa: BLE001 — visibility hiccup: next round
+                self.gate_rejections[f"list failed: {type(err).__name__}"] += 1
+            await asyncio.sleep(0.5)
+
+    async def _answer_gate(self, chat_id: str) -> None:
+        cfg = self.cfg
+        chat = self.chats[chat_id]
+        try:
+            state = await self._look(chat_id)
+        except Exception:  # noqa: BLE001 — e.g. the run just closed: the next round looks again
+            return
+        recovery_id = state.get("recovery_id")
+        if state.get("status") != "awaiting_user" or not recovery_id:
+            return
+        chat.saw(recovery_id)
+        if (chat_id, recovery_id) in self.answered_gates:
+            return  # visibility lags behind: this gate was answered already
+        await asyncio.sleep(self.rng.uniform(0, cfg.gate_think_max_s))
+        if self._rand() < cfg.stale_probe:
+            outcome = await self._recovery_action(chat, self.rng.choice(["continue", "dismiss"]), state, "gate",
+                                                  "made-up", f"stale-{uuid.uuid4().hex[:8]}")
+            self.stale_probes["ACCEPTED" if outcome == "accepted" else outcome] += 1
+        p_continue = 1.0 if self.probing else cfg.p_continue
+        verb = "continue" if state.get("can_continue", True) and self._rand() < p_continue else "dismiss"
+        outcome = await self._recovery_action(chat, verb, state, "gate", "current", recovery_id)
+        if outcome == "accepted":
+            self.gates_answered[verb] += 1
+            self.answered_gates.add((chat_id, recovery_id))
+        elif outcome == "no answer":
+            self.gate_rejections["timeout"] += 1
+
+    # -- the probe: one more message to every chat, which must be answered ------------------------
+    async def _probe_chats(self) -> None:
+        """After settling: every chat gets one more message; its turn must close
+        with an assistant row within probe_timeout_s."""
+        cfg = self.cfg
+        self.probing = True
+        acked_at: dict[str, float] = {}
+
+        async def probe(chat: ChatLog) -> None:
+            chat.probe_id = f"{chat.chat_id}-probe"
+            chat.texts[chat.probe_id] = f"probe of {chat.chat_id}"
+            if await self._send(chat, chat.probe_id, chat.texts[chat.probe_id], kind="probe"):
+                acked_at[chat.chat_id] = time.monotonic()
+            else:
+                self.probe_failures[chat.chat_id] = "the probe message was not acknowledged"
+
+        await asyncio.gather(*(probe(c) for c in self.chats.values()))
+        waiting = dict(acked_at)
+        answered: dict[str, float] = {}
+        outcomes: dict[str, str] = {}
+        while waiting:
+            await asyncio.sleep(1.0)
+            seen = await asyncio.to_thread(self._probe_answers, list(waiting))
+            now = time.monotonic()
+            for chat_id, (done, what) in seen.items():
+                if done:
+                    answered[chat_id] = now - waiting.pop(chat_id)
+                    outcomes[chat_id] = what
+                elif now - waiting[chat_id] > cfg.probe_timeout_s:
+                    waiting.pop(chat_id)
+                    with contextlib.suppress(Exception):
+                        what += f"; state {await query_state(self.client, chat_id, timeout=10)}"
+                    self.probe_failures[chat_id] = what
+        self.probe_summary.update({
+            "sent": len(self.chats), "answered": len(answered),
+            "unanswered": len(self.probe_failures),
+            "max_s": round(max(answered.values(), default=0.0), 2),
+            **{f"closed {k}": v for k, v in sorted(_count(outcomes.values()).items())},
+        })
+
+    def _probe_answers(self, chat_ids: list[str]) -> dict[str, tuple[bool, str]]:
+        """Per chat: (answered, what the store shows) for its probe message."""
+        out: dict[str, tuple[bool, str]] = {}
+        conn = sqlite3.connect(str(self.settings.sqlite_path), timeout=10)
+        try:
+            for chat_id in chat_ids:
+                probe_id = self.chats[chat_id].probe_id
+                row = conn.execute("SELECT id, turn FROM messages WHERE chat_id=? AND role='user' AND message_id=?",
+                                   (chat_id, probe_id)).fetchone()
+                if row is None:
+                    out[chat_id] = (False, "not committed")
+                    continue
+                row_id, turn = row
+                status = conn.execute("SELECT status, reason FROM turns WHERE chat_id=? AND turn=?",
+                                      (chat_id, turn)).fetchone()
+                answers = [json.loads(b) for (b,) in conn.execute(
+                    "SELECT body FROM messages WHERE chat_id=? AND turn=? AND role='assistant' AND id>?",
+                    (chat_id, turn, row_id))]
+                final = any(a.get("content") and not a.get("tool_calls") for a in answers)
+                what = f"turn {turn} {status[0] if status else '?'}/{status[1] if status else '?'}"
+                out[chat_id] = (bool(status and status[0] in ("completed", "recovered") and final),
+                                what if final else what + ", no assistant answer")
+        except sqlite3.Error as err:
+            return {c: (False, f"store not readable: {err}") for c in chat_ids}
+        finally:
+            conn.close()
+        return out
+
+
+def _count(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        key = v.split(" ", 2)[-1]  # "turn N status/reason" -> "status/reason"
+        out[key] = out.get(key, 0) + 1
+    return out
