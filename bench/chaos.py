@@ -68,7 +68,7 @@ probe message, and the runs still running are looked at twice. The checker
    benign "unhandled command" (a signal that raced a completion), and every
    recorded history replays against today's `ChatTurn`;
 5. every transcript is balanced: one tool row per tool call, no orphan tool
-   row (DESIGN.md rule 1; a provider refuses anything else);
+   row (a provider refuses anything else);
 6. every action answered in time: each update returned or was rejected, each
    signal and signal-with-start was accepted by the server, within 5 s
    (latencies reported: max and p99);
