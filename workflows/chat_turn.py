@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import recovery
     from workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from workflows.recovery import Effect, Input
+    from workflows.payloads import Undecodable, decode_payload, first_error, message_id_of, readable
     from workflows.turn_persistence import STORE_WAIT_FIRST_S, TurnPersistence, error_type, failure_text
 
 
@@ -125,8 +126,8 @@ class ChatTurn(TurnPersistence):
         # Raw, so that a payload the converter cannot decode is refused here
         # instead of being dropped by the SDK with nothing but a worker log line.
         try:
-            raw = _decode(payload)
-        except _Undecodable as err:
+            raw = decode_payload(payload)
+        except Undecodable as err:
             if self._complete or workflow.patched(REFUSE_UNDECODABLE):  # earlier runs dropped these unseen
                 self._reject_message(None, f"malformed user_message payload: {err}")
             return
@@ -134,7 +135,7 @@ class ChatTurn(TurnPersistence):
             message = UserMessage.model_validate(raw)
         except ValidationError as err:
             # The id, when it is readable, so a client following its own message sees the refusal.
-            self._reject_message(_message_id_of(raw), f"malformed user_message payload: {_first_error(err)}")
+            self._reject_message(message_id_of(raw), f"malformed user_message payload: {first_error(err)}")
             return
         size = len(message.text.encode())
         limit = self._message_limit()
@@ -159,7 +160,7 @@ class ChatTurn(TurnPersistence):
     @workflow.signal(name="stop")
     def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         # Whatever it carries: Stop needs no argument.
-        if not _readable(payload) and not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
+        if not readable(payload) and not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
             return  # earlier runs never saw such a signal
         if self._state.turn and recovery.decide(self._state.status, Input.STOP).accepted:
             self._interrupt = Reason.STOPPED  # the user's explicit word wins
@@ -175,7 +176,7 @@ class ChatTurn(TurnPersistence):
     # Raw payloads: a malformed one is rejected with words, never a converter's traceback.
     @workflow.update(name="continue_turn")
     async def continue_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
-        return await self._act_by_update("continue", RecoveryAction.model_validate(_decode(payload)).recovery_id)
+        return await self._act_by_update("continue", RecoveryAction.model_validate(decode_payload(payload)).recovery_id)
 
     @continue_turn.validator
     def _validate_continue(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
@@ -183,7 +184,7 @@ class ChatTurn(TurnPersistence):
 
     @workflow.update(name="dismiss_turn")
     async def dismiss_turn(self, payload: RawValue = None) -> TurnState:  # type: ignore[assignment]
-        return await self._act_by_update("dismiss", RecoveryAction.model_validate(_decode(payload)).recovery_id)
+        return await self._act_by_update("dismiss", RecoveryAction.model_validate(decode_payload(payload)).recovery_id)
 
     @dismiss_turn.validator
     def _validate_dismiss(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
@@ -559,9 +560,9 @@ class ChatTurn(TurnPersistence):
 
     def _validate(self, action: recovery.Action, payload: RawValue | None) -> None:
         try:
-            recovery_id = RecoveryAction.model_validate(_decode(payload)).recovery_id
-        except (ValidationError, _Undecodable) as err:
-            why = _first_error(err) if isinstance(err, ValidationError) else str(err)
+            recovery_id = RecoveryAction.model_validate(decode_payload(payload)).recovery_id
+        except (ValidationError, Undecodable) as err:
+            why = first_error(err) if isinstance(err, ValidationError) else str(err)
             raise ApplicationError(f'malformed {action} payload ({why}); expected {{"recovery_id": "..."}}',
                                    type="MalformedPayload", non_retryable=True) from None
         why = self._refusal(action, recovery_id)
@@ -592,10 +593,10 @@ class ChatTurn(TurnPersistence):
     def _act_by_signal(self, action: recovery.Action, payload: RawValue | None) -> None:
         recovery_id: str | None = None  # none readable: refused below, and recorded
         try:
-            recovery_id = RecoveryAction.model_validate(_decode(payload)).recovery_id
+            recovery_id = RecoveryAction.model_validate(decode_payload(payload)).recovery_id
         except ValidationError:
             pass
-        except _Undecodable:
+        except Undecodable:
             if not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
                 return  # earlier runs never saw such a signal
         why = self._refusal(action, recovery_id)
@@ -633,41 +634,6 @@ def _show_result(handle: "asyncio.Future[io.ToolCallResult]", view: ToolCallView
 def _timeout_type(err: ActivityError) -> TimeoutType | None:
     cause = err.cause
     return cause.type if isinstance(cause, TemporalTimeoutError) else None
-
-
-class _Undecodable(Exception):
-    """A signal payload the data converter cannot read (unknown encoding, not JSON)."""
-
-
-def _decode(payload: RawValue | None) -> Any:
-    if payload is None:
-        return None
-    try:
-        return workflow.payload_converter().from_payload(payload.payload, None)
-    except ValidationError as err:  # the JSON itself is broken
-        raise _Undecodable(f"not JSON ({err.errors()[0].get('msg')})") from None
-    except Exception as err:  # noqa: BLE001 — e.g. KeyError for an unknown encoding
-        raise _Undecodable(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
-
-
-def _readable(payload: RawValue | None) -> bool:
-    try:
-        _decode(payload)
-    except _Undecodable:
-        return False
-    return True
-
-
-def _message_id_of(raw: Any) -> str | None:
-    """The client's message id of a payload that failed validation, if it is a valid one."""
-    candidate = raw.get("message_id") if isinstance(raw, dict) else None
-    return candidate if isinstance(candidate, str) and 0 < len(candidate) <= 200 else None
-
-
-def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
-    return f"{where}: {first.get('msg')}"
 
 
 def _tool_summary(call: ToolCall) -> str:

@@ -80,9 +80,6 @@ class Inbox:
     def pending_bytes(self) -> int:
         return self._bytes
 
-    def pending(self) -> list[UserMessage]:
-        return self._in_flight + self._waiting
-
     def ids(self) -> list[str]:
         return [m.message_id for m in self._in_flight + self._waiting]
 

@@ -86,9 +86,6 @@ class Outcome:
 
 _AWAITING, _RESUMING, _RUNNING, _FAILED = (
     TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.RUNNING, TurnStatus.FAILED)
-# Statuses a decision is taken in: the gate's, and `failed` (no run holds it; the
-# CLI closes it in the store).
-DECIDABLE = frozenset({_AWAITING, _RESUMING, _FAILED})
 
 
 def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_continue: bool = True) -> Outcome:
