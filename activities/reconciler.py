@@ -28,6 +28,7 @@ from turnkeeper.config import Settings
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     OPEN_STATUSES,
+    TURN_TASK_TIMEOUT,
     UNSTARTED_TOOL_TEXT,
     ChatTurnInput,
     ModelReply,
@@ -145,7 +146,7 @@ class Reconciler:
                     recovery_id=record.recovery_id, attempts=record.attempts,
                     detail=verdict.detail or None)),
                 id=workflow_id(ref.chat_id),
-                task_queue=self._settings.task_queue,
+                task_queue=self._settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
@@ -245,7 +246,7 @@ class Reconciler:
         for message in messages:
             await client.start_workflow(
                 WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
-                task_queue=self._settings.task_queue,
+                task_queue=self._settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
                 start_signal="user_message", start_signal_args=[message],
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,

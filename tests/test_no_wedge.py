@@ -14,7 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from tests.support import Stack, until
 from turnkeeper import client as tk
-from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
 pytestmark = pytest.mark.crash
@@ -149,6 +149,45 @@ async def test_a_message_acknowledged_while_the_store_is_locked_lands_once(stack
         blocker.close()
     await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED, timeout=60)
     assert await _user_rows(stack, chat) == ["one", "two"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("action", ["continue", "dismiss"])
+async def test_an_update_during_a_store_outage_is_answered_at_once(stack: Stack, action: str) -> None:
+    """The store goes out while the model call runs; the call fails, and the gate
+    cannot be written. Continue and Dismiss still answer within 2 s, with the state
+    they lead to, and the turn acts on them once the store is back."""
+    with FakeChatServer(responder=_ok) as server:
+        server.script([{"status": 401, "message": "bad key", "delay": 1.5}, {"text": "after the outage"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "one")
+        await until(lambda: len(server.requests) == 1, what="the model call")
+        blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            gate = await stack.wait_state(
+                chat, lambda s: s.status == TurnStatus.AWAITING_USER and s.store_unavailable, timeout=20)
+            handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+            started = time.monotonic()
+            answer = await handle.execute_update(f"{action}_turn", RecoveryAction(recovery_id=gate.recovery_id),
+                                                 result_type=TurnState)
+            assert time.monotonic() - started < 2.0
+            if action == "continue":
+                assert (answer.status, answer.reason, answer.attempts) == (
+                    TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+            else:
+                assert (answer.status, answer.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
+            await asyncio.sleep(2)
+            assert (await stack.state(chat)).store_unavailable  # still waiting for the store
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        ended = Reason.CONTINUED if action == "continue" else Reason.DISMISSED
+        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.reason == ended, timeout=60)
+        assert await _user_rows(stack, chat) == ["one"]
+        await _answers_next_message(stack, chat)
 
 
 async def test_the_configured_limit_applies_to_a_runs_first_message(stack: Stack) -> None:

@@ -20,7 +20,7 @@ from temporalio.common import (
 )
 
 from turnkeeper.config import Settings
-from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR, ChatTurnInput, TurnState, TurnStatus, UserMessage
+from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR, TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, TurnStatus, UserMessage
 
 if TYPE_CHECKING:
     from temporalio.client import Client, WorkflowHandle
@@ -93,7 +93,7 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     Once this returns, the message is durable in the workflow's history."""
     return await client.start_workflow(
         WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
-        task_queue=settings.task_queue,
+        task_queue=settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
         # Set at start so the new run need not upsert them (ignored for a running one).
         search_attributes=TypedSearchAttributes([
             SearchAttributePair(CHAT_ID_ATTR, chat_id),

@@ -5,7 +5,7 @@ The shapes marked *contract* are part of the public contract in docs/contract.md
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Literal
 
@@ -27,6 +27,12 @@ CHAT_ID_ATTR = SearchAttributeKey.for_keyword("ChatId")
 TURN_STATUS_ATTR = SearchAttributeKey.for_keyword("TurnStatus")
 RECOVERY_REASON_ATTR = SearchAttributeKey.for_keyword("RecoveryReason")
 SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR)
+
+# A turn's workflow tasks are short (store calls of a few ms, at most the store's
+# lock wait): when the worker holding one dies, the next worker takes the turn,
+# with the updates and signals that wait behind it, after this instead of
+# Temporal's default 10 s. Every start and continue-as-new of a turn sets it.
+TURN_TASK_TIMEOUT = timedelta(seconds=3)
 
 # --- statuses and reasons (contract) -------------------------------------------
 

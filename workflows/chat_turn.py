@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         INTERRUPTED_TOOL_TEXT,
         STOPPED_TEXT,
         SUPERSEDED_TEXT,
+        TURN_TASK_TIMEOUT,
         UNSTARTED_TOOL_TEXT,
         ChatTurnInput,
         RecoveryStart,
@@ -76,6 +77,10 @@ ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
 # it did live. Runs that have it take the earlier patches' behaviour as given
 # and never ask for those.
 COMPLETE_MACHINE = "complete-recovery-machine"
+# Updates answer with the state their decision leads to in the task that takes
+# them, instead of once the gate has written it: a store outage holds the turn,
+# never the user's answer. Asked in the first activation, like COMPLETE_MACHINE.
+ANSWER_AT_ONCE = "updates-answer-at-once"
 
 
 class _Cancelled(Exception):
@@ -110,6 +115,7 @@ class ChatTurn(TurnPersistence):
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._complete = workflow.patched(COMPLETE_MACHINE)
+        self._answer_at_once = self._complete and workflow.patched(ANSWER_AT_ONCE)
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
@@ -218,7 +224,8 @@ class ChatTurn(TurnPersistence):
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._inbox.waiting:
             # What this turn did not consume is the next turn, in order.
-            workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting))
+            workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting),
+                                     task_timeout=TURN_TASK_TIMEOUT)
         return self.state()
 
     async def _wait_for_first_message(self) -> bool:
@@ -549,7 +556,7 @@ class ChatTurn(TurnPersistence):
         assert s.reason is not None  # a gate always has one
         workflow.continue_as_new(ChatTurnInput(chat_id=s.chat_id, pending=self._inbox.waiting, recovery=RecoveryStart(
             turn=s.turn, reason=s.reason, can_continue=s.can_continue, recovery_id=s.recovery_id,
-            attempts=s.attempts, detail=s.detail)))
+            attempts=s.attempts, detail=s.detail)), task_timeout=TURN_TASK_TIMEOUT)
 
     def _refusal(self, action: recovery.Action, recovery_id: str | None) -> str | None:
         """As `recovery.refusal`, and a gate already decided in this task waits no more."""
@@ -581,13 +588,16 @@ class ChatTurn(TurnPersistence):
         return False
 
     async def _act_by_update(self, action: recovery.Action, recovery_id: str) -> TurnState:
-        # Answered in the workflow task that takes it: a waiting gate takes a decision
-        # at once, and Dismiss of a running continuation returns as it starts to
-        # cancel it. No handler waits on what the run may never reach, and none
-        # starts a timer (a replay that meets the update early must do the same).
-        if self._decide(action, recovery_id):
-            return self.state()
-        await workflow.wait_condition(lambda: self._decision is None)
+        # Answered in the workflow task that takes it, with the state the decision
+        # leads to: the decision is in the history, and the turn acts on it when its
+        # store writes go through. No handler waits on what the run may never reach,
+        # and none starts a timer (a replay that meets the update early must do the
+        # same). Earlier runs answered once the gate took the decision.
+        cancels = self._decide(action, recovery_id)
+        if self._answer_at_once:
+            return recovery.after_decision(self.state(), action)
+        if not cancels:
+            await workflow.wait_condition(lambda: self._decision is None)
         return self.state()
 
     def _act_by_signal(self, action: recovery.Action, payload: RawValue | None) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from functools import partial
@@ -50,9 +51,13 @@ log = logging.getLogger("turnkeeper.store")
 
 SCHEMA_VERSION = 1
 # A write waits this long for another process's lock before it counts as an outage
-# (StoreUnavailable): the turn then waits visibly and tries again, and the
-# workflow task is not held so long that updates and signals wait behind it.
-BUSY_TIMEOUT_S = 3.0
+# (StoreUnavailable): the turn then waits visibly and tries again. Store calls run
+# as local activities inside a workflow task, and updates and signals wait behind
+# that task: this keeps one call well under the task's timeout (TURN_TASK_TIMEOUT).
+BUSY_TIMEOUT_S = 1.0
+# After a write timed out on the lock, the writes queued behind it on the store
+# thread fail at once for this long instead of each waiting BUSY_TIMEOUT_S in turn.
+LOCKED_FAIL_FAST_S = 0.5
 _OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
 _SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
 
@@ -159,6 +164,7 @@ class SQLiteStore(SessionStore):
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
         self._reported_gone = False
+        self._locked_at: float | None = None  # when a write last timed out on the lock
 
     # -- lifecycle ---------------------------------------------------------------
     async def open(self) -> None:
@@ -255,6 +261,8 @@ class SQLiteStore(SessionStore):
         if conn is None:
             raise StoreError("the store is not open")
         self._check_file()
+        if write and self._locked_at is not None and time.monotonic() - self._locked_at < LOCKED_FAIL_FAST_S:
+            raise StoreUnavailable(f"SQLite store {self.path}: database is locked (by another process)")
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
@@ -264,8 +272,12 @@ class SQLiteStore(SessionStore):
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            if write:
+                self._locked_at = None
             return result
         except sqlite3.Error as exc:
+            if write and "locked" in str(exc):
+                self._locked_at = time.monotonic()
             raise self._failure(exc) from exc
 
     def _failure(self, exc: sqlite3.Error) -> StoreError:

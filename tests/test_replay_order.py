@@ -1,0 +1,105 @@
+"""A lost step and a user's input handled in one workflow task, after the worker
+that held the turn died: the run must replay as it ran, whichever order the
+SDK applies the two in."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from tests.support import Stack, until
+from turnkeeper import client as tk
+from turnkeeper.models import RecoveryAction, TurnStatus, UserMessage
+from workflows.chat_turn import ChatTurn
+
+pytestmark = pytest.mark.crash
+
+SLOW_TOOL = {"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]}
+
+
+async def _replays(stack: Stack, chat: str) -> list[str]:
+    failures = []
+    replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
+    async for wf in stack.client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'"):
+        history = await stack.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if result.replay_failure is not None:
+            failures.append(f"{wf.run_id}: {result.replay_failure!r}")
+    return failures
+
+
+@pytest.mark.parametrize("action", ["stop", "message", "dismiss-stale"])
+@pytest.mark.parametrize("when", ["after-loss"])
+async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.script([SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    chat = stack.chat("order")
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
+    stack.kill(first)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    if when == "after-loss":
+        await asyncio.sleep(5)  # past the heartbeat timeout (3 s) and the sticky timeout (1 s)
+    if action == "stop":
+        await handle.signal("stop", {})
+    elif action == "message":
+        await stack.send(chat, "a newer message")
+    elif action == "dismiss-stale":
+        await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
+    else:
+        await handle.signal("continue", RecoveryAction(recovery_id="made-up"))
+    if when == "before-loss":
+        await asyncio.sleep(5)
+    stack.spawn_worker()
+    await stack.wait_state(chat, lambda s: s.status != TurnStatus.RUNNING, timeout=60)
+    await asyncio.sleep(1)
+    assert await _replays(stack, chat) == []
+
+
+@pytest.mark.parametrize("action", ["dismiss-update", "dismiss-signal", "message"])
+@pytest.mark.parametrize("when", ["before-loss", "after-loss"])
+async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.script([SLOW_TOOL, SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    chat = stack.chat("order")
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and ledger.read_text().count("start") == 1, 60, "the tool to start")
+    stack.kill(first)
+    second = stack.spawn_worker()
+    gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=60)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id))
+    await until(lambda: ledger.read_text().count("start") == 2, 60, "the continued tool to start")
+    stack.kill(second)
+    if when == "after-loss":
+        await asyncio.sleep(5)
+    pending = None
+    if action == "dismiss-update":
+        pending = asyncio.create_task(handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=gate.recovery_id)))
+    elif action == "continue-update-stale":
+        pending = asyncio.create_task(handle.execute_update("continue_turn", RecoveryAction(recovery_id="made-up")))
+    elif action == "dismiss-signal":
+        await handle.signal("dismiss", RecoveryAction(recovery_id=gate.recovery_id))
+    elif action == "stop":
+        await handle.signal("stop", {})
+    else:
+        await stack.send(chat, "a newer message")
+    if when == "before-loss":
+        await asyncio.sleep(5)
+    stack.spawn_worker()
+    if pending is not None:
+        try:
+            await asyncio.wait_for(pending, 30)
+        except Exception as err:  # noqa: BLE001 — refused is an answer too
+            print("update answered:", err)
+    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await asyncio.sleep(1)
+    assert await _replays(stack, chat) == []
