@@ -218,6 +218,37 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
         await reopened.close()
 
 
+async def _has_index(backend: Backend, name: str) -> bool:
+    if isinstance(backend, SQLiteBackend):
+        return bool(await backend.fetchval("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?",
+                                           name))
+    assert isinstance(backend, PostgresBackend)
+    return bool(await backend.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = ? AND indexname = ?",
+                                       backend.schema, name))
+
+
+async def test_both_schemas_index_the_open_turns(store: SessionStore, backend: Backend) -> None:
+    assert await _has_index(backend, "turns_open")
+
+
+async def test_an_sqlite_store_made_without_the_open_turns_index_gains_it(tmp_path: Path) -> None:
+    """SQLite stores made before both backends shared one schema lack `turns_open`."""
+    backend = SQLiteBackend(tmp_path / "sessions.db")
+    older = backend.new_store()
+    await older.open()
+    await older.begin_turn(CHAT, "run-1", ["m1"])
+    await older.close()
+    await backend.execute("DROP INDEX turns_open")
+
+    store = backend.new_store()
+    await store.open()
+    try:
+        assert await _has_index(backend, "turns_open")
+        assert [(t.chat_id, t.turn) for t in await store.open_turns()] == [(CHAT, 1)]
+    finally:
+        await store.close()
+
+
 async def test_calls_before_open_raise_store_error(backend: Backend) -> None:
     with pytest.raises(StoreError, match="not open"):
         await backend.new_store().history(CHAT)

@@ -46,9 +46,9 @@ from activities.store.base import (
     superseded,
 )
 from activities.store import codec
+from activities.store.schema import OPEN_SQL, SCHEMA_VERSION, SUPERSEDABLE_SQL, schema, stored_version
 from turnkeeper.models import (
     OPEN_STATUSES,
-    SUPERSEDABLE_STATUSES,
     ChatMessage,
     Event,
     ModelReply,
@@ -61,7 +61,6 @@ from turnkeeper.models import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 10.0
 """How long a write waits for its chat's lock before it fails (StoreError, so
 the activity is retried): the counterpart of SQLite's busy timeout."""
@@ -71,105 +70,13 @@ _CHAT_LOCK_SPACE = 0x746B6368
 _SCHEMA_LOCK_SPACE = 0x746B7363
 _SCHEMA_LOCK_KEY = 1
 
-# Constants, not parameters: the partial index `turns_open` matches this predicate.
-def _status_in(statuses: frozenset[TurnStatus]) -> str:
-    return "status IN ({})".format(", ".join(f"'{v}'" for v in sorted(s.value for s in statuses)))
-
-
-_OPEN_SQL = _status_in(OPEN_STATUSES)
 _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
-_SUPERSEDABLE_SQL = _status_in(SUPERSEDABLE_STATUSES)
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-_SCHEMA: tuple[str, ...] = (
-    """
-    CREATE TABLE IF NOT EXISTS meta (
-        key   text PRIMARY KEY,
-        value text NOT NULL
-    )
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS turns (
-        chat_id      text        NOT NULL,
-        turn         integer     NOT NULL,
-        run_id       text,
-        status       text        NOT NULL,
-        reason       text,
-        recovery_id  text,
-        can_continue boolean     NOT NULL DEFAULT true,
-        attempts     integer     NOT NULL DEFAULT 0,
-        started_at   timestamptz NOT NULL,
-        updated_at   timestamptz NOT NULL,
-        closed_turn  integer,     -- the turn begin_turn closed as superseded
-        ended        boolean     NOT NULL DEFAULT false,  -- `turn_end` was written
-        PRIMARY KEY (chat_id, turn)
-    )
-    """,
-    f"""
-    CREATE INDEX IF NOT EXISTS turns_open ON turns (updated_at, chat_id, turn) WHERE {_OPEN_SQL}
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS turns_status ON turns (status)
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS turns_run ON turns (chat_id, run_id)
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS messages (
-        id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- transcript order
-        chat_id      text    NOT NULL,
-        turn         integer NOT NULL,
-        role         text    NOT NULL,
-        message_id   text,     -- user rows: the client's idempotency key
-        step         integer,  -- assistant rows of a model call
-        tool_call_id text,     -- tool rows
-        body         text    NOT NULL  -- ChatMessage as JSON
-    )
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS messages_chat_turn ON messages (chat_id, turn)
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_user
-        ON messages (chat_id, message_id) WHERE message_id IS NOT NULL
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_step
-        ON messages (chat_id, turn, step) WHERE step IS NOT NULL
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_tool
-        ON messages (chat_id, tool_call_id) WHERE tool_call_id IS NOT NULL
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS events (
-        chat_id    text        NOT NULL,
-        seq        bigint      NOT NULL,
-        type       text        NOT NULL,
-        payload    text        NOT NULL,  -- JSON object
-        created_at timestamptz NOT NULL,
-        PRIMARY KEY (chat_id, seq)
-    )
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS tool_runs (
-        idempotency_key text PRIMARY KEY,
-        chat_id         text        NOT NULL,
-        turn            integer     NOT NULL,
-        tool_call_id    text        NOT NULL,
-        started_at      timestamptz NOT NULL
-    )
-    """,
-    # Events a workflow appended, by the key it gave each: a workflow task retried
-    # after a failure runs its store calls again, and adds no event twice.
-    """
-    CREATE TABLE IF NOT EXISTS event_keys (
-        chat_id   text NOT NULL,
-        event_key text NOT NULL,
-        PRIMARY KEY (chat_id, event_key)
-    )
-    """,
-)
+_SCHEMA = schema({
+    "text": "text", "integer": "integer", "bigint": "bigint", "boolean": "boolean", "true": "true",
+    "false": "false", "timestamp": "timestamptz", "row_id": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+})
 
 Row = asyncpg.Record
 
@@ -317,19 +224,10 @@ class PostgresStore(SessionStore):
                 await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", _SCHEMA_LOCK_SPACE, _SCHEMA_LOCK_KEY)
                 if self.schema:
                     await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                version: int | None = None
+                raw: str | None = None
                 if await conn.fetchval("SELECT to_regclass('meta') IS NOT NULL"):
                     raw = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
-                    try:
-                        version = None if raw is None else int(raw)
-                    except ValueError:
-                        raise StoreError(f"{self.display_url} has an unreadable schema version {raw!r}") from None
-                if version is not None and version > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.display_url} has schema version {version}, newer than this turnkeeper "
-                        f"understands ({SCHEMA_VERSION}); upgrade turnkeeper"
-                    )
-                if version == SCHEMA_VERSION:
+                if stored_version(self.display_url, raw) == SCHEMA_VERSION:
                     return  # current: no DDL, no locks on the tables
                 for statement in _SCHEMA:
                     await conn.execute(statement)
@@ -426,7 +324,7 @@ class PostgresStore(SessionStore):
 
         closed_turn: int | None = None
         open_rows = await conn.fetch(
-            f"SELECT * FROM turns WHERE chat_id = $1 AND {_SUPERSEDABLE_SQL} ORDER BY turn", chat_id)
+            f"SELECT * FROM turns WHERE chat_id = $1 AND {SUPERSEDABLE_SQL} ORDER BY turn", chat_id)
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
             await self._supersede(tx, codec.decode_turn(row))
             closed_turn = row["turn"]
@@ -481,13 +379,13 @@ class PostgresStore(SessionStore):
     async def open_turns(self, limit: int = 1000) -> list[TurnRecord]:
         async with self._read() as conn:
             rows = await conn.fetch(
-                f"SELECT * FROM turns WHERE {_OPEN_SQL} ORDER BY updated_at, chat_id, turn LIMIT $1", limit)
+                f"SELECT * FROM turns WHERE {OPEN_SQL} ORDER BY updated_at, chat_id, turn LIMIT $1", limit)
         return [codec.decode_turn(row) for row in rows]
 
     async def open_turn_refs(self, limit: int = 1000) -> list[TurnRef]:
         async with self._read() as conn:
             rows = await conn.fetch(
-                f"SELECT chat_id, turn, run_id FROM turns WHERE {_OPEN_SQL}"
+                f"SELECT chat_id, turn, run_id FROM turns WHERE {OPEN_SQL}"
                 " ORDER BY updated_at, chat_id, turn LIMIT $1", limit)
         return [TurnRef(chat_id=str(r["chat_id"]), turn=int(r["turn"]),
                         run_id=None if r["run_id"] is None else str(r["run_id"])) for r in rows]

@@ -32,9 +32,9 @@ from activities.store.base import (
     superseded,
 )
 from activities.store import codec
+from activities.store.schema import OPEN_SQL, SCHEMA_VERSION, SUPERSEDABLE_SQL, schema, stored_version
 from turnkeeper.models import (
     OPEN_STATUSES,
-    SUPERSEDABLE_STATUSES,
     ChatMessage,
     Event,
     ModelReply,
@@ -48,103 +48,16 @@ from turnkeeper.models import (
 T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")
 
-SCHEMA_VERSION = 1
 # A write waits this long for another process's lock before it counts as an outage
 # (StoreUnavailable): the turn then waits visibly and tries again, and the
 # workflow task is not held so long that updates and signals wait behind it.
 BUSY_TIMEOUT_S = 3.0
-_OPEN_VALUES = tuple(sorted(s.value for s in OPEN_STATUSES))
-_SUPERSEDABLE_VALUES = tuple(sorted(s.value for s in SUPERSEDABLE_STATUSES))
+_OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
 
-# One statement per item: executescript() would commit our open transaction.
-_SCHEMA: tuple[str, ...] = (
-    """
-    CREATE TABLE IF NOT EXISTS meta (
-        key   TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    )
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS turns (
-        chat_id      TEXT    NOT NULL,
-        turn         INTEGER NOT NULL,
-        run_id       TEXT,
-        status       TEXT    NOT NULL,
-        reason       TEXT,
-        recovery_id  TEXT,
-        can_continue INTEGER NOT NULL DEFAULT 1,
-        attempts     INTEGER NOT NULL DEFAULT 0,
-        started_at   TEXT    NOT NULL,
-        updated_at   TEXT    NOT NULL,
-        -- the turn begin_turn closed as superseded, so a retried begin_turn answers the same
-        closed_turn  INTEGER,
-        -- 1 once `turn_end` was written: it is announced once per turn
-        ended        INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (chat_id, turn)
-    )
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS turns_status ON turns (status)
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS turns_run ON turns (chat_id, run_id)
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS messages (
-        id           INTEGER PRIMARY KEY AUTOINCREMENT,  -- transcript order
-        chat_id      TEXT    NOT NULL,
-        turn         INTEGER NOT NULL,
-        role         TEXT    NOT NULL,
-        message_id   TEXT,     -- user rows: the client's idempotency key
-        step         INTEGER,  -- assistant rows of a model call; NULL for superseded/closing rows
-        tool_call_id TEXT,     -- tool rows
-        body         TEXT    NOT NULL  -- ChatMessage as JSON
-    )
-    """,
-    """
-    CREATE INDEX IF NOT EXISTS messages_chat_turn ON messages (chat_id, turn)
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_user
-        ON messages (chat_id, message_id) WHERE message_id IS NOT NULL
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_step
-        ON messages (chat_id, turn, step) WHERE step IS NOT NULL
-    """,
-    """
-    CREATE UNIQUE INDEX IF NOT EXISTS messages_tool
-        ON messages (chat_id, tool_call_id) WHERE tool_call_id IS NOT NULL
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS events (
-        chat_id    TEXT    NOT NULL,
-        seq        INTEGER NOT NULL,
-        type       TEXT    NOT NULL,
-        payload    TEXT    NOT NULL,  -- JSON object
-        created_at TEXT    NOT NULL,
-        PRIMARY KEY (chat_id, seq)
-    )
-    """,
-    # Events a workflow appended, by the key it gave each: a workflow task retried
-    # after a failure runs its store calls again, and adds no event twice.
-    """
-    CREATE TABLE IF NOT EXISTS event_keys (
-        chat_id   TEXT NOT NULL,
-        event_key TEXT NOT NULL,
-        PRIMARY KEY (chat_id, event_key)
-    )
-    """,
-    """
-    CREATE TABLE IF NOT EXISTS tool_runs (
-        idempotency_key TEXT PRIMARY KEY,
-        chat_id         TEXT    NOT NULL,
-        turn            INTEGER NOT NULL,
-        tool_call_id    TEXT    NOT NULL,
-        started_at      TEXT    NOT NULL
-    )
-    """,
-)
+_SCHEMA = schema({
+    "text": "TEXT", "integer": "INTEGER", "bigint": "INTEGER", "boolean": "INTEGER", "true": "1", "false": "0",
+    "timestamp": "TEXT", "row_id": "INTEGER PRIMARY KEY AUTOINCREMENT",
+})
 
 
 def _now() -> str:
@@ -203,13 +116,8 @@ class SQLiteStore(SessionStore):
         for statement in _SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
+        if stored_version(str(self.path), None if row is None else row["value"]) is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row["value"]) > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {row['value']}, newer than this turnkeeper "
-                f"understands ({SCHEMA_VERSION}); upgrade turnkeeper"
-            )
         # Older versions would be migrated here; version 1 is the first.
 
     def _close_sync(self) -> None:
@@ -356,7 +264,8 @@ class SQLiteStore(SessionStore):
         # Checked first: by the time the activity retries, this run may have committed
         # its messages, and they must not then count as duplicates.
         existing = conn.execute(
-            "SELECT turn, closed_turn FROM turns WHERE chat_id = ? AND run_id = ?", (chat_id, run_id)
+            "SELECT turn, closed_turn FROM turns WHERE chat_id = ? AND run_id = ? ORDER BY turn LIMIT 1",
+            (chat_id, run_id),
         ).fetchone()
         if existing is not None:
             return BeginTurn(
@@ -372,10 +281,7 @@ class SQLiteStore(SessionStore):
         now = _now()
         closed_turn: int | None = None
         open_rows = conn.execute(
-            f"SELECT * FROM turns WHERE chat_id = ? AND status IN ({','.join('?' * len(_SUPERSEDABLE_VALUES))})"
-            " ORDER BY turn",
-            (chat_id, *_SUPERSEDABLE_VALUES),
-        ).fetchall()
+            f"SELECT * FROM turns WHERE chat_id = ? AND {SUPERSEDABLE_SQL} ORDER BY turn", (chat_id,)).fetchall()
         for row in open_rows:  # normally at most one: each begin_turn closes the previous
             self._supersede(conn, codec.decode_turn(row), now)
             closed_turn = row["turn"]
@@ -440,9 +346,7 @@ class SQLiteStore(SessionStore):
     @staticmethod
     def _open_turns_tx(conn: sqlite3.Connection, limit: int) -> list[TurnRecord]:
         rows = conn.execute(
-            f"SELECT * FROM turns WHERE status IN ({','.join('?' * len(_OPEN_VALUES))})"
-            " ORDER BY updated_at, chat_id, turn LIMIT ?",
-            (*_OPEN_VALUES, limit),
+            f"SELECT * FROM turns WHERE {OPEN_SQL} ORDER BY updated_at, chat_id, turn LIMIT ?", (limit,),
         ).fetchall()
         return [codec.decode_turn(row) for row in rows]
 
@@ -452,9 +356,8 @@ class SQLiteStore(SessionStore):
     @staticmethod
     def _open_turn_refs_tx(conn: sqlite3.Connection, limit: int) -> list[TurnRef]:
         rows = conn.execute(
-            f"SELECT chat_id, turn, run_id FROM turns WHERE status IN ({','.join('?' * len(_OPEN_VALUES))})"
-            " ORDER BY updated_at, chat_id, turn LIMIT ?",
-            (*_OPEN_VALUES, limit),
+            f"SELECT chat_id, turn, run_id FROM turns WHERE {OPEN_SQL}"
+            " ORDER BY updated_at, chat_id, turn LIMIT ?", (limit,),
         ).fetchall()
         return [TurnRef(chat_id=str(r["chat_id"]), turn=int(r["turn"]),
                         run_id=None if r["run_id"] is None else str(r["run_id"])) for r in rows]
