@@ -631,13 +631,13 @@ async def test_tool_started_is_synced_to_disk(store: SessionStore, monkeypatch: 
     await start_turn(store, "run-1", "m1")
     seen: list[str] = []
     if isinstance(store, SQLiteStore):
-        def level(conn: Any) -> str:
-            return {0: "off", 1: "normal", 2: "full", 3: "extra"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
+        async def level(chat: Any) -> str:
+            return {0: "off", 1: "normal", 2: "full", 3: "extra"}[await chat.tx.fetchval("PRAGMA synchronous")]
         inner = store._tool_started_tx
 
-        def spy(conn: Any, *args: Any) -> bool:
-            seen.append(level(conn))
-            return inner(conn, *args)
+        async def spy(chat: Any, *args: Any) -> bool:
+            seen.append(await level(chat))
+            return await inner(chat, *args)
     else:
         async def level_pg(conn: Any) -> str:
             return await conn.fetchval("SHOW synchronous_commit")
@@ -652,7 +652,9 @@ async def test_tool_started_is_synced_to_disk(store: SessionStore, monkeypatch: 
     await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
     assert seen == (["full"] if isinstance(store, SQLiteStore) else ["on"])
     if isinstance(store, SQLiteStore):
-        monkeypatch.setattr(store, "_tool_result_tx", lambda conn, *a: seen.append(level(conn)))
+        async def result_spy(chat: Any, *args: Any) -> None:
+            seen.append(await level(chat))
+        monkeypatch.setattr(store, "_tool_result_tx", result_spy)
         await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
         assert seen[-1] == "normal"
 
