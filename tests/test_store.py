@@ -626,37 +626,33 @@ async def test_tool_started_reports_a_repeat(store: SessionStore) -> None:
     assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
 
 
-async def test_tool_started_is_synced_to_disk(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one write a tool waits for before it acts is synced; the others are not."""
-    await start_turn(store, "run-1", "m1")
-    seen: list[str] = []
-    if isinstance(store, SQLiteStore):
-        async def level(chat: Any) -> str:
-            return {0: "off", 1: "normal", 2: "full", 3: "extra"}[await chat.tx.fetchval("PRAGMA synchronous")]
-        inner = store._tool_started_tx
-
-        async def spy(chat: Any, *args: Any) -> bool:
-            seen.append(await level(chat))
-            return await inner(chat, *args)
+async def test_tool_started_is_synced_to_disk(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one write a tool waits for before it acts is synced, whatever the
+    database's default; the others are not."""
+    store: SessionStore
+    if isinstance(backend, SQLiteBackend):
+        store = backend.new_store()
+        level_sql, synced, not_synced = "PRAGMA synchronous", "2", "1"  # FULL, NORMAL
     else:
-        async def level_pg(conn: Any) -> str:
-            return await conn.fetchval("SHOW synchronous_commit")
-        inner_pg = store._tool_started_tx
-
-        async def spy(tx: Any, *args: Any) -> bool:  # type: ignore[misc]
-            await tx.conn.execute("SET LOCAL synchronous_commit TO off")  # as a server may default
-            result = await inner_pg(tx, *args)
-            seen.append(await level_pg(tx.conn))
-            return result
-    monkeypatch.setattr(store, "_tool_started_tx", spy)
-    await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
-    assert seen == (["full"] if isinstance(store, SQLiteStore) else ["on"])
-    if isinstance(store, SQLiteStore):
-        async def result_spy(chat: Any, *args: Any) -> None:
-            seen.append(await level(chat))
-        monkeypatch.setattr(store, "_tool_result_tx", result_spy)
+        assert isinstance(backend, PostgresBackend)
+        # A server that by default commits before its disk has the commit.
+        url = f"{backend.url}{'&' if '?' in backend.url else '?'}synchronous_commit=off"
+        store = PostgresStore(url, schema=backend.schema)
+        level_sql, synced, not_synced = "SHOW synchronous_commit", "on", "off"
+    await store.open()
+    try:
+        await start_turn(store, "run-1", "m1")
+        seen: list[str] = []
+        for name in ("_tool_started_tx", "_tool_result_tx"):
+            async def spy(chat: Any, *args: Any, inner: Any = getattr(store, name)) -> Any:
+                seen.append(str(await chat.tx.fetchval(level_sql)))
+                return await inner(chat, *args)
+            monkeypatch.setattr(store, name, spy)
+        await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
         await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
-        assert seen[-1] == "normal"
+        assert seen == [synced, not_synced]
+    finally:
+        await store.close()
 
 
 async def test_record_tool_result_writes_once(store: SessionStore) -> None:
