@@ -50,7 +50,7 @@ class SQLStore(SessionStore):
     async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
                          durable: bool) -> T:
         """`work(tx, now)` in one transaction that keeps every other writer of
-        `chat_id` out until it commits; `now` is the time it got that far.
+        `chat_id` out until it commits; `now` is read once it does.
         `durable`: on disk before this returns, whatever the database's default."""
 
     @abstractmethod
@@ -351,9 +351,8 @@ class SQLStore(SessionStore):
 
     @staticmethod
     async def _follow_from_tx(tx: Transaction, chat_id: str, message_id: str | None) -> int:
-        held = message_id is not None and await tx.fetchone(
-            "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", chat_id, message_id)
-        if held:
+        if message_id is not None and await tx.fetchone(
+                "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", chat_id, message_id):
             taken = codec.seq_before_message(await tx.fetchall(
                 "SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message' ORDER BY seq",
                 chat_id), message_id)

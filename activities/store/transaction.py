@@ -3,6 +3,7 @@ its driver), and the pieces of a write that `SQLStore` builds its transactions o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from activities.store import codec
@@ -29,7 +30,7 @@ class Transaction(ABC):
     async def fetchone(self, sql: str, *args: Any) -> codec.Row | None: ...
 
     @abstractmethod
-    async def fetchall(self, sql: str, *args: Any) -> list[codec.Row]: ...
+    async def fetchall(self, sql: str, *args: Any) -> Sequence[codec.Row]: ...
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         row = await self.fetchone(sql, *args)
@@ -80,7 +81,7 @@ class ChatWrite:
 
 
 async def held_ids(tx: Transaction, chat_id: str, message_ids: list[str],
-                    except_turn: int | None = None) -> list[str]:
+                   except_turn: int | None = None) -> list[str]:
     wanted = list(dict.fromkeys(message_ids))  # unique, in the order offered
     if not wanted:
         return []
