@@ -218,6 +218,37 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
         await reopened.close()
 
 
+async def _has_index(backend: Backend, name: str) -> bool:
+    if isinstance(backend, SQLiteBackend):
+        return bool(await backend.fetchval("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?",
+                                           name))
+    assert isinstance(backend, PostgresBackend)
+    return bool(await backend.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = ? AND indexname = ?",
+                                       backend.schema, name))
+
+
+async def test_both_schemas_index_the_open_turns(store: SessionStore, backend: Backend) -> None:
+    assert await _has_index(backend, "turns_open")
+
+
+async def test_an_sqlite_store_made_without_the_open_turns_index_gains_it(tmp_path: Path) -> None:
+    """SQLite stores made before both backends shared one schema lack `turns_open`."""
+    backend = SQLiteBackend(tmp_path / "sessions.db")
+    older = backend.new_store()
+    await older.open()
+    await older.begin_turn(CHAT, "run-1", ["m1"])
+    await older.close()
+    await backend.execute("DROP INDEX turns_open")
+
+    store = backend.new_store()
+    await store.open()
+    try:
+        assert await _has_index(backend, "turns_open")
+        assert [(t.chat_id, t.turn) for t in await store.open_turns()] == [(CHAT, 1)]
+    finally:
+        await store.close()
+
+
 async def test_calls_before_open_raise_store_error(backend: Backend) -> None:
     with pytest.raises(StoreError, match="not open"):
         await backend.new_store().history(CHAT)
@@ -595,35 +626,33 @@ async def test_tool_started_reports_a_repeat(store: SessionStore) -> None:
     assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
 
 
-async def test_tool_started_is_synced_to_disk(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The one write a tool waits for before it acts is synced; the others are not."""
-    await start_turn(store, "run-1", "m1")
-    seen: list[str] = []
-    if isinstance(store, SQLiteStore):
-        def level(conn: Any) -> str:
-            return {0: "off", 1: "normal", 2: "full", 3: "extra"}[conn.execute("PRAGMA synchronous").fetchone()[0]]
-        inner = store._tool_started_tx
-
-        def spy(conn: Any, *args: Any) -> bool:
-            seen.append(level(conn))
-            return inner(conn, *args)
+async def test_tool_started_is_synced_to_disk(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one write a tool waits for before it acts is synced, whatever the
+    database's default; the others are not."""
+    store: SessionStore
+    if isinstance(backend, SQLiteBackend):
+        store = backend.new_store()
+        level_sql, synced, not_synced = "PRAGMA synchronous", "2", "1"  # FULL, NORMAL
     else:
-        async def level_pg(conn: Any) -> str:
-            return await conn.fetchval("SHOW synchronous_commit")
-        inner_pg = store._tool_started_tx
-
-        async def spy(tx: Any, *args: Any) -> bool:  # type: ignore[misc]
-            await tx.conn.execute("SET LOCAL synchronous_commit TO off")  # as a server may default
-            result = await inner_pg(tx, *args)
-            seen.append(await level_pg(tx.conn))
-            return result
-    monkeypatch.setattr(store, "_tool_started_tx", spy)
-    await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
-    assert seen == (["full"] if isinstance(store, SQLiteStore) else ["on"])
-    if isinstance(store, SQLiteStore):
-        monkeypatch.setattr(store, "_tool_result_tx", lambda conn, *a: seen.append(level(conn)))
+        assert isinstance(backend, PostgresBackend)
+        # A server that by default commits before its disk has the commit.
+        url = f"{backend.url}{'&' if '?' in backend.url else '?'}synchronous_commit=off"
+        store = PostgresStore(url, schema=backend.schema)
+        level_sql, synced, not_synced = "SHOW synchronous_commit", "on", "off"
+    await store.open()
+    try:
+        await start_turn(store, "run-1", "m1")
+        seen: list[str] = []
+        for name in ("_tool_started_tx", "_tool_result_tx"):
+            async def spy(chat: Any, *args: Any, inner: Any = getattr(store, name)) -> Any:
+                seen.append(str(await chat.tx.fetchval(level_sql)))
+                return await inner(chat, *args)
+            monkeypatch.setattr(store, name, spy)
+        await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
         await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
-        assert seen[-1] == "normal"
+        assert seen == [synced, not_synced]
+    finally:
+        await store.close()
 
 
 async def test_record_tool_result_writes_once(store: SessionStore) -> None:

@@ -21,9 +21,9 @@ _TURN_COLUMNS = ("chat_id", "turn", "run_id", "status", "reason", "recovery_id",
 
 
 class Row(Protocol):
-    """`sqlite3.Row` and `asyncpg.Record` alike: columns by name."""
+    """`sqlite3.Row` and `asyncpg.Record` alike: columns by name or position."""
 
-    def __getitem__(self, key: str, /) -> Any: ...
+    def __getitem__(self, key: str | int, /) -> Any: ...
 
 
 def json_text(value: Any) -> str:

@@ -1,0 +1,135 @@
+"""The store's tables, one definition for SQLite and PostgreSQL: each backend fills
+in its own column types, and both get the same indexes."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from activities.store.base import StoreError
+from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
+
+SCHEMA_VERSION = 1
+
+
+# Constants, not parameters: the partial index `turns_open` matches this predicate,
+# and a planner can only use it when the query's text implies it.
+def _status_in(statuses: frozenset[TurnStatus]) -> str:
+    return "status IN ({})".format(", ".join(f"'{v}'" for v in sorted(s.value for s in statuses)))
+
+
+OPEN_SQL = _status_in(OPEN_STATUSES)
+SUPERSEDABLE_SQL = _status_in(SUPERSEDABLE_STATUSES)
+
+# One statement per item: SQLite's executescript() would commit the open transaction.
+_TABLES: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS meta (
+        key   {text} PRIMARY KEY,
+        value {text} NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS turns (
+        chat_id      {text}      NOT NULL,
+        turn         {integer}   NOT NULL,
+        run_id       {text},
+        status       {text}      NOT NULL,
+        reason       {text},
+        recovery_id  {text},
+        can_continue {boolean}   NOT NULL DEFAULT {true},
+        attempts     {integer}   NOT NULL DEFAULT 0,
+        started_at   {timestamp} NOT NULL,
+        updated_at   {timestamp} NOT NULL,
+        -- the turn begin_turn closed as superseded, so a retried begin_turn answers the same
+        closed_turn  {integer},
+        -- set once `turn_end` was written: it is announced once per turn
+        ended        {boolean}   NOT NULL DEFAULT {false},
+        PRIMARY KEY (chat_id, turn)
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS turns_open ON turns (updated_at, chat_id, turn) WHERE {open_sql}
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS turns_status ON turns (status)
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS turns_run ON turns (chat_id, run_id)
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS messages (
+        id           {row_id},  -- transcript order
+        chat_id      {text}    NOT NULL,
+        turn         {integer} NOT NULL,
+        role         {text}    NOT NULL,
+        message_id   {text},     -- user rows: the client's idempotency key
+        step         {integer},  -- assistant rows of a model call; NULL for superseded/closing rows
+        tool_call_id {text},     -- tool rows
+        body         {text}    NOT NULL  -- ChatMessage as JSON
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS messages_chat_turn ON messages (chat_id, turn)
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_user
+        ON messages (chat_id, message_id) WHERE message_id IS NOT NULL
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_step
+        ON messages (chat_id, turn, step) WHERE step IS NOT NULL
+    """,
+    """
+    CREATE UNIQUE INDEX IF NOT EXISTS messages_tool
+        ON messages (chat_id, tool_call_id) WHERE tool_call_id IS NOT NULL
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS events (
+        chat_id    {text}      NOT NULL,
+        seq        {bigint}    NOT NULL,
+        type       {text}      NOT NULL,
+        payload    {text}      NOT NULL,  -- JSON object
+        created_at {timestamp} NOT NULL,
+        PRIMARY KEY (chat_id, seq)
+    )
+    """,
+    # Events a workflow appended, by the key it gave each: a workflow task retried
+    # after a failure runs its store calls again, and adds no event twice.
+    """
+    CREATE TABLE IF NOT EXISTS event_keys (
+        chat_id   {text} NOT NULL,
+        event_key {text} NOT NULL,
+        PRIMARY KEY (chat_id, event_key)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS tool_runs (
+        idempotency_key {text}      PRIMARY KEY,
+        chat_id         {text}      NOT NULL,
+        turn            {integer}   NOT NULL,
+        tool_call_id    {text}      NOT NULL,
+        started_at      {timestamp} NOT NULL
+    )
+    """,
+)
+
+
+def schema(types: Mapping[str, str]) -> tuple[str, ...]:
+    """The CREATE statements with a backend's column types: `text`, `integer`,
+    `bigint`, `boolean` with its `true` and `false`, `timestamp`, and `row_id`
+    (an ever-growing integer primary key)."""
+    return tuple(statement.format_map({**types, "open_sql": OPEN_SQL}) for statement in _TABLES)
+
+
+def stored_version(where: str, raw: str | None) -> int | None:
+    """The schema version a database records (None: none yet); a newer one than
+    this code knows is refused, so an old worker never writes a newer layout."""
+    try:
+        version = None if raw is None else int(raw)
+    except ValueError:
+        raise StoreError(f"{where} has an unreadable schema version {raw!r}") from None
+    if version is not None and version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{where} has schema version {version}, newer than this turnkeeper "
+            f"understands ({SCHEMA_VERSION}); upgrade turnkeeper"
+        )
+    return version
