@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import (
     PollerBehavior,
@@ -162,6 +163,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
+        # A turn whose history no longer replays fails its run instead of retrying its
+        # workflow task forever: the reconciler then recovers it like any run that
+        # ended abnormally (a gate, its messages kept), and the chat answers again.
+        workflow_failure_exception_types=[workflow.NondeterminismError],
     )
     if stop is None:
         stop = asyncio.Event()

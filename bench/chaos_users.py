@@ -22,7 +22,7 @@ from temporalio.client import (
 
 from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind, update_error_text
 from turnkeeper import client as tk
-from turnkeeper.models import RecoveryAction, UserMessage
+from turnkeeper.models import UserMessage
 
 if TYPE_CHECKING:
     import random
@@ -264,9 +264,8 @@ class Users:
                 await asyncio.wait_for(handle.signal(verb, {"recovery_id": recovery_id}), self.cfg.action_wait_s)
                 action.outcome = "accepted by the server"
             else:
-                await asyncio.wait_for(handle.execute_update(
-                    f"{verb}_turn", RecoveryAction(recovery_id=recovery_id), result_type=dict),
-                    self.cfg.action_wait_s)
+                await asyncio.wait_for(tk.decide(self.client, chat.chat_id, f"{verb}_turn", recovery_id),
+                                       self.cfg.action_wait_s)
                 action.outcome = "accepted"
             action.latency_s = time.monotonic() - started
         except (asyncio.TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):

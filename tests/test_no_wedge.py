@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio import workflow
+from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.support import Stack, until
 from turnkeeper import client as tk
@@ -316,3 +319,59 @@ async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, mon
                     if e.type == "recovery_action_rejected"]
         assert len(rejected) == 30
         await _answers_next_message(stack, chat)
+
+
+@workflow.defn(name="ChatTurn")
+class _OtherChatTurn:
+    """What another release's `ChatTurn` might have recorded: a history that today's
+    code cannot replay."""
+
+    @workflow.run
+    async def run(self, input: dict[str, Any]) -> None:
+        await workflow.sleep(timedelta(hours=1))
+
+    @workflow.signal(name="user_message")
+    def user_message(self, payload: dict[str, Any]) -> None:
+        pass
+
+
+async def test_a_run_whose_history_does_not_replay_is_recovered(stack: Stack) -> None:
+    """A workflow task that fails on nondeterminism fails the run instead of retrying
+    forever; a reconcile pass hands its messages on, and the chat answers."""
+    from tests.test_reconciler import run_pass
+
+    stack.script([{"text": "answered"}, {"text": "answered again"}])
+    chat = stack.chat()
+    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_OtherChatTurn],
+                      max_cached_workflows=0, workflow_runner=UnsandboxedWorkflowRunner()):
+        handle = await stack.send(chat, "one", message_id="m1")
+        await until_async(lambda: _has_timer(handle), what="the other release's timer")
+    await stack.start_worker()
+    await stack.send(chat, "two", message_id="m2")  # a new workflow task: today's code replays it
+    await until_async(lambda: _status_is(handle, WorkflowExecutionStatus.FAILED), timeout=30,
+                      what="the run to fail")
+    await asyncio.sleep(1)  # visibility shows the close a moment later
+    assert (await run_pass(stack)).handed_on >= 1
+    async def answered() -> bool:
+        return [r["role"] for r in await stack.history(chat)][-1:] == ["assistant"] \
+            and await _user_rows(stack, chat) == ["one", "two"]
+    await until_async(answered, timeout=30, what="both messages answered")
+    await _answers_next_message(stack, chat)
+
+
+async def _has_timer(handle: Any) -> bool:
+    history = await handle.fetch_history()
+    return any(e.HasField("timer_started_event_attributes") for e in history.events)
+
+
+async def _status_is(handle: Any, status: WorkflowExecutionStatus) -> bool:
+    return (await handle.describe()).status == status
+
+
+async def until_async(pred: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await pred():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {timeout} s")

@@ -103,3 +103,30 @@ async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, acti
     await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
+
+
+@pytest.mark.parametrize("signal", ["dismiss", "stop", "message"])
+async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -> None:
+    """A signal reaches the server while the run's first task waits on a store call."""
+    import sqlite3
+    stack.script([{"text": "hello"}, {"text": "again"}])
+    await stack.start_worker()
+    warm = stack.chat("warm")
+    await (await stack.send(warm, "warm up")).result()
+    chat = stack.chat("la")
+    blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    handle = await stack.send(chat, "one")
+    await asyncio.sleep(0.3)
+    if signal == "dismiss":
+        await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
+    elif signal == "stop":
+        await handle.signal("stop", {})
+    else:
+        await stack.send(chat, "two")
+    await asyncio.sleep(0.2)
+    blocker.execute("ROLLBACK")
+    blocker.close()
+    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await asyncio.sleep(2)
+    assert await _replays(stack, chat) == []

@@ -9,7 +9,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from tests.support import Stack
 from turnkeeper import client as tk
-from turnkeeper.models import RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.models import TURN_TASK_TIMEOUT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
 
@@ -120,6 +120,11 @@ async def test_message_during_the_final_model_call_becomes_the_next_turn(stack: 
         # The first run handed "two" on by continue-as-new.
         desc = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.result_run_id).describe()
         assert desc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+        # Both runs keep the short workflow task timeout: a dead worker's task holds the turn 3 s, not 10.
+        latest = await stack.client.get_workflow_handle(tk.workflow_id(chat)).describe()
+        for d in (desc, latest):
+            timeout = d.raw_description.execution_config.default_workflow_task_timeout
+            assert timeout.ToTimedelta() == TURN_TASK_TIMEOUT
 
 
 async def test_duplicate_message_id_counts_once(stack: Stack) -> None:

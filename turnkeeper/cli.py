@@ -30,7 +30,6 @@ from turnkeeper.models import (
     TURN_STATUS_ATTR,
     Event,
     Reason,
-    RecoveryAction,
     TurnRecord,
     TurnState,
     TurnStatus,
@@ -381,7 +380,6 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
     from temporalio.service import RPCError
 
     client = await _client(settings)
-    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
     desc = await _describe(client, args.chat)
     if desc.status != WorkflowExecutionStatus.RUNNING:
         # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
@@ -398,8 +396,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
     try:
         after = await store.follow_from(args.chat) if store else 0
         try:
-            new_state = await handle.execute_update(update, RecoveryAction(recovery_id=state.recovery_id),
-                                                    result_type=TurnState)
+            new_state = await tk.decide(client, args.chat, update, state.recovery_id)
         except WorkflowUpdateFailedError as err:
             raise Refused(str(err.cause.message if err.cause else err)) from None
         except RPCError as err:

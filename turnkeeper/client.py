@@ -7,6 +7,7 @@ imported in the function that needs it, so that a short command starts fast.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import timedelta
@@ -20,7 +21,16 @@ from temporalio.common import (
 )
 
 from turnkeeper.config import Settings
-from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR, TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, TurnStatus, UserMessage
+from turnkeeper.models import (
+    CHAT_ID_ATTR,
+    TURN_STATUS_ATTR,
+    TURN_TASK_TIMEOUT,
+    ChatTurnInput,
+    RecoveryAction,
+    TurnState,
+    TurnStatus,
+    UserMessage,
+)
 
 if TYPE_CHECKING:
     from temporalio.client import Client, WorkflowHandle
@@ -104,6 +114,29 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         result_type=TurnState,
     )
+
+
+# The server's answer when the workflow task that carried an update failed (say, a
+# signal raced the run's completion): the update was never taken, so asking again is safe.
+_UPDATE_TASK_FAILED = "unexpected workflow task failure"
+DECISION_ATTEMPTS = 5
+
+
+async def decide(client: Client, chat_id: str, update: str, recovery_id: str) -> TurnState:
+    """Run `continue_turn` or `dismiss_turn`: the new state, or the validator's
+    refusal as `WorkflowUpdateFailedError`."""
+    from temporalio.service import RPCError
+
+    handle = client.get_workflow_handle(workflow_id(chat_id))
+    for attempt in range(1, DECISION_ATTEMPTS + 1):
+        try:
+            return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id),
+                                               result_type=TurnState)
+        except RPCError as err:
+            if _UPDATE_TASK_FAILED not in str(err) or attempt == DECISION_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.1 * attempt)
+    raise AssertionError("unreachable")
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:

@@ -77,10 +77,15 @@ ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
 # it did live. Runs that have it take the earlier patches' behaviour as given
 # and never ask for those.
 COMPLETE_MACHINE = "complete-recovery-machine"
-# Updates answer with the state their decision leads to in the task that takes
-# them, instead of once the gate has written it: a store outage holds the turn,
-# never the user's answer. Asked in the first activation, like COMPLETE_MACHINE.
-ANSWER_AT_ONCE = "updates-answer-at-once"
+# Asked in the first activation, like COMPLETE_MACHINE. Runs that have it:
+# - answer updates with the state their decision leads to in the task that takes
+#   them, not once the gate has written it (a store outage holds the turn, never
+#   the user's answer);
+# - act on what signals leave (refusals to announce, Stop, a newer message) only
+#   while they wait for a step or a decision, never on the way from one store call
+#   to the next: the SDK can hand a local activity's result to the workflow
+#   together with a signal that came later, and a replay then sees the two apart.
+WAIT_POINTS = "act-at-wait-points"
 
 
 class _Cancelled(Exception):
@@ -115,7 +120,7 @@ class ChatTurn(TurnPersistence):
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._complete = workflow.patched(COMPLETE_MACHINE)
-        self._answer_at_once = self._complete and workflow.patched(ANSWER_AT_ONCE)
+        self._at_wait_points = self._complete and workflow.patched(WAIT_POINTS)
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
@@ -323,7 +328,8 @@ class ChatTurn(TurnPersistence):
             self._inbox.in_flight = self._inbox.take()
 
     async def _call_model(self, step: int, after_loss: bool) -> ModelReply:
-        await self._flush_events()
+        if not self._at_wait_points:
+            await self._flush_events()
         resuming = self._state.status == TurnStatus.RESUMING
         batch = self._inbox.in_flight
         if sum(map(wire_size, batch)) > CHUNK_BYTES and self._complete:
@@ -336,8 +342,8 @@ class ChatTurn(TurnPersistence):
                 self._inbox.in_flight = self._inbox.in_flight[len(chunk):]
         shutdowns = 0
         while True:
-            if self._interrupt is not None:
-                raise _Cancelled()
+            if self._interrupt is not None and not self._at_wait_points:
+                raise _Cancelled()  # later runs: `_settle` cancels the call it has just started
             handle = workflow.start_activity(
                 io.MODEL_CALL,
                 io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
@@ -459,9 +465,13 @@ class ChatTurn(TurnPersistence):
         still runs and wait for it to stop. True when the step was cancelled."""
         while True:
             await workflow.wait_condition(
-                lambda: all(h.done() for h in handles) or self._interrupt is not None)
+                lambda: all(h.done() for h in handles) or self._interrupt is not None
+                or (self._at_wait_points and bool(self._events)))
             if all(h.done() for h in handles):
                 return False
+            if self._interrupt is None:
+                await self._flush_events()  # refusals, announced while the step runs
+                continue
             if await self._interrupt_stands():
                 break
         for h in handles:
@@ -594,7 +604,7 @@ class ChatTurn(TurnPersistence):
         # and none starts a timer (a replay that meets the update early must do the
         # same). Earlier runs answered once the gate took the decision.
         cancels = self._decide(action, recovery_id)
-        if self._answer_at_once:
+        if self._at_wait_points:
             return recovery.after_decision(self.state(), action)
         if not cancels:
             await workflow.wait_condition(lambda: self._decision is None)
