@@ -120,6 +120,23 @@ async def _open_store(store: SessionStore) -> None:
         delay = min(delay * 2, 30.0)
 
 
+def apply_jobs_as_one_batch(worker: Worker) -> None:
+    """New runs apply every job of an activation (signals, updates, activity results)
+    before any workflow code runs, so what a turn does cannot depend on how the
+    server and the SDK grouped them: a replay may group a lost step and a signal
+    that came after it into one activation that ran as two. The SDK records this in
+    the history (runs recorded without it replay as they ran) and plans to make it
+    its default; until then it is reached through the worker's private setter."""
+    from temporalio.worker._workflow_instance import _WorkflowLogicFlag
+
+    flag = getattr(_WorkflowLogicFlag, "PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH", None)
+    setter = getattr(worker, "_set_default_workflow_logic_flag", None)
+    if flag is None or setter is None:
+        log.warning("this temporalio release offers no single-batch activations; jobs run in its own order")
+        return
+    setter(flag, enabled=True)
+
+
 async def run_worker(settings: Settings, *, client: Client | None = None,
                      stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
@@ -168,6 +185,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # ended abnormally (a gate, its messages kept), and the chat answers again.
         workflow_failure_exception_types=[workflow.NondeterminismError],
     )
+    apply_jobs_as_one_batch(worker)
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

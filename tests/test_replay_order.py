@@ -4,6 +4,8 @@ SDK applies the two in."""
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -19,12 +21,23 @@ pytestmark = pytest.mark.crash
 SLOW_TOOL = {"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]}
 
 
+def _slow_tool(stack: Stack, script: list[dict]) -> Path:
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.script(script)
+    return ledger
+
+
 async def _replays(stack: Stack, chat: str) -> list[str]:
     failures = []
     replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
     async for wf in stack.client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'"):
         history = await stack.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if os.environ.get("TK_DEBUG_HISTORY"):
+            for e in history.events:
+                print(e.event_id, e.WhichOneof("attributes"))
         if result.replay_failure is not None:
             failures.append(f"{wf.run_id}: {result.replay_failure!r}")
     return failures
@@ -33,10 +46,7 @@ async def _replays(stack: Stack, chat: str) -> list[str]:
 @pytest.mark.parametrize("action", ["stop", "message", "dismiss-stale"])
 @pytest.mark.parametrize("when", ["after-loss"])
 async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
-    ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
-    stack.script([SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
     first = stack.spawn_worker()
     chat = stack.chat("order")
     await stack.send(chat, "write slowly")
@@ -61,13 +71,10 @@ async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when
     assert await _replays(stack, chat) == []
 
 
-@pytest.mark.parametrize("action", ["dismiss-update", "dismiss-signal", "message"])
-@pytest.mark.parametrize("when", ["before-loss", "after-loss"])
+@pytest.mark.parametrize("action", ["dismiss-update", "message"])
+@pytest.mark.parametrize("when", ["after-loss"])
 async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
-    ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
-    stack.script([SLOW_TOOL, SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    ledger = _slow_tool(stack, [SLOW_TOOL, SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
     first = stack.spawn_worker()
     chat = stack.chat("order")
     await stack.send(chat, "write slowly")
@@ -130,3 +137,79 @@ async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -
     await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
     await asyncio.sleep(2)
     assert await _replays(stack, chat) == []
+
+
+async def _until_event(handle, attribute: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        history = await handle.fetch_history()
+        if any(e.HasField(attribute) for e in history.events):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no {attribute} in {timeout} s")
+
+
+@pytest.mark.parametrize("action", ["stop", "message", "dismiss-stale"])
+async def test_a_signal_while_the_lost_steps_task_waits_for_a_dead_worker_replays(stack: Stack, action: str) -> None:
+    """The step is lost, its workflow task goes to the dead worker's sticky queue, and
+    the signal lands before that task times out there: one task takes both."""
+    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    chat = stack.chat("sticky")
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
+    stack.kill(first)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    await _until_event(handle, "activity_task_timed_out_event_attributes")
+    if action == "stop":
+        await handle.signal("stop", {})
+    elif action == "message":
+        await stack.send(chat, "a newer message")
+    else:
+        await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
+    await asyncio.sleep(1.5)  # past the sticky queue's timeout: the task goes to the shared queue
+    stack.spawn_worker()
+    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await asyncio.sleep(1)
+    assert await _replays(stack, chat) == []
+
+
+@pytest.mark.parametrize("action", ["stop", "message"])
+async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(stack: Stack, action: str) -> None:
+    """As above, and the next worker has the run in its cache from a `state` query it
+    answered before the step was lost: it applies the new events from there."""
+    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    second = stack.spawn_worker()
+    await stack.wait_serving(first, second)
+    chat = stack.chat("cached")
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    desc = await handle.describe()
+    running_on = desc.raw_description.pending_activities[0].last_worker_identity
+    owner, other = (first, second) if running_on.startswith(f"{first.pid}@") else (second, first)
+    stack.kill(owner)
+    await stack.state(chat)  # answered by the other worker, which caches the run
+    await _until_event(handle, "activity_task_timed_out_event_attributes")
+    if action == "stop":
+        await handle.signal("stop", {})
+    else:
+        await stack.send(chat, "a newer message")
+    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await asyncio.sleep(1)
+    assert await _replays(stack, chat) == []
+
+
+async def test_new_runs_record_that_they_apply_each_activation_as_one_batch(stack: Stack) -> None:
+    from temporalio.worker._workflow_instance import _WorkflowLogicFlag
+
+    stack.script([{"text": "hello"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    handle = await stack.send(chat, "hi")
+    await handle.result()
+    history = await handle.fetch_history()
+    used = {flag for e in history.events if e.HasField("workflow_task_completed_event_attributes")
+            for flag in e.workflow_task_completed_event_attributes.sdk_metadata.lang_used_flags}
+    assert _WorkflowLogicFlag.PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH in used
