@@ -13,6 +13,7 @@ DEFAULT_ADDRESS = "127.0.0.1:8000"
 MAX_HEAD_BYTES = 16 * 1024
 # Open event streams are cut at shutdown after this long, so Ctrl-C never hangs.
 SHUTDOWN_GRACE_S = 2
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,17 @@ class WebConfig:
     port: int = 8000
     # repr=False: configurations get logged; the token must never be.
     token: str | None = field(default=None, repr=False)
+    log_level: str = "info"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WebConfig:
         env = os.environ if env is None else env
         host, port = parse_address(env.get("TURNKEEPER_WEB_ADDRESS") or DEFAULT_ADDRESS)
-        return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None)
+        level = (env.get("TURNKEEPER_LOG_LEVEL") or "info").strip().lower()
+        level = {"warn": "warning"}.get(level, level)  # as Python's logging takes it for the worker
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"TURNKEEPER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+        return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None, log_level=level)
 
     @property
     def url(self) -> str:
@@ -70,6 +76,8 @@ def serve(settings: Settings, config: WebConfig) -> int:
     app = create_app(settings, config)
     guard = "a token is required" if config.token else "no token: this machine only"
     print(f"turnkeeper web: {config.url} ({guard})", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", server_header=False,
+    # One line per request only when debugging: the page polls, and shares a terminal with `make worker`.
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                access_log=config.log_level == "debug", server_header=False,
                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     return 0
