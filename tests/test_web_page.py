@@ -68,13 +68,20 @@ async def test_send_see_the_answer_and_markup_stays_text(stack: Stack, browser: 
         await expect(page.get_by_role("status")).to_contain_text("completed")
         assert await page.evaluate("window.__injected") is None
         assert await thread.locator("img, script, b").count() == 0
+        await expect(thread.locator("li.pending")).to_have_count(0)  # the committed row replaced it
         await expect(page.get_by_role("navigation", name="Chats")).to_contain_text(chat)
         await snap(page, "page-answer")
+
+        # Too large: refused, and the page says so.
+        await box.fill("x" * (64 * 1024 + 1))
+        await page.get_by_role("button", name="Send").click()
+        await expect(page.get_by_role("alert")).to_contain_text("Not sent: message is 65537 bytes")
 
         # A double click sends one message.
         await box.fill("once only")
         await page.get_by_role("button", name="Send").dblclick()
         await expect(thread).to_contain_text("second answer")
+        await expect(thread.locator("li.user")).to_have_count(2)
         await stack.wait_turn_done(chat, 2)
         users = [m["content"] for m in await stack.history(chat) if m["role"] == "user"]
         assert users == [f"user says {INJECTED}", "once only"]
@@ -139,6 +146,27 @@ async def test_continue_after_a_killed_worker_and_a_stale_tab(stack: Stack, brow
         await snap(other, "page-stale-tab-refused")
         assert ledger.read_text().count("start") == 1
         await other.close()
+        await page.close()
+
+
+async def test_stop_while_a_tool_runs(stack: Stack, browser: Browser) -> None:
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
+    stack.script([{"tool_calls": [{"name": "slow_write",
+                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 30}}]}])
+    await stack.start_worker()
+    chat = stack.chat("stop")
+    with serving(stack.settings()) as web:
+        page = await browser.new_page()
+        await page.goto(f"{web.url}/chats/{chat}")
+        await page.get_by_role("textbox", name="Message").fill("write slowly")
+        await page.get_by_role("button", name="Send").click()
+        await expect(page.locator("[aria-live]")).to_contain_text("slow_write: running")
+        await page.get_by_role("button", name="Stop").click()
+        await expect(page.get_by_role("status")).to_contain_text("recovered (stopped)")
+        await expect(page.locator("[aria-live]")).to_be_hidden()
+        await expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+        await snap(page, "page-stopped")
         await page.close()
 
 

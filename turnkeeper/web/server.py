@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from turnkeeper.config import ConfigError, Settings
 
 DEFAULT_ADDRESS = "127.0.0.1:8000"
-# Uvicorn's own limit on a request's head (line and headers); bodies are bounded per endpoint.
+# The limit on a request's head (line and headers) that uvicorn's h11 protocol applies;
+# bodies are bounded per endpoint.
 MAX_HEAD_BYTES = 16 * 1024
 # Open event streams are cut at shutdown after this long, so Ctrl-C never hangs.
 SHUTDOWN_GRACE_S = 2
@@ -78,6 +79,6 @@ def serve(settings: Settings, config: WebConfig) -> int:
     print(f"turnkeeper web: {config.url} ({guard})", flush=True)
     # One line per request only when debugging: the page polls, and shares a terminal with `make worker`.
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                access_log=config.log_level == "debug", server_header=False,
+                access_log=config.log_level == "debug", server_header=False, http="h11",
                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
     return 0

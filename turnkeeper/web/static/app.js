@@ -26,6 +26,8 @@ const chatPath = chatId ? `/api/chats/${encodeURIComponent(chatId)}` : null;
 let shown = null;            // the state the buttons act on
 const working = new Map();   // tool call id -> {name, status} of the current turn
 const pending = new Map();   // message id -> {text, rejected}: sent, not yet in the thread
+const committed = new Set(); // message ids the event stream reported: the stream may beat the 202
+const refused = new Map();   // message id -> the reason the workflow gave
 let draft = null;            // {id, text}: a retried send reuses its message id
 let sending = false;
 let stream = null;
@@ -167,10 +169,11 @@ function follow(after) {
   };
   on("tool_finished", finished);
   on("tool_interrupted", finished);
-  on("user_message", (p) => { pending.delete(p.message_id); refreshSoon(); });
+  on("user_message", (p) => { committed.add(p.message_id); pending.delete(p.message_id); refreshSoon(); });
   on("message_rejected", (p) => {
+    refused.set(p.message_id, p.reason || "refused");
     const msg = pending.get(p.message_id);
-    if (msg) msg.rejected = p.reason || "refused";
+    if (msg) msg.rejected = refused.get(p.message_id);
     showRefusal(`Message refused: ${p.reason || "no reason given"}`);
     refreshSoon();
   });
@@ -192,10 +195,11 @@ async function send() {
   try {
     const res = await call("POST", `${chatPath}/messages`, { text, message_id: draft.id });
     if (res.status === 202) {
-      pending.set(draft.id, { text, rejected: null });
+      const reason = refused.get(draft.id);
+      if (!committed.has(draft.id)) pending.set(draft.id, { text, rejected: reason || null });
       draft = null;
       box.value = "";
-      showRefusal("");
+      showRefusal(reason ? `Message refused: ${reason}` : "");
       refreshSoon();
     } else {
       showRefusal(`Not sent: ${(res.data && res.data.detail) || `HTTP ${res.status}`}`);
