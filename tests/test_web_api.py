@@ -14,7 +14,8 @@ from pathlib import Path
 from tests.support import ROOT, Stack
 from tests.web_support import read_events, request, serving
 from turnkeeper import client as tk
-from turnkeeper.models import ChatTurnInput, Reason, RecoveryStart, ToolCallStatus, TurnStatus
+from activities.store import TurnUpdate
+from turnkeeper.models import ChatTurnInput, Reason, RecoveryStart, ToolCallStatus, TurnStatus, UserMessage
 
 
 async def _wait_status(server, chat: str, statuses: tuple[str, ...], timeout: float = 30.0) -> dict:
@@ -126,8 +127,6 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
 
 
 async def test_continue_dismiss_and_stop(stack: Stack) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
     stack.script([{"error": "the provider said no"}])
     await stack.start_worker()
     with serving(stack.settings()) as web:
@@ -158,7 +157,6 @@ async def test_continue_dismiss_and_stop(stack: Stack) -> None:
         lost = stack.chat("lost")
         store = await stack.store()
         await store.begin_turn(lost, "lost-run", ["m1"])
-        from turnkeeper.models import UserMessage
         await store.commit_user_messages(lost, 1, [UserMessage(message_id="m1", text="lost")])
         await stack.client.start_workflow(
             "ChatTurn", ChatTurnInput(chat_id=lost, recovery=RecoveryStart(
@@ -169,6 +167,24 @@ async def test_continue_dismiss_and_stop(stack: Stack) -> None:
         refused = await request(web, "POST", f"/api/chats/{lost}/continue", {"recovery_id": waiting["recovery_id"]})
         assert refused.status == 409 and "context is unavailable" in refused.data["detail"]
 
+        # A turn whose recovery failed, its runs gone: decided in the store.
+        failed = stack.chat("failed")
+        await store.begin_turn(failed, "run-long-gone", ["m1"])
+        await store.commit_user_messages(failed, 1, [UserMessage(message_id="m1", text="deploy it")])
+        await store.update_turn(failed, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
+                                                      recovery_id="rec-1", can_continue=False))
+        base = f"/api/chats/{failed}"
+        shown = await request(web, "GET", base)
+        assert (shown.status, shown.data["status"], shown.data["reason"]) == (200, "failed", "recovery_failed")
+        refused = await request(web, "POST", f"{base}/continue", {"recovery_id": "rec-1"})
+        assert refused.status == 409 and "context is unavailable" in refused.data["detail"]
+        stale = await request(web, "POST", f"{base}/dismiss", {"recovery_id": "rec-0"})
+        assert stale.status == 409 and "stale" in stale.data["detail"]
+        closed = await request(web, "POST", f"{base}/dismiss", {"recovery_id": "rec-1"})
+        assert closed.status == 200
+        assert (closed.data["status"], closed.data["reason"]) == ("recovered", "dismissed")
+        twice = await request(web, "POST", f"{base}/dismiss", {"recovery_id": "rec-1"})
+        assert twice.status == 409 and "not waiting for confirmation" in twice.data["detail"]
 
 
 async def test_stop_while_a_tool_runs(stack: Stack) -> None:

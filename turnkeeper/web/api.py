@@ -124,7 +124,12 @@ async def _decide(request: Request, update: str) -> Response:
     recovery_id = _short_id(await read_json(request), "recovery_id", required=True)
     assert recovery_id is not None
     handle = (await backends(request).client()).get_workflow_handle(tk.workflow_id(chat_id))
-    desc = await _described(handle, chat_id)
+    try:
+        desc = await _described(handle, chat_id)
+    except ApiError:
+        if await (await backends(request).store()).get_turn(chat_id) is None:
+            raise
+        return await _decide_without_run(request, chat_id, update, recovery_id)  # its runs are gone
     if desc.status != WorkflowExecutionStatus.RUNNING:
         return await _decide_without_run(request, chat_id, update, recovery_id)
     try:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 CHAT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Continue, Dismiss, Stop and the login carry a few short fields.
 SMALL_BODY_BYTES = 4096
+CONNECT_TIMEOUT_S = 10.0
 
 
 class ApiError(Exception):
@@ -35,23 +36,26 @@ class Backends:
         self.settings = settings
         self._client: Client | None = None
         self._store: SessionStore | None = None
-        self._lock = asyncio.Lock()
+        # Apart: a Temporal that does not answer must not hold up the store's readers.
+        self._client_lock = asyncio.Lock()
+        self._store_lock = asyncio.Lock()
 
     async def client(self) -> Client:
         if self._client is None:
-            async with self._lock:
+            async with self._client_lock:
                 if self._client is None:
                     try:
-                        self._client = await tk.connect(self.settings)
+                        self._client = await asyncio.wait_for(tk.connect(self.settings), CONNECT_TIMEOUT_S)
                     except Exception as err:  # noqa: BLE001
                         where = self.settings.temporal_address or f"127.0.0.1:{self.settings.dev_server_port}"
-                        raise ApiError(503, f"cannot reach Temporal at {where} ({err}); "
+                        why = str(err) or f"no answer in {CONNECT_TIMEOUT_S:.0f} s"
+                        raise ApiError(503, f"cannot reach Temporal at {where} ({why}); "
                                             "is the worker running?") from None
         return self._client
 
     async def store(self) -> SessionStore:
         if self._store is None:
-            async with self._lock:
+            async with self._store_lock:
                 if self._store is None:
                     from activities.store import open_store
 
