@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.pg import pg_schema, url_with_search_path
 from tests.support import ROOT, Stack
 from tests.web_support import read_events, request, serving
 from turnkeeper import client as tk
@@ -272,3 +275,22 @@ async def test_the_command_refuses_an_open_address_without_a_token(stack: Stack)
     finally:
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.postgres
+async def test_on_a_postgresql_store(stack: Stack) -> None:
+    async with pg_schema(create=True) as schema:
+        stack.env_extra["TURNKEEPER_DATABASE_URL"] = url_with_search_path(schema)
+        stack.script([{"text": "from postgres"}])
+        await stack.start_worker()
+        chat = stack.chat("pg")
+        with serving(stack.settings()) as web:
+            assert (await request(web, "GET", "/healthz")).data == {"temporal": "ok", "store": "ok"}
+            assert (await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "hi"})).status == 202
+            _, events = await read_events(web, f"/api/chats/{chat}/events", "turn_end")
+            assert [e.id for e in events] == list(range(1, len(events) + 1))
+            assert "assistant_message" in [e.type for e in events]
+            rows = await request(web, "GET", f"/api/chats/{chat}/messages")
+            assert [m["content"] for m in rows.data] == ["hi", "from postgres"]
+            assert [c["chat_id"] for c in (await request(web, "GET", "/api/chats")).data] == [chat]
+        await stack.close()
