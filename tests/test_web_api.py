@@ -240,6 +240,30 @@ async def test_token_guards_the_api(stack: Stack) -> None:
         assert [m["content"] for m in rows.data] == ["hi", "ok"]
 
 
+async def test_other_sites_cannot_drive_it(stack: Stack) -> None:
+    await stack.start_worker()
+    chat = stack.chat("site")
+    path = f"/api/chats/{chat}/messages"
+    with serving(stack.settings()) as web:
+        evil = await request(web, "POST", path, {"text": "x"}, headers={"Origin": "http://evil.example"})
+        assert evil.status == 403 and "another site" in evil.data["detail"]
+        assert (await request(web, "POST", f"/api/chats/{chat}/stop", headers={"Origin": "null"})).status == 403
+        plain = await request(web, "POST", path, raw=b'{"text": "x"}', headers={"Content-Type": "text/plain"})
+        assert plain.status == 415
+        # A name that resolves here, as a rebinding site's would: nothing is served without a token.
+        for where in ("/api/chats", "/", "/healthz"):
+            rebound = await request(web, "GET", where, headers={"Host": f"evil.example:{web.port}"})
+            assert rebound.status == 403, where
+        for host in (f"localhost:{web.port}", f"127.0.0.1:{web.port}"):
+            assert (await request(web, "GET", "/api/chats", headers={"Host": host})).status == 200
+        own = await request(web, "POST", path, {"text": "x"}, headers={"Origin": web.url})
+        assert own.status == 202
+    with serving(stack.settings(), token="t0ken") as web:
+        named = await request(web, "GET", "/api/chats", headers={"Host": "chat.example.org",
+                                                                 "Authorization": "Bearer t0ken"})
+        assert named.status == 200
+
+
 async def test_health_when_temporal_is_gone(stack: Stack) -> None:
     with serving(stack.settings(TEMPORAL_ADDRESS="127.0.0.1:9")) as web:
         health = await request(web, "GET", "/healthz")

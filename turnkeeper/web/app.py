@@ -125,4 +125,4 @@ def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: _api_error, Exception: _unexpected})
-    return CommonHeaders(auth.TokenGate(app, config.token))
+    return CommonHeaders(auth.Guard(app, config.token))

@@ -93,6 +93,9 @@ async def read_json(request: Request, limit: int = SMALL_BODY_BYTES) -> dict[str
             raise ApiError(413, f"the request body is over {limit} bytes")
     if not body.strip():
         return {}
+    # A form or plain-text post is what another site's page can send without asking: JSON only.
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise ApiError(415, "send the body as JSON (Content-Type: application/json)")
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError):

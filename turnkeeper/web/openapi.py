@@ -19,6 +19,8 @@ def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
 
 def _errors(*codes: int) -> dict[str, Any]:
     words = {401: "no or wrong token (only with TURNKEEPER_WEB_TOKEN set)", 404: "unknown chat",
+             403: "a write from another site, or (without a token) a request to a name that is not loopback",
+             415: "the body is not sent as application/json",
              409: "refused; `detail` says why", 413: "over the size limit", 422: "malformed chat id or body",
              503: "Temporal or the store does not answer"}
     return {str(c): _json(words[c], _ERROR) for c in codes}
@@ -36,7 +38,7 @@ def _decision(verb: str) -> dict[str, Any]:
     return {"post": {"summary": f"{verb} the waiting turn (the recovery id the client saw)",
                      "parameters": [_CHAT_ID], "requestBody": _RECOVERY,
                      "responses": {"200": _json("the new state", _STATE),
-                                   **_errors(401, 404, 409, 413, 422, 503)}}}
+                                   **_errors(401, 403, 404, 409, 413, 415, 422, 503)}}}
 
 
 SPEC: dict[str, Any] = {
@@ -90,13 +92,13 @@ SPEC: dict[str, Any] = {
                          "text": {"type": "string"}, "message_id": {"type": "string", "maxLength": 200}}}),
                      "responses": {"202": _json("durable in the chat's workflow", {
                          "type": "object", "properties": {"message_id": {"type": "string"}}}),
-                         **_errors(401, 413, 422, 503)}}},
+                         **_errors(401, 403, 413, 415, 422, 503)}}},
         "/api/chats/{chat_id}/continue": _decision("Continue"),
         "/api/chats/{chat_id}/dismiss": _decision("Dismiss"),
         "/api/chats/{chat_id}/stop": {"post": {
             "summary": "Stop the running turn", "parameters": [_CHAT_ID],
             "responses": {"202": _json("the stop is durable; the turn ends recovered/stopped"),
-                          **_errors(401, 404, 409, 422, 503)}}},
+                          **_errors(401, 403, 404, 409, 422, 503)}}},
         "/api/chats/{chat_id}/events": {"get": {
             "summary": "the chat's event log as Server-Sent Events (id: seq, event: type, data: payload)",
             "parameters": [_CHAT_ID,
