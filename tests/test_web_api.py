@@ -116,6 +116,10 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
         assert huge.status == 413
         assert (await request(web, "POST", path, {"text": "x" * 100})).status == 202
 
+        wrong = await request(web, "DELETE", f"/api/chats/{stack.chat()}/messages")
+        assert (wrong.status, wrong.data) == (405, {"detail": "Method Not Allowed"})
+        assert (await request(web, "GET", "/api/nothing")).data == {"detail": "Not Found"}
+
         unknown = stack.chat("nobody")
         for method, suffix, body in (("GET", "", None), ("POST", "/continue", {"recovery_id": "r"}),
                                      ("POST", "/dismiss", {"recovery_id": "r"}), ("POST", "/stop", {})):

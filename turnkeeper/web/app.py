@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -77,6 +78,11 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)  # no such path, or not with this method
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     from temporalio.service import RPCError
 
@@ -124,5 +130,6 @@ def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={ApiError: _api_error, Exception: _unexpected})
+                    exception_handlers={ApiError: _api_error, HTTPException: _http_error,
+                                        Exception: _unexpected})
     return CommonHeaders(auth.Guard(app, config.token))
