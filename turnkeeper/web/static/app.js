@@ -223,7 +223,9 @@ async function decide(action) {
       renderState(res.data);
     } else {
       // e.g. another tab acted first: say so, then show what is true now.
-      showRefusal(`${action === "continue" ? "Continue" : "Dismiss"} was refused: ${(res.data && res.data.detail) || `HTTP ${res.status}`}`);
+      const why = (res.data && res.data.detail) || `HTTP ${res.status}`;
+      const hint = res.status === 409 ? " The turn changed meanwhile (another tab or the CLI may have acted first); it is shown as it is now." : "";
+      showRefusal(`${action === "continue" ? "Continue" : "Dismiss"} was refused: ${why}.${hint}`);
     }
     refreshSoon();
   } finally {
