@@ -1,6 +1,7 @@
 """The /api handlers: the same calls the CLI makes, answered in HTTP."""
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -8,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from turnkeeper import client as tk
-from turnkeeper.models import RecoveryAction, TurnRecord, TurnState, TurnStatus
+from turnkeeper.models import TurnRecord, TurnState, TurnStatus
 from turnkeeper.web.backends import ApiError, backends, chat_id_of, read_json
 
 if TYPE_CHECKING:
@@ -78,7 +79,8 @@ async def get_state(request: Request) -> Response:
 
     chat_id = chat_id_of(request)
     store = await backends(request).store()
-    handle = (await backends(request).client()).get_workflow_handle(tk.workflow_id(chat_id))
+    client = await backends(request).client()
+    handle = client.get_workflow_handle(tk.workflow_id(chat_id))
     try:
         desc = await _described(handle, chat_id)
     except ApiError:
@@ -123,7 +125,8 @@ async def _decide(request: Request, update: str) -> Response:
     chat_id = chat_id_of(request)
     recovery_id = _short_id(await read_json(request), "recovery_id", required=True)
     assert recovery_id is not None
-    handle = (await backends(request).client()).get_workflow_handle(tk.workflow_id(chat_id))
+    client = await backends(request).client()
+    handle = client.get_workflow_handle(tk.workflow_id(chat_id))
     try:
         desc = await _described(handle, chat_id)
     except ApiError:
@@ -133,11 +136,12 @@ async def _decide(request: Request, update: str) -> Response:
     if desc.status != WorkflowExecutionStatus.RUNNING:
         return await _decide_without_run(request, chat_id, update, recovery_id)
     try:
-        state = await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id),
-                                            result_type=TurnState, rpc_timeout=WORKER_TIMEOUT)
+        # As the CLI decides: an update whose workflow task failed is asked again.
+        state = await asyncio.wait_for(tk.decide(client, chat_id, update, recovery_id),
+                                       WORKER_TIMEOUT.total_seconds())
     except WorkflowUpdateFailedError as err:
         raise ApiError(409, str(err.cause.message if err.cause else err)) from None
-    except WorkflowUpdateRPCTimeoutOrCancelledError:
+    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
         raise ApiError(503, "no worker answered; start one with `turnkeeper worker`") from None
     except RPCError as err:
         if "already completed" in str(err):
