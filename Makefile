@@ -1,4 +1,4 @@
-# Two commands:  make worker   (set up, then run the worker)
+# Two commands:  make worker   (set up, then run the worker and the web page)
 #                make test     (set up, then run the tests)
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -14,7 +14,12 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# The page runs next to the worker (it waits for the dev server the worker starts);
+# Ctrl-C stops both, and the page stops whenever the worker does.
 worker: setup
+	@$(BIN)/turnkeeper web & web=$$!; \
+	trap 'kill $$web 2>/dev/null; wait $$web 2>/dev/null' EXIT; \
+	trap 'exit 130' INT TERM; \
 	$(BIN)/python worker.py
 
 test: setup

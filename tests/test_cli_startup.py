@@ -21,11 +21,11 @@ with open(sys.argv[1], "w") as out:
 os._exit(code)
 """
 
-# Never needed by a command that is not `worker`. (`workflows.recovery`, the recovery
+# Never needed by a command that is not `worker` or `web`. (`workflows.recovery`, the recovery
 # rules as plain functions, is: the CLI decides a failed turn by them.)
 HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "activities.tools", "activities.providers",
          "activities.model_call", "activities.tool_call", "activities.store.postgres", "temporalio.worker",
-         "workflows.chat_turn", "workflows.reconcile", "worker")
+         "workflows.chat_turn", "workflows.reconcile", "worker", "turnkeeper.web", "starlette", "uvicorn")
 # Not needed by the commands that only read the session store. (`temporalio.service`
 # is: `import temporalio` imports it for the SDK's version, and the models need
 # `temporalio.common`.)

@@ -456,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run a worker (starts the embedded dev server when "
                    "TEMPORAL_ADDRESS is unset)")
+    sub.add_parser("web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, "
+                   "default 127.0.0.1:8000)")
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat")
     s.add_argument("text")
@@ -502,6 +504,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         worker.main()  # exits the process itself
     try:
         settings = Settings.from_env()
+        if args.command == "web":
+            from turnkeeper.web.server import WebConfig, serve
+
+            return serve(settings, WebConfig.from_env())
         return asyncio.run(args.func(args, settings))
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
