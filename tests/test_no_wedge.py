@@ -340,7 +340,8 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(stack: Stack) ->
     forever; a reconcile pass hands its messages on, and the chat answers."""
     from tests.test_reconciler import run_pass
 
-    stack.script([{"text": "answered"}, {"text": "answered again"}])
+    # One or two turns, as the hand-on finds the messages, then the probe's.
+    stack.script([{"text": "answered"}, {"text": "answered again"}, {"text": "and again"}])
     chat = stack.chat()
     async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_OtherChatTurn],
                       max_cached_workflows=0, workflow_runner=UnsandboxedWorkflowRunner()):
