@@ -46,20 +46,14 @@ async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert len(report.bursts) == 1 and len(report.outages) == 1
     assert sum(report.user_actions.values()) > 5, report.user_actions
     failed = {name: count for name, count in report.invariants.items() if count}
-    if failed.get("nondeterminism_errors"):
-        # Known and open: after a worker dies holding a workflow task, a signal and a
-        # lost step handled in one task can replay in another order than they ran.
-        # What follows from it (a wedged run) is then not this run's verdict.
-        pytest.xfail(f"replay order of a signal and a lost step (open): {failed}\n{report.summary()}")
-    # Late answers with a known, open cause (a workflow task held by a killed worker
-    # waits out Temporal's task timeout; an update waits while a store write blocks
-    # in an outage) are reported; an unexplained one fails the run.
+    # A workflow task held by a killed worker waits out the turn's task timeout (3 s),
+    # and the sticky queue's 1 s before it: on a loaded CI machine an answer can pass
+    # the 5 s bound that way. Such late answers are reported; any other fails the run.
     late = failed.pop("actions_not_answered_in_time", 0)
-    explained = (report.details.get("late_behind_a_workflow_task_timeout", 0)
-                 + report.details.get("late_in_a_store_outage", 0))
+    explained = report.details.get("late_behind_a_workflow_task_timeout", 0)
     assert late <= explained, f"{late - explained} late answer(s) without a known cause\n{report.summary()}"
     if late:
-        print(f"late answers with a known cause: {late}")
+        print(f"late answers behind a killed worker's workflow task: {late}")
     assert report.probes["answered"] == 8, report.probes
     assert not failed, f"invariants failed: {failed}\n{report.summary()}"
 
