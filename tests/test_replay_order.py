@@ -4,6 +4,7 @@ SDK applies the two in."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 
@@ -213,3 +214,31 @@ async def test_new_runs_record_that_they_apply_each_activation_as_one_batch(stac
     used = {flag for e in history.events if e.HasField("workflow_task_completed_event_attributes")
             for flag in e.workflow_task_completed_event_attributes.sdk_metadata.lang_used_flags}
     assert _WorkflowLogicFlag.PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH in used
+
+
+@pytest.mark.parametrize("form", ["signal"])
+async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays(stack: Stack, form: str) -> None:
+    """The step is lost and its task waits on the dead worker's sticky queue; a `state`
+    query on the other worker already shows the gate, and the user dismisses it."""
+    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    second = stack.spawn_worker()
+    await stack.wait_serving(first, second)
+    chat = stack.chat("shown")
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    desc = await handle.describe()
+    running_on = desc.raw_description.pending_activities[0].last_worker_identity
+    stack.kill(first if running_on.startswith(f"{first.pid}@") else second)
+    await _until_event(handle, "activity_task_timed_out_event_attributes")
+    shown = await stack.state(chat)
+    if form == "signal":
+        await handle.signal("dismiss", RecoveryAction(recovery_id=shown.recovery_id or "none"))
+    else:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(handle.execute_update(
+                "dismiss_turn", RecoveryAction(recovery_id=shown.recovery_id or "none")), 20)
+    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await asyncio.sleep(1)
+    assert await _replays(stack, chat) == []
