@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from turnkeeper import client as tk
-from turnkeeper.config import ConfigError, Settings
+from turnkeeper.config import ConfigError, Settings, import_from_working_directory
 from turnkeeper.models import (
     CHAT_ID_ATTR,
     DISMISSED_TEXT,
@@ -66,7 +66,7 @@ async def _client(settings: Settings) -> Client:
 
 
 async def _store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light
-    from activities.store import open_store
+    from turnkeeper.activities.store import open_store
 
     store = open_store(settings)
     await store.open()
@@ -346,7 +346,7 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
     recovery_failed). No run holds such a turn, so the store is its only record:
     `status` shows it from there, and Dismiss closes it there, as the workflow
     would have (interrupted rows for unanswered calls, one closing row)."""
-    from activities.store import TurnUpdate
+    from turnkeeper.activities.store import TurnUpdate
 
     store = await _store(settings)
     try:
@@ -355,7 +355,7 @@ async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) 
             return None
         if not dismiss:
             return _state_of(record)
-        from workflows import recovery  # only here: `status` stays light
+        from turnkeeper.workflows import recovery  # only here: `status` stays light
 
         state = _state_of(record)
         if recovery.refusal(state, "dismiss", record.recovery_id) is not None:
@@ -498,8 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import_from_working_directory()
     if args.command == "worker":
-        import worker
+        from turnkeeper import worker
 
         worker.main()  # exits the process itself
     try:
@@ -517,7 +518,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     except Exception as err:
         # The store is imported lazily, so is its error class: once something failed.
-        from activities.store.base import StoreError
+        from turnkeeper.activities.store.base import StoreError
 
         if not isinstance(err, StoreError):
             raise

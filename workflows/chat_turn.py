@@ -47,11 +47,11 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
-    from workflows import recovery
-    from workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
-    from workflows.recovery import Effect, Input
-    from workflows.payloads import Undecodable, decode_payload, first_error, message_id_of, readable
-    from workflows.turn_persistence import STORE_WAIT_FIRST_S, TurnPersistence, error_type, failure_text
+    from turnkeeper.workflows import recovery
+    from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.workflows.recovery import Effect, Input
+    from turnkeeper.workflows.payloads import Undecodable, decode_payload, first_error, message_id_of, readable
+    from turnkeeper.workflows.turn_persistence import STORE_WAIT_FIRST_S, TurnPersistence, error_type, failure_text
 
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)

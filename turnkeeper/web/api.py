@@ -153,7 +153,7 @@ async def _decide(request: Request, update: str) -> Response:
 async def _decide_without_run(request: Request, chat_id: str, update: str, recovery_id: str) -> Response:
     """No run holds the turn: only one whose recovery failed can be decided, in the
     store, as the CLI does."""
-    from workflows import recovery
+    from turnkeeper.workflows import recovery
 
     record = await (await backends(request).store()).get_turn(chat_id)
     if record is None or record.status != TurnStatus.FAILED:
