@@ -162,7 +162,7 @@ async def _decide_without_run(request: Request, chat_id: str, update: str, recov
     refusal = recovery.refusal(_state_of(record), action, recovery_id)
     if refusal is not None:
         raise ApiError(409, refusal)
-    from turnkeeper.cli import _failed_turn
+    from turnkeeper.cli_commands import _failed_turn
 
     dismissed = await _failed_turn(backends(request).settings, chat_id, dismiss=True)
     if dismissed is None:  # a message closed it meanwhile
