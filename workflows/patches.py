@@ -2,7 +2,7 @@
 
 Each id goes with `workflow.patched`; a run recorded before the id existed takes
 the earlier behaviour. Removing an id fails the replay of the recorded histories
-that ran without it (tests/histories/first-release, before-unreadable-signals).
+that ran without it (the subfolders of tests/histories).
 """
 from __future__ import annotations
 
