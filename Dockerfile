@@ -2,7 +2,7 @@
 # every dependency, asyncpg (the PostgreSQL session store) included, as wheels.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md worker.py ./
+COPY pyproject.toml README.md ./
 COPY turnkeeper ./turnkeeper
 COPY workflows ./workflows
 COPY activities ./activities
@@ -11,4 +11,6 @@ ENV TURNKEEPER_DATA_DIR=/data TURNKEEPER_WORKSPACE=/workspace
 VOLUME ["/data", "/workspace"]
 # SIGTERM gives running tools TURNKEEPER_SHUTDOWN_GRACE seconds to finish.
 STOPSIGNAL SIGTERM
-CMD ["python", "worker.py"]
+# The installed worker (`turnkeeper.worker`): the copied sources in /app are only
+# what `pip install .` reads.
+CMD ["turnkeeper", "worker"]

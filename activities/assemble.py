@@ -4,13 +4,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from activities.model_call import ModelCallActivity
-from activities.providers import ModelProvider
-from activities.reconciler import Reconciler
-from activities.store import SessionStore
-from activities.store_activities import StoreActivities
-from activities.tool_call import ToolCallActivity
-from activities.tools import ToolRegistry
+from turnkeeper.activities.model_call import ModelCallActivity
+from turnkeeper.activities.providers import ModelProvider
+from turnkeeper.activities.reconciler import Reconciler
+from turnkeeper.activities.store import SessionStore
+from turnkeeper.activities.store_activities import StoreActivities
+from turnkeeper.activities.tool_call import ToolCallActivity
+from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
 
 

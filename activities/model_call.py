@@ -9,11 +9,11 @@ import contextlib
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
-from activities.providers import ModelProvider, ProviderError
-from activities.store import CorruptRowError, SessionStore, StoreUnavailable
-from activities.tools import ToolRegistry
 from turnkeeper import activity_io as io
+from turnkeeper.activities.heartbeat import heartbeating
+from turnkeeper.activities.providers import ModelProvider, ProviderError
+from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable
+from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
 from turnkeeper.models import ModelReply
 

@@ -20,9 +20,9 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import checkpoint
-from activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
-from activities.store.base import TurnRef
+from turnkeeper.activities import checkpoint
+from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
+from turnkeeper.activities.store.base import TurnRef
 from turnkeeper.client import WORKFLOW_TYPE, workflow_id
 from turnkeeper.config import Settings
 from turnkeeper.models import (
@@ -40,7 +40,7 @@ from turnkeeper.models import (
     UserMessage,
 )
 from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
-from workflows.inbox import chunks, wire_size
+from turnkeeper.workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")
 

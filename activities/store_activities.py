@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.store import SessionStore, TurnUpdate
 from turnkeeper import activity_io as io
+from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
-from activities.store import SessionStore, StoreUnavailable
-from activities.tools import ToolContext, ToolRegistry
 from turnkeeper import activity_io as io
+from turnkeeper.activities.heartbeat import heartbeating
+from turnkeeper.activities.store import SessionStore, StoreUnavailable
+from turnkeeper.activities.tools import ToolContext, ToolRegistry
 from turnkeeper.config import Settings
 
 ALREADY_STARTED_TEXT = ("Error: this tool call was started before and may have acted; "

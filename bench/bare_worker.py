@@ -18,7 +18,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 from turn_latency import BareActivities, Steps
-from worker import STICKY_SCHEDULE_TO_START
+from turnkeeper.worker import STICKY_SCHEDULE_TO_START
 
 
 async def serve(address: str, task_queue: str, workspace: Path) -> None:

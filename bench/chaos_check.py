@@ -478,7 +478,7 @@ class Checker:
             for hist in histories:
                 yield hist
 
-        from workflows.chat_turn import ChatTurn  # the harness itself needs no workflow code
+        from turnkeeper.workflows.chat_turn import ChatTurn  # the harness itself needs no workflow code
 
         results = await Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
                                  ).replay_workflows(each(), raise_on_replay_failure=False)

@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from activities.tools import ToolContext, tool
+from turnkeeper.activities.tools import ToolContext, tool
 
 
 def _ledger(ctx: ToolContext) -> Path:

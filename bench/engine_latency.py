@@ -74,7 +74,9 @@ from _common import (
     run_and_exit,
     timeline,
 )
-from activities.store import SQLiteStore
+from turnkeeper import activity_io as io
+from turnkeeper import client as tk
+from turnkeeper.activities.store import SQLiteStore
 from bare_loop import BareTurn
 from turn_latency import (
     TURN_TIMEOUT_S,
@@ -86,8 +88,6 @@ from turn_latency import (
     cpu_seconds,
     ratio_of_rounds,
 )
-from turnkeeper import activity_io as io
-from turnkeeper import client as tk
 from turnkeeper.dev_server import TASK_DISPATCH, server_settings
 from turnkeeper.models import (
     CHAT_ID_ATTR,
@@ -96,7 +96,7 @@ from turnkeeper.models import (
     TurnState,
     TurnStatus,
 )
-from worker import STICKY_SCHEDULE_TO_START, event_loop_factory
+from turnkeeper.worker import STICKY_SCHEDULE_TO_START, event_loop_factory
 
 WARMUP_TURNS = 5
 IN_FLIGHT = 50

@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from _common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from worker import run_worker
+from turnkeeper.worker import run_worker
 
 
 async def main(turns: int) -> None:

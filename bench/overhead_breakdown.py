@@ -38,7 +38,7 @@ from _common import alternate_rounds, dev_server, run_and_exit
 from breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
 from turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
 from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR
-from worker import STICKY_SCHEDULE_TO_START
+from turnkeeper.worker import STICKY_SCHEDULE_TO_START
 
 IN_FLIGHT = 50
 WARMUP_TURNS = 5

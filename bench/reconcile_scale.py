@@ -25,9 +25,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
 
 from _common import dev_server, progress, run_and_exit
-from activities.reconciler import Reconciler
-from activities.store import SQLiteStore
 from turnkeeper import client as tk
+from turnkeeper.activities.reconciler import Reconciler
+from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.config import Settings
 from turnkeeper.models import ChatTurnInput, ModelReply, UserMessage
 

@@ -54,7 +54,7 @@ from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.testing import FakeChatServer
-from worker import HEARTBEAT_THROTTLE
+from turnkeeper.worker import HEARTBEAT_THROTTLE
 
 TOOL_SECONDS = 30          # slow_write: far longer than any measurement
 MODEL_DELAY_S = 30         # the fake model's first answer: likewise

@@ -49,15 +49,15 @@ from temporalio.worker import Worker
 
 # First of the project's imports: importing _common puts the project on sys.path.
 from _common import Server, dev_server, median_interval, near_median, p90, print_timeline, progress, run_and_exit, timeline
-from activities.providers import ScriptedProvider
-from activities.store import SQLiteStore
-from activities.tools import ToolContext, ToolRegistry, default_registry
-from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
+from turnkeeper.activities.providers import ScriptedProvider
+from turnkeeper.activities.store import SQLiteStore
+from turnkeeper.activities.tools import ToolContext, ToolRegistry, default_registry
+from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import server_settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
-from worker import STICKY_SCHEDULE_TO_START, run_worker
+from turnkeeper.worker import STICKY_SCHEDULE_TO_START, run_worker
 
 # One benchmark turn. The scripted model answers item i for the i-th assistant
 # message of the chat, so every turn runs in a fresh chat to replay the same script.

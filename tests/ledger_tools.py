@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from activities.tools import ToolContext, tool
+from turnkeeper.activities.tools import ToolContext, tool
 
 
 def _ledger(ctx: ToolContext) -> Path:

@@ -11,21 +11,21 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from activities.store import SessionStore, open_store
 from turnkeeper import client as tk
+from turnkeeper.activities.store import SessionStore, open_store
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState
-from worker import run_worker
+from turnkeeper.worker import run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"
-# What worker.py logs once its worker polls.
+# What the worker logs once it polls.
 WORKER_READY = "worker serving task queue"
 
 
@@ -96,11 +96,12 @@ class Stack:
         if task.done():
             task.result()  # raise what stopped it
 
-    def spawn_worker(self, **extra: str) -> subprocess.Popen[bytes]:
-        """`python worker.py` as a real process, in its own process group."""
+    def spawn_worker(self, command: Sequence[str] = (sys.executable, "worker.py"), cwd: Path = ROOT,
+                     **extra: str) -> subprocess.Popen[bytes]:
+        """`python worker.py` (or `command`) as a real process, in its own process group."""
         path = self.dir / f"worker{len(self.procs)}.log"
         with open(path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env(**extra),
+            proc = subprocess.Popen(list(command), cwd=cwd, env=self.env(**extra),
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         self.logs[proc.pid] = path

@@ -306,7 +306,7 @@ async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: 
 async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack) -> None:
     """The reconciler marks the turn `send` waits on failed/recovery_failed: no run
     will ever end it, so `send` shows what the user can do and exits 3."""
-    from activities.store import TurnUpdate
+    from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import Reason, ToolCallStatus, TurnStatus
 
     stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
@@ -330,7 +330,7 @@ async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack
 async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
     """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
     from the store, and Dismiss closes it there, once."""
-    from activities.store import TurnUpdate
+    from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import (
         DISMISSED_TEXT, INTERRUPTED_TOOL_TEXT, ModelReply, Reason, ToolCall, TurnStatus, UserMessage,
     )

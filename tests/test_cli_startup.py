@@ -21,11 +21,13 @@ with open(sys.argv[1], "w") as out:
 os._exit(code)
 """
 
-# Never needed by a command that is not `worker` or `web`. (`workflows.recovery`, the recovery
-# rules as plain functions, is: the CLI decides a failed turn by them.)
-HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "activities.tools", "activities.providers",
-         "activities.model_call", "activities.tool_call", "activities.store.postgres", "temporalio.worker",
-         "workflows.chat_turn", "workflows.reconcile", "worker", "turnkeeper.web", "starlette", "uvicorn")
+# Never needed by a command that is not `worker` or `web`. (`turnkeeper.workflows.recovery`,
+# the recovery rules as plain functions, is: the CLI decides a failed turn by them.)
+HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "turnkeeper.activities.tools",
+         "turnkeeper.activities.providers", "turnkeeper.activities.model_call",
+         "turnkeeper.activities.tool_call", "turnkeeper.activities.store.postgres", "temporalio.worker",
+         "turnkeeper.workflows.chat_turn", "turnkeeper.workflows.reconcile", "turnkeeper.worker",
+         "turnkeeper.web", "starlette", "uvicorn")
 # Not needed by the commands that only read the session store. (`temporalio.service`
 # is: `import temporalio` imports it for the SDK's version, and the models need
 # `temporalio.common`.)

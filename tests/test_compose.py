@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from activities.store import PostgresStore, open_store
 from turnkeeper import config
+from turnkeeper.activities.store import PostgresStore, open_store
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import TASK_DISPATCH
 
@@ -282,17 +284,14 @@ def test_every_file_the_dockerfile_copies_exists() -> None:
 
 
 def test_the_image_holds_every_package_the_project_installs() -> None:
-    """`pip install .` in the image finds every package setuptools is told to include."""
+    """`pip install .` in the image finds every directory setuptools maps into `turnkeeper`."""
     copied = {name for keyword, rest in _instructions() if keyword == "COPY"
               for name in shlex.split(rest)[:-1] if not name.startswith("--")}
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    include = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject)
-    assert include is not None
-    for pattern in re.findall(r'"([^"]+)"', include.group(1)):
-        assert pattern.rstrip("*") in copied, f"package {pattern!r} is not copied into the image"
-    for module in re.findall(r'py-modules\s*=\s*\[([^\]]*)\]', pyproject):
-        for name in re.findall(r'"([^"]+)"', module):
-            assert f"{name}.py" in copied
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, directory in setuptools["package-dir"].items():
+        assert directory in copied, f"{directory}/ ({package}) is not copied into the image"
     assert "README.md" in copied and "pyproject.toml" in copied  # readme = "README.md"
     cmd = [rest for keyword, rest in _instructions() if keyword == "CMD"][-1]
-    assert "worker.py" in cmd
+    # The installed console script: a checkout's turnkeeper/ in the working directory
+    # lacks the mapped subpackages and must not shadow the installed package.
+    assert json.loads(cmd) == ["turnkeeper", "worker"]

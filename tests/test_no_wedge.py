@@ -294,9 +294,9 @@ async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stac
 async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused signals at a gate add to its history: past the bound the gate goes on
     in a fresh run of the same turn, with the same recovery id and pending messages."""
-    import workflows.chat_turn
+    from turnkeeper.workflows import gate
 
-    monkeypatch.setattr(workflows.chat_turn, "GATE_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(gate, "GATE_HISTORY_EVENTS", 60)
     with FakeChatServer([{"status": 400, "message": "no"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from activities.store import PostgresStore
 from tests.pg import pg_schema, url_with_search_path
 from tests.support import Stack
+from turnkeeper.activities.store import PostgresStore
 from turnkeeper.models import TurnStatus
 
 pytestmark = pytest.mark.postgres

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from activities.providers import (
+from turnkeeper.activities.providers import (
     DemoProvider,
     ModelProvider,
     OpenAIChatProvider,
@@ -18,7 +18,7 @@ from activities.providers import (
     ScriptedProvider,
     load_provider,
 )
-from activities.providers.base import ensure_tool_call_ids
+from turnkeeper.activities.providers.base import ensure_tool_call_ids
 from turnkeeper.models import ChatMessage, EffectClass, ToolCall, ToolSpec
 from turnkeeper.testing import FakeChatServer
 

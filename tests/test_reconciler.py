@@ -30,16 +30,16 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-from activities import checkpoint
-from activities.assemble import build_activities
-from activities.checkpoint import UnansweredCall
-from activities.providers import load_provider
-from activities.reconciler import Reconciler
-from activities.store import SessionStore, StoreError
-from activities.tools import default_registry
 from tests.support import HISTORIES, Stack
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
+from turnkeeper.activities import checkpoint
+from turnkeeper.activities.assemble import build_activities
+from turnkeeper.activities.checkpoint import UnansweredCall
+from turnkeeper.activities.providers import load_provider
+from turnkeeper.activities.reconciler import Reconciler
+from turnkeeper.activities.store import SessionStore, StoreError
+from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import (
@@ -60,8 +60,8 @@ from turnkeeper.models import (
 from turnkeeper.reconcile_io import RECONCILE_WORKFLOW, SCHEDULE_ID, ReconcileSummary, pass_workflow_id
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.testing import FakeChatServer
-from worker import run_worker
-from workflows.chat_turn import ChatTurn
+from turnkeeper.worker import run_worker
+from turnkeeper.workflows.chat_turn import ChatTurn
 
 
 # -- checkpoint.py on a recorded history ---------------------------------------------------

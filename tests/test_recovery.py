@@ -12,12 +12,12 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from activities.assemble import build_activities
-from activities.providers import load_provider
-from activities.store import open_store
-from activities.tools import default_registry
 from tests.support import Stack, until
 from turnkeeper import client as tk
+from turnkeeper.activities.assemble import build_activities
+from turnkeeper.activities.providers import load_provider
+from turnkeeper.activities.store import open_store
+from turnkeeper.activities.tools import default_registry
 from turnkeeper.models import (
     SUPERSEDED_TEXT,
     ChatTurnInput,
@@ -29,7 +29,7 @@ from turnkeeper.models import (
     TurnStatus,
 )
 from turnkeeper.testing import FakeChatServer
-from workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
 

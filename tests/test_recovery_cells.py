@@ -18,7 +18,7 @@ from tests.support import Stack
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
-from workflows.recovery import Effect, Input, decide
+from turnkeeper.workflows.recovery import Effect, Input, decide
 
 ANSWER_WITHIN_S = 2.0
 FAIL = {"status": 400, "message": "provider says no"}

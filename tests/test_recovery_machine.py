@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
-from workflows import recovery
-from workflows.recovery import Effect, Input, decide
+from turnkeeper.workflows import recovery
+from turnkeeper.workflows.recovery import Effect, Input, decide
 
 GATE_REASONS = [Reason.RESTART_REQUIRES_CONFIRMATION, Reason.TOOL_STATE_UNKNOWN, Reason.MODEL_FAILED,
                 Reason.INTERRUPTED_WITH_SAVED_CONTEXT, Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
@@ -189,7 +189,7 @@ def test_the_readme_shows_the_table() -> None:
 
 def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
     from turnkeeper.models import UserMessage
-    from workflows.inbox import Inbox, chunks, wire_size
+    from turnkeeper.workflows.inbox import Inbox, chunks, wire_size
 
     inbox = Inbox()
     messages = [UserMessage(message_id=f"m{i}", text="x" * (i * 1000)) for i in range(1, 6)]

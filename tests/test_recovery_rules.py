@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turnkeeper.models import Reason, TurnState, TurnStatus
-from workflows import recovery
+from turnkeeper.workflows import recovery
 
 GATE_ID = "rec-1"
 

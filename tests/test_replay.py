@@ -19,7 +19,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.chat_turn import ChatTurn
 
 HISTORIES = sorted((Path(__file__).parent / "histories").rglob("*.json"))
 

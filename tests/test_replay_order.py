@@ -15,7 +15,7 @@ from temporalio.worker import Replayer
 from tests.support import Stack, until
 from turnkeeper import client as tk
 from turnkeeper.models import RecoveryAction, TurnStatus
-from workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
 

@@ -19,7 +19,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from activities.store import (
+from tests.pg import PG_URL, pg_schema
+from turnkeeper.activities.store import (
     INTERRUPTED_TOOL_TEXT,
     SUPERSEDED_TEXT,
     CorruptRowError,
@@ -30,8 +31,7 @@ from activities.store import (
     TurnUpdate,
     open_store,
 )
-from activities.store.postgres import _CHAT_LOCK_SPACE
-from tests.pg import PG_URL, pg_schema
+from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     ChatMessage,

@@ -14,7 +14,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from activities.tools import (
+from turnkeeper.activities.tools import (
     ToolContext,
     ToolLoadError,
     ToolOutcome,
@@ -25,7 +25,7 @@ from activities.tools import (
     resolve_in_workspace,
     tool,
 )
-from activities.tools import builtin
+from turnkeeper.activities.tools import builtin
 from turnkeeper.config import DEFAULT_TOOLS
 from turnkeeper.models import EffectClass
 
@@ -612,7 +612,7 @@ async def test_load_tool_modules(
     mod_dir = tmp_path / "mods"
     mod_dir.mkdir()
     (mod_dir / "tk_test_shout.py").write_text(
-        "from activities.tools import tool\n"
+        "from turnkeeper.activities.tools import tool\n"
         "\n"
         "@tool\n"
         "def tk_shout(text: str) -> str:\n"
@@ -642,7 +642,7 @@ def test_load_tool_modules_errors(
 
 
 async def test_exec_does_not_see_the_worker_secrets(tmp_path, monkeypatch) -> None:
-    from activities.tools import ToolContext, default_registry
+    from turnkeeper.activities.tools import ToolContext, default_registry
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
     ctx = ToolContext(workspace=tmp_path, chat_id="c", turn=1, tool_call_id="t",

@@ -17,7 +17,7 @@ from tests.pg import pg_schema, url_with_search_path
 from tests.support import ROOT, Stack
 from tests.web_support import read_events, request, serving
 from turnkeeper import client as tk
-from activities.store import TurnUpdate
+from turnkeeper.activities.store import TurnUpdate
 from turnkeeper.models import ChatTurnInput, Reason, RecoveryStart, ToolCallStatus, TurnStatus, UserMessage
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,15 @@ def event_loop_choice(env: Mapping[str, str]) -> str:
     if raw not in EVENT_LOOPS:
         raise ConfigError(f"TURNKEEPER_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {raw!r}")
     return raw
+
+
+def import_from_working_directory() -> None:
+    """Let the worker and the CLI import modules from the current directory
+    (`TURNKEEPER_TOOL_MODULES=mytools` beside `mytools.py`), as `python -m` does.
+    Last on the path, so a file there never shadows an installed package."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
 
 
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -7,11 +7,9 @@ events, then to the search attributes. Every store call waits out an outage
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -24,14 +22,8 @@ with workflow.unsafe.imports_passed_through():
         TurnState,
         UserMessage,
     )
+    from turnkeeper.workflows.activity_calls import call_store, error_type, failure_text
 
-# Store calls are idempotent, so retrying them is safe. A store that stays
-# unavailable past these attempts is waited for (`_wait_for_store`), visibly;
-# any other store error fails the run, and the reconciler finds the turn.
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=6,
-                          maximum_interval=timedelta(seconds=2),
-                          non_retryable_error_types=[io.STORE_UNAVAILABLE_ERROR])
-STORE_TIMEOUT = timedelta(seconds=30)
 STORE_WAIT_FIRST_S = 1.0
 STORE_WAIT_MAX_S = 30.0
 
@@ -50,9 +42,7 @@ class TurnPersistence:
         `store_unavailable` and goes on, in order, when the store answers again."""
         while True:
             try:
-                result = await workflow.execute_local_activity(
-                    activity, arg, result_type=result_type,
-                    start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+                result = await call_store(activity, arg, result_type)
             except (ActivityError, ApplicationError) as err:
                 # A local activity's failure arrives as the ApplicationError itself.
                 if error_type(err) != io.STORE_UNAVAILABLE_ERROR:
@@ -136,14 +126,3 @@ class TurnPersistence:
             TURN_STATUS_ATTR.value_set(self._state.status.value),
             RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
         ])
-
-
-
-def error_type(err: ActivityError | ApplicationError) -> str | None:
-    cause = err if isinstance(err, ApplicationError) else err.cause
-    return cause.type if isinstance(cause, ApplicationError) else None
-
-
-def failure_text(err: ActivityError | ApplicationError) -> str | None:
-    cause = err if isinstance(err, ApplicationError) else err.cause
-    return cause.message if isinstance(cause, ApplicationError) else None

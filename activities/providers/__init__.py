@@ -1,14 +1,14 @@
 """Model providers behind one small interface (`ModelProvider.complete`)."""
-from activities.providers.base import (
+from turnkeeper.activities.providers.base import (
     ModelProvider,
     PermanentProviderError,
     ProviderError,
     RetryableProviderError,
     load_provider,
 )
-from activities.providers.demo import DemoProvider
-from activities.providers.openai_chat import OpenAIChatProvider
-from activities.providers.scripted import ScriptedProvider
+from turnkeeper.activities.providers.demo import DemoProvider
+from turnkeeper.activities.providers.openai_chat import OpenAIChatProvider
+from turnkeeper.activities.providers.scripted import ScriptedProvider
 
 __all__ = [
     "DemoProvider",

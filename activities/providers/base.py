@@ -95,7 +95,7 @@ def ensure_tool_call_ids(
 
 def load_script(path: str | Path) -> list[dict[str, object]]:
     """Read and validate a scripted-model file (see `scripted.validate_script`)."""
-    from activities.providers.scripted import validate_script
+    from turnkeeper.activities.providers.scripted import validate_script
 
     p = Path(path).expanduser()
     try:
@@ -121,9 +121,9 @@ def load_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
     `openai:<model>` (OPENAI_BASE_URL and OPENAI_API_KEY come from `env`).
     """
     # Imported here: the provider modules import this one.
-    from activities.providers.demo import DemoProvider
-    from activities.providers.openai_chat import OpenAIChatProvider
-    from activities.providers.scripted import ScriptedProvider
+    from turnkeeper.activities.providers.demo import DemoProvider
+    from turnkeeper.activities.providers.openai_chat import OpenAIChatProvider
+    from turnkeeper.activities.providers.scripted import ScriptedProvider
 
     env = os.environ if env is None else env
     spec = (spec or "").strip()

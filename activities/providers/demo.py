@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from activities.providers.base import ModelProvider, fallback_tool_call_id
+from turnkeeper.activities.providers.base import ModelProvider, fallback_tool_call_id
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 HINT = 'Try "write notes.txt: hello", "read notes.txt" or "list".'

@@ -12,7 +12,7 @@ from typing import Any
 
 import openai
 
-from activities.providers.base import (
+from turnkeeper.activities.providers.base import (
     PLACEHOLDER_API_KEY,
     ModelProvider,
     PermanentProviderError,

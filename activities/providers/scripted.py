@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from activities.providers.base import (
+from turnkeeper.activities.providers.base import (
     ModelProvider,
     PermanentProviderError,
     fallback_tool_call_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from activities.store.base import (
+from turnkeeper.activities.store.base import (
     INTERRUPTED_TOOL_TEXT,
     INTERRUPTED_TURN_TEXT,
     SUPERSEDED_TEXT,
@@ -15,10 +15,10 @@ from activities.store.base import (
     StoreUnavailable,
     TurnUpdate,
 )
-from activities.store.sqlite import SQLiteStore
+from turnkeeper.activities.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from activities.store.postgres import PostgresStore
+    from turnkeeper.activities.store.postgres import PostgresStore
     from turnkeeper.config import Settings
 
 __all__ = [
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> object:
     # PostgresStore imports asyncpg: only when asked for, so that a SQLite store
     # (and the CLI's short commands) never pays for it.
     if name == "PostgresStore":
-        from activities.store.postgres import PostgresStore
+        from turnkeeper.activities.store.postgres import PostgresStore
 
         return PostgresStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -68,7 +68,7 @@ def open_store(settings: Settings) -> SessionStore:
     # Name only the scheme: the rest of a server URL may hold a password.
     scheme, sep, rest = url.partition("://")
     if sep and scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
-        from activities.store.postgres import PostgresStore
+        from turnkeeper.activities.store.postgres import PostgresStore
 
         return PostgresStore(f"postgresql://{rest}")  # asyncpg knows no +driver suffix
     shown = f"scheme {scheme!r}" if sep else "a value without a scheme"

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from activities.store.base import CorruptRowError
+from turnkeeper.activities.store.base import CorruptRowError
 from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})

@@ -12,8 +12,8 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-from activities.store import codec
-from activities.store.base import (
+from turnkeeper.activities.store import codec
+from turnkeeper.activities.store.base import (
     INTERRUPTED_TOOL_TEXT,
     SUPERSEDED_TEXT,
     BeginTurn,
@@ -24,8 +24,8 @@ from activities.store.base import (
     recovery_state_payload,
     superseded,
 )
-from activities.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
-from activities.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
+from turnkeeper.activities.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
+from turnkeeper.activities.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
 from turnkeeper.models import (
     OPEN_STATUSES,
     ChatMessage,

@@ -32,10 +32,10 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from activities.store.base import StoreError, StoreUnavailable
-from activities.store.core import SQLStore
-from activities.store.schema import SCHEMA_VERSION, schema, stored_version
-from activities.store.transaction import Transaction
+from turnkeeper.activities.store.base import StoreError, StoreUnavailable
+from turnkeeper.activities.store.core import SQLStore
+from turnkeeper.activities.store.schema import SCHEMA_VERSION, schema, stored_version
+from turnkeeper.activities.store.transaction import Transaction
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from activities.store.base import StoreError
+from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
 
 SCHEMA_VERSION = 1

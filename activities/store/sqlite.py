@@ -21,11 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from activities.store import codec
-from activities.store.base import StoreError, StoreUnavailable
-from activities.store.core import SQLStore
-from activities.store.schema import SCHEMA_VERSION, schema, stored_version
-from activities.store.transaction import Transaction
+from turnkeeper.activities.store import codec
+from turnkeeper.activities.store.base import StoreError, StoreUnavailable
+from turnkeeper.activities.store.core import SQLStore
+from turnkeeper.activities.store.schema import SCHEMA_VERSION, schema, stored_version
+from turnkeeper.activities.store.transaction import Transaction
 
 T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")

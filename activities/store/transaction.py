@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from activities.store import codec
-from activities.store.base import StoreError, TurnRef
+from turnkeeper.activities.store import codec
+from turnkeeper.activities.store.base import StoreError, TurnRef
 from turnkeeper.models import ChatMessage
 
 

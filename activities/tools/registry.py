@@ -219,7 +219,7 @@ _JSON_KINDS: dict[type, str] = {
 
 def default_registry() -> ToolRegistry:
     """The registry `@tool` fills, with the built-in tools registered."""
-    from activities.tools import builtin  # noqa: F401  (imported for its registrations)
+    from turnkeeper.activities.tools import builtin  # noqa: F401  (imported for its registrations)
 
     return _DEFAULT
 

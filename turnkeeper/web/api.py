@@ -153,7 +153,7 @@ async def _decide(request: Request, update: str) -> Response:
 async def _decide_without_run(request: Request, chat_id: str, update: str, recovery_id: str) -> Response:
     """No run holds the turn: only one whose recovery failed can be decided, in the
     store, as the CLI does."""
-    from workflows import recovery
+    from turnkeeper.workflows import recovery
 
     record = await (await backends(request).store()).get_turn(chat_id)
     if record is None or record.status != TurnStatus.FAILED:
@@ -162,7 +162,7 @@ async def _decide_without_run(request: Request, chat_id: str, update: str, recov
     refusal = recovery.refusal(_state_of(record), action, recovery_id)
     if refusal is not None:
         raise ApiError(409, refusal)
-    from turnkeeper.cli import _failed_turn
+    from turnkeeper.cli_commands import _failed_turn
 
     dismissed = await _failed_turn(backends(request).settings, chat_id, dismiss=True)
     if dismissed is None:  # a message closed it meanwhile

@@ -86,7 +86,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     from temporalio.service import RPCError
 
-    from activities.store.base import CorruptRowError, StoreError, StoreUnavailable
+    from turnkeeper.activities.store.base import CorruptRowError, StoreError, StoreUnavailable
 
     if isinstance(exc, RPCError):
         return JSONResponse({"detail": f"Temporal: {exc.message}"}, status_code=503)

@@ -16,7 +16,7 @@ from turnkeeper.config import Settings
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from activities.store import SessionStore
+    from turnkeeper.activities.store import SessionStore
 
 CHAT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Continue, Dismiss, Stop and the login carry a few short fields.
@@ -57,7 +57,7 @@ class Backends:
         if self._store is None:
             async with self._store_lock:
                 if self._store is None:
-                    from activities.store import open_store
+                    from turnkeeper.activities.store import open_store
 
                     store = open_store(self.settings)
                     await store.open()

@@ -1,0 +1,66 @@
+"""What every `turnkeeper` command shares: exit codes, refusals, and the ways to
+Temporal and to the session store.
+
+Imports that only some commands need (the Temporal client and its RPC errors,
+the session store) are made in the functions that use them: every command pays
+for its own imports only (tests/test_cli_startup.py).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.models import TurnState
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
+# A worker answers `state` in milliseconds; without one the server would hold the query.
+QUERY_TIMEOUT = timedelta(seconds=10)
+NOT_WAITING = "not waiting for confirmation"
+
+
+class Refused(Exception):
+    """The action is refused; the message goes to stderr and the exit code is 1."""
+
+
+async def connect_client(settings: Settings) -> Client:
+    try:
+        return await tk.connect(settings)
+    except Exception as err:  # noqa: BLE001
+        where = settings.temporal_address or f"127.0.0.1:{settings.dev_server_port}"
+        raise Refused(f"cannot reach Temporal at {where} ({err}); is the worker running? "
+                      "Start it with `turnkeeper worker`.") from None
+
+
+async def open_session_store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light
+    from turnkeeper.activities.store import open_store
+
+    store = open_store(settings)
+    await store.open()
+    return store
+
+
+class NoWorker(Refused):
+    """No worker answered the `state` query: the run's state is out of reach."""
+
+
+async def query_state(client: Client, chat_id: str) -> TurnState:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise Refused(f"no chat {chat_id!r}: nothing was ever sent to it") from None
+        # "no poller seen for task queue recently", or no answer in time (the client
+        # reports its own timeout as CANCELLED "Timeout expired"): a query needs a
+        # worker, and none is serving the chat's task queue.
+        if err.status in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
+                          RPCStatusCode.CANCELLED):
+            raise NoWorker(f"no worker answered for chat {chat_id!r} ({err.message}); "
+                           "start one with `turnkeeper worker`") from None
+        raise

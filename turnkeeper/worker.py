@@ -1,0 +1,232 @@
+"""The turnkeeper worker: connect to Temporal (or start the embedded dev server),
+register the search attributes, create the reconcile schedule, and run `ChatTurn`
+and `Reconcile` with their activities.
+
+    turnkeeper worker         # or: python -m turnkeeper.worker, or python worker.py in a checkout
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.worker import (
+    PollerBehavior,
+    PollerBehaviorAutoscaling,
+    PollerBehaviorSimpleMaximum,
+    UnsandboxedWorkflowRunner,
+    Worker,
+)
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+from turnkeeper.activities.assemble import build_activities
+from turnkeeper.activities.providers import load_provider
+from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
+from turnkeeper.activities.tools import ToolLoadError, default_registry, load_tool_modules
+from turnkeeper.client import connect, ensure_search_attributes
+from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
+from turnkeeper.dev_server import DevServerError
+from turnkeeper.reconcile_io import SCHEDULE_ID
+from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
+from turnkeeper.workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.reconcile import Reconcile
+
+log = logging.getLogger("turnkeeper.worker")
+
+# Short, so a dead worker's turns move to another worker within seconds.
+STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+# The SDK holds heartbeats back for up to 0.8 x the timeout by default; ours
+# must reach the server every beat, or a dead worker is noticed seconds later.
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
+
+
+# Workflow-task polls kept waiting by default, and the share of them on the shared
+# queue (the SDK's default share): 40 wait on the worker's sticky queue, 10 on the
+# shared one (see `poller_behaviors`).
+WORKFLOW_TASK_POLLS = 50
+SHARED_QUEUE_POLL_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class PollerBehaviors:
+    workflow_tasks: PollerBehavior
+    activity_tasks: PollerBehavior
+
+
+def poller_behaviors(settings: Settings) -> PollerBehaviors:
+    """A turn's later workflow tasks go to this worker's sticky queue; one that
+    finds no poll waiting goes through the queue's backlog, a write and a read on
+    the server. Autoscaling left about one such write per turn at 50 turns in
+    flight; 50 fixed polls (40 sticky, 10 shared) halve that, and 10 shared polls
+    still spread a burst over several workers. Activities mostly start eagerly, so
+    their polls scale on the server's hints. A fixed `max_pollers` caps both, as
+    a server before 1.28 needs."""
+    if settings.max_pollers is not None:
+        fixed = PollerBehaviorSimpleMaximum(settings.max_pollers)
+        return PollerBehaviors(workflow_tasks=fixed, activity_tasks=fixed)
+    return PollerBehaviors(workflow_tasks=PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS),
+                           activity_tasks=PollerBehaviorAutoscaling())
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The worker's event loop: uvloop unless `asyncio` is asked for (None: asyncio's own).
+    Every task, activation and store call passes through the loop; uvloop cut the
+    worker's CPU per turn by about a seventh (README, "Performance")."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("TURNKEEPER_EVENT_LOOP=uvloop, but uvloop is not installed "
+                              "(pip install uvloop; it runs on Linux and macOS)") from None
+        return None  # auto: e.g. on Windows
+    return uvloop.new_event_loop
+
+
+def check_tools(settings: Settings) -> None:
+    registry = default_registry()
+    try:
+        load_tool_modules(settings.tool_modules)
+    except ToolLoadError as err:
+        if not isinstance(err.__cause__, (ModuleNotFoundError, ValueError)):
+            # The module itself raised: where, in its own code, is worth showing.
+            log.error("tool module %r raised while loading", err.name, exc_info=err.__cause__)
+        raise ConfigError(f"TURNKEEPER_TOOL_MODULES: {err}") from None
+    unknown = [n for n in settings.tools if registry.get(n) is None]
+    if unknown:
+        raise ConfigError(f"TURNKEEPER_TOOLS names unknown tools {unknown}; "
+                          f"known: {sorted(registry.names())}")
+
+
+async def _open_store(store: SessionStore) -> None:
+    """Open the store, waiting out an outage (locked, unreachable): a worker started
+    while the store is down serves once it is back instead of exiting."""
+    delay = 1.0
+    while True:
+        try:
+            await store.open()
+            return
+        except StoreUnavailable as err:
+            log.warning("the session store is unavailable, trying again in %.0f s: %s", delay, err)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)
+
+
+def apply_jobs_as_one_batch(worker: Worker) -> None:
+    """New runs apply every job of an activation (signals, updates, activity results)
+    before any workflow code runs, so what a turn does cannot depend on how the
+    server and the SDK grouped them: a replay may group a lost step and a signal
+    that came after it into one activation that ran as two. The SDK records this in
+    the history (runs recorded without it replay as they ran) and plans to make it
+    its default; until then it is reached through the worker's private setter."""
+    from temporalio.worker._workflow_instance import _WorkflowLogicFlag
+
+    flag = getattr(_WorkflowLogicFlag, "PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH", None)
+    setter = getattr(worker, "_set_default_workflow_logic_flag", None)
+    if flag is None or setter is None:
+        log.warning("this temporalio release offers no single-batch activations; jobs run in its own order")
+        return
+    setter(flag, enabled=True)
+
+
+async def run_worker(settings: Settings, *, client: Client | None = None,
+                     stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
+    """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
+    `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
+    check_tools(settings)
+    try:
+        provider = load_provider(settings.model, env=settings.provider_env())
+    except ValueError as err:
+        raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
+    store = open_store(settings)
+    await _open_store(store)
+    if client is None:
+        client = await connect(settings, start_dev_server=True)
+    try:
+        added = await ensure_search_attributes(client, client.namespace)
+        if added:
+            log.info("registered search attributes %s", added)
+    except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
+        log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
+                    "RecoveryReason as Keyword yourself", err)
+    try:
+        await ensure_reconcile_schedule(client, settings, reconcile_schedule_id)
+    except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
+        log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
+                    "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
+    settings.workspace.mkdir(parents=True, exist_ok=True)
+    pollers = poller_behaviors(settings)
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[ChatTurn, Reconcile],
+        activities=build_activities(settings, store, provider, default_registry()),
+        max_cached_workflows=settings.max_cached_workflows,
+        workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        workflow_task_poller_behavior=pollers.workflow_tasks,
+        nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLL_SHARE,
+        activity_task_poller_behavior=pollers.activity_tasks,
+        # Running tools get this long to finish on SIGTERM; a model call is
+        # handed to the next worker at once.
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
+        # A turn whose history no longer replays fails its run instead of retrying its
+        # workflow task forever: the reconciler then recovers it like any run that
+        # ended abnormally (a gate, its messages kept), and the chat answers again.
+        workflow_failure_exception_types=[workflow.NondeterminismError],
+    )
+    apply_jobs_as_one_batch(worker)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    # Names and paths only: keys and URLs with credentials are never logged.
+    log.info("worker serving task queue %r (model %s, tools %s, workspace %s, store %s, event loop %s)",
+             settings.task_queue, settings.model, ",".join(settings.tools), settings.workspace,
+             type(store).__name__, type(asyncio.get_running_loop()).__module__.split(".")[0])
+    try:
+        async with worker:
+            await stop.wait()
+            log.info("shutting down: running tools get %d s to finish", settings.shutdown_grace)
+    finally:
+        await provider.aclose()
+        await store.close()
+
+
+def main() -> None:
+    import_from_working_directory()
+    logging.basicConfig(level=os.environ.get("TURNKEEPER_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    code = 0
+    try:
+        with asyncio.Runner(loop_factory=event_loop_factory(event_loop_choice(os.environ))) as runner:
+            runner.run(run_worker(Settings.from_env()))
+    except ConfigError as err:
+        print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
+        code = 2
+    except (DevServerError, StoreError) as err:
+        # What the user must fix outside the code (a port, a database): no traceback.
+        print(f"turnkeeper: cannot start: {err}", file=sys.stderr)
+        code = 1
+    except Exception as err:  # noqa: BLE001 — report, then exit non-zero
+        log.exception("worker failed: %s", err)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A Temporal runtime can abort at interpreter exit (sdk-python #300).
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Patch ids: behaviour that running turns recorded without must replay as it was.
+
+Each id goes with `workflow.patched`; a run recorded before the id existed takes
+the earlier behaviour. Removing an id fails the replay of the recorded histories
+that ran without it (the subfolders of tests/histories).
+"""
+from __future__ import annotations
+
+# A signal whose payload does not decode is refused in words (earlier runs dropped it unseen).
+REFUSE_UNDECODABLE = "refuse-undecodable-user-message"
+# A run that waits for its first message announces refusals at once, not at its idle timeout.
+ANNOUNCE_IDLE_REFUSALS = "announce-refusals-while-idle"
+# A newer message supersedes a gate only if the store does not hold it already.
+SUPERSEDE_CHECKS_STORE = "supersede-checks-store"
+# One patch for the complete recovery machine: the recovery id kept until the turn
+# ends, Dismiss while resuming, updates answered within a bound, the bounded inbox
+# and its chunked commits, the configured limit for a run's first message, long
+# gates handed on. Asked once, in the run's first activation: a patch first asked
+# later (after a local activity) can land in another workflow task on replay than
+# it did live. Runs that have it take the earlier patches' behaviour as given
+# and never ask for those.
+COMPLETE_MACHINE = "complete-recovery-machine"
+# Asked in the first activation, like COMPLETE_MACHINE. Runs that have it:
+# - answer updates with the state their decision leads to in the task that takes
+#   them, not once the gate has written it (a store outage holds the turn, never
+#   the user's answer);
+# - act on what signals leave (refusals to announce, Stop, a newer message) only
+#   while they wait for a step or a decision, never on the way from one store call
+#   to the next: the SDK can hand a local activity's result to the workflow
+#   together with a signal that came later, and a replay then sees the two apart.
+WAIT_POINTS = "act-at-wait-points"
