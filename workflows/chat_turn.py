@@ -44,7 +44,12 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows.gate import TurnGate
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.workflows.intake import MessageIntake
-    from turnkeeper.workflows.patches import COMPLETE_MACHINE, REFUSE_UNDECODABLE, WAIT_POINTS
+    from turnkeeper.workflows.patches import (
+        COMPLETE_MACHINE,
+        REFUSE_UNDECODABLE,
+        SIGNALS_AT_WAIT_POINTS,
+        WAIT_POINTS,
+    )
     from turnkeeper.workflows.payloads import decode_payload, readable
     from turnkeeper.workflows.recovery import Input
     from turnkeeper.workflows.tool_outcomes import ToolOutcomes, show_result
@@ -89,6 +94,8 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._complete = workflow.patched(COMPLETE_MACHINE)
         self._at_wait_points = self._complete and workflow.patched(WAIT_POINTS)
+        self._signals_at_wait_points = self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS)
+        self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
@@ -161,6 +168,7 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
                 # waits for a message it can take, as it does after any refusal.
                 await self._flush_events()
                 self._before_turn = True
+        self._judge_signalled()  # the turn has ended: what is left is refused, and recorded
         await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self._inbox.waiting:
@@ -353,9 +361,10 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         while True:
             await workflow.wait_condition(
                 lambda: all(h.done() for h in handles) or self._interrupt is not None
-                or (self._at_wait_points and bool(self._events)))
+                or (self._at_wait_points and bool(self._events)) or bool(self._signalled))
             if all(h.done() for h in handles):
                 return False
+            self._judge_signalled()
             if self._interrupt is None:
                 await self._flush_events()  # refusals, announced while the step runs
                 continue

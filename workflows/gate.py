@@ -51,6 +51,9 @@ class TurnGate(TurnPersistence):
     _dismissed_pending: set[str]
     _complete: bool
     _at_wait_points: bool
+    _signals_at_wait_points: bool
+    _signalled: list[tuple[recovery.Action, str | None]]
+    _before_turn: bool
     state: Callable[[], TurnState]  # the workflow's `state` query
 
     async def _interrupt_stands(self) -> bool:
@@ -96,7 +99,8 @@ class TurnGate(TurnPersistence):
         while True:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events)
-                or self._should_hand_on())
+                or bool(self._signalled) or self._should_hand_on())
+            self._judge_signalled()
             if self._should_hand_on():
                 await self._hand_on_gate()
             await self._flush_events()
@@ -122,7 +126,7 @@ class TurnGate(TurnPersistence):
     def _should_hand_on(self) -> bool:
         """Undecided, quiet, and long: a decision or a message is acted on first."""
         return (self._complete and self._decision is None and self._interrupt is None and not self._events
-                and self._gate_history_long())
+                and not self._signalled and self._gate_history_long())
 
     def _gate_history_long(self) -> bool:
         info = workflow.info()
@@ -191,6 +195,17 @@ class TurnGate(TurnPersistence):
         except Undecodable:
             if not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
                 return  # earlier runs never saw such a signal
+        if self._signals_at_wait_points and not self._before_turn:
+            self._signalled.append((action, recovery_id))  # judged where the turn waits
+            return
+        self._judge_signal(action, recovery_id)
+
+    def _judge_signalled(self) -> None:
+        signalled, self._signalled = self._signalled, []
+        for action, recovery_id in signalled:
+            self._judge_signal(action, recovery_id)
+
+    def _judge_signal(self, action: recovery.Action, recovery_id: str | None) -> None:
         why = self._refusal(action, recovery_id)
         if why is not None:
             workflow.logger.warning("%s refused for chat %s: %s", action, self._state.chat_id, why)

@@ -29,3 +29,9 @@ COMPLETE_MACHINE = "complete-recovery-machine"
 #   to the next: the SDK can hand a local activity's result to the workflow
 #   together with a signal that came later, and a replay then sees the two apart.
 WAIT_POINTS = "act-at-wait-points"
+# Asked in the first activation too. Runs that have it judge a Continue or Dismiss
+# sent as a signal where the turn waits (a step, a gate), not as it arrives: a
+# `state` answer can show a gate before any workflow task has taken the loss that
+# opens it, and a replay then hands that loss and the user's signal over in one
+# activation, the signal first. Judged at the gate, it meets the gate either way.
+SIGNALS_AT_WAIT_POINTS = "signal-decisions-at-wait-points"
