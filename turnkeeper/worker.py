@@ -183,7 +183,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # A turn whose history no longer replays fails its run instead of retrying its
         # workflow task forever: the reconciler then recovers it like any run that
         # ended abnormally (a gate, its messages kept), and the chat answers again.
-        workflow_failure_exception_types=[workflow.NondeterminismError],
+        # RuntimeError is how the SDK reports a recorded result that no longer
+        # decodes as the type the code awaits ("Failed decoding arguments"): the
+        # same mismatch, found one step later.
+        workflow_failure_exception_types=[workflow.NondeterminismError, RuntimeError],
     )
     apply_jobs_as_one_batch(worker)
     if stop is None:
