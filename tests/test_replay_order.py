@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -28,6 +29,22 @@ def _slow_tool(stack: Stack, script: list[dict]) -> Path:
                             "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
     stack.script(script)
     return ledger
+
+
+async def _kill_the_worker_running_the_tool(stack: Stack, name: str) -> tuple[str, Any]:
+    """Two workers; a turn whose slow tool runs on one of them, which is SIGKILLed."""
+    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
+    first = stack.spawn_worker()
+    second = stack.spawn_worker()
+    await stack.wait_serving(first, second)
+    chat = stack.chat(name)
+    await stack.send(chat, "write slowly")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    desc = await handle.describe()
+    running_on = desc.raw_description.pending_activities[0].last_worker_identity
+    stack.kill(first if running_on.startswith(f"{first.pid}@") else second)
+    return chat, handle
 
 
 async def _replays(stack: Stack, chat: str) -> list[str]:
@@ -179,18 +196,7 @@ async def test_a_signal_while_the_lost_steps_task_waits_for_a_dead_worker_replay
 async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(stack: Stack, action: str) -> None:
     """As above, and the next worker has the run in its cache from a `state` query it
     answered before the step was lost: it applies the new events from there."""
-    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
-    first = stack.spawn_worker()
-    second = stack.spawn_worker()
-    await stack.wait_serving(first, second)
-    chat = stack.chat("cached")
-    await stack.send(chat, "write slowly")
-    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    desc = await handle.describe()
-    running_on = desc.raw_description.pending_activities[0].last_worker_identity
-    owner, other = (first, second) if running_on.startswith(f"{first.pid}@") else (second, first)
-    stack.kill(owner)
+    chat, handle = await _kill_the_worker_running_the_tool(stack, "cached")
     await stack.state(chat)  # answered by the other worker, which caches the run
     await _until_event(handle, "activity_task_timed_out_event_attributes")
     if action == "stop":
@@ -220,17 +226,7 @@ async def test_new_runs_record_that_they_apply_each_activation_as_one_batch(stac
 async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays(stack: Stack, form: str) -> None:
     """The step is lost and its task waits on the dead worker's sticky queue; a `state`
     query on the other worker already shows the gate, and the user dismisses it."""
-    ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
-    first = stack.spawn_worker()
-    second = stack.spawn_worker()
-    await stack.wait_serving(first, second)
-    chat = stack.chat("shown")
-    await stack.send(chat, "write slowly")
-    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    desc = await handle.describe()
-    running_on = desc.raw_description.pending_activities[0].last_worker_identity
-    stack.kill(first if running_on.startswith(f"{first.pid}@") else second)
+    chat, handle = await _kill_the_worker_running_the_tool(stack, "shown")
     await _until_event(handle, "activity_task_timed_out_event_attributes")
     shown = await stack.state(chat)
     if form == "signal":
