@@ -69,7 +69,8 @@ class Reconciler:
     async def reconcile_pass(self) -> ReconcileSummary:
         client = activity.client()
         summary = ReconcileSummary()
-        for ref in await self._store.open_turn_refs():
+        refs = await self._store.open_turn_refs()
+        for ref in refs:
             activity.heartbeat(summary.examined)
             summary.examined += 1
             try:
@@ -91,7 +92,7 @@ class Reconciler:
                 summary.settled += 1
             else:
                 summary.busy += 1
-        summary.handed_on = await self._sweep_unrecorded_runs(client)
+        summary.handed_on = await self._sweep_unrecorded_runs(client, {ref.run_id for ref in refs})
         if summary.examined != summary.healthy or summary.handed_on:
             log.info("reconcile pass: %s", summary.model_dump_json())
         return summary
@@ -156,11 +157,13 @@ class Reconciler:
             return "busy"
         return verdict.reason
 
-    async def _sweep_unrecorded_runs(self, client: Client) -> int:
-        """Runs that ended abnormally before the store recorded a turn for them (say,
-        terminated while the store was down) hold acknowledged messages no turn row
-        points to: find them by the run's close, and hand their messages on. Cost:
-        one visibility query a pass, and a look at each such run once."""
+    async def _sweep_unrecorded_runs(self, client: Client, open_runs: set[str]) -> int:
+        """Runs that ended abnormally hold acknowledged messages that no open turn row
+        leads to: a run that ended before the store recorded its turn (say, terminated
+        while the store was down), or one whose turn a newer message closed before any
+        pass looked at it. Find them by the run's close and hand their uncommitted
+        messages on; runs in `open_runs` are the open-turn path's. Cost: one
+        visibility query a pass, and a look at each such run once."""
         since = self._swept_until - SWEEP_OVERLAP
         started = datetime.now(timezone.utc)
         query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND CloseTime > '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}' AND "
@@ -172,7 +175,8 @@ class Reconciler:
                 continue
             chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
             try:
-                handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
+                if run.run_id not in open_runs:
+                    handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
             except Exception as err:  # noqa: BLE001 — the next pass looks again
                 log.warning("chat %s run %s: not swept this pass: %s", chat_id, run.run_id, err)
                 complete = False
@@ -183,8 +187,6 @@ class Reconciler:
         return handed
 
     async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
-        if await self._store.run_known(chat_id, run_id):
-            return 0  # its turn is the open-turn path's (or closed)
         events = (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events
         lost = await self._uncommitted(chat_id, checkpoint.acknowledged(events))
         if lost:
@@ -194,7 +196,7 @@ class Reconciler:
                 state = await live.query("state", result_type=TurnState)
                 lost = [m for m in lost if m.message_id not in state.pending_followups]
         if lost:
-            log.info("chat %s: %d message(s) of run %s, which ended before its turn was recorded, handed on",
+            log.info("chat %s: %d message(s) of run %s, which ended abnormally, handed on",
                      chat_id, len(lost), run_id)
             await self._hand_on(client, chat_id, lost)
         return len(lost)

@@ -376,3 +376,30 @@ async def until_async(pred: Any, timeout: float = 20.0, what: str = "condition")
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_message(stack: Stack) -> None:
+    """The run holding an uncommitted follow-up is terminated, and a newer message
+    closes its turn before any reconcile pass looks: the next pass still hands the
+    follow-up on."""
+    from tests.test_reconciler import run_pass
+
+    with FakeChatServer(responder=_ok) as server:
+        server.script([{"text": "never seen", "delay": 30}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        handle = await stack.send(chat, "one", message_id="m1")
+        await until(lambda: len(server.requests) == 1, what="the model call")
+        await stack.send(chat, "two", message_id="m2")  # waits for the next model call
+        await stack.wait_state(chat, lambda s: "m2" in s.pending_followups)
+        await handle.terminate(reason="an operator's mistake")
+        await (await stack.send(chat, "three", message_id="m3")).result()  # closes turn 1
+        await asyncio.sleep(1)  # visibility shows the close a moment later
+        assert (await run_pass(stack)).handed_on == 1
+        async def answered() -> bool:
+            rows = await _user_rows(stack, chat)
+            return "two" in rows and [r["role"] for r in await stack.history(chat)][-1] == "assistant"
+        await until_async(answered, timeout=30, what="the follow-up answered")
+        assert sorted(await _user_rows(stack, chat)) == ["one", "three", "two"]
+        assert (await run_pass(stack)).handed_on == 0  # once
