@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,17 @@ async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "co
         if pred():
             return
         await asyncio.sleep(0.05)
+    raise AssertionError(f"{what} not reached in {timeout} s")
+
+
+async def until_async(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0,
+                      what: str = "condition") -> None:
+    """As `until`, for a condition that asks the server or the store."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await pred():
+            return
+        await asyncio.sleep(0.2)
     raise AssertionError(f"{what} not reached in {timeout} s")
 
 

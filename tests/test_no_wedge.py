@@ -15,7 +15,7 @@ from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from tests.support import Stack, until
+from tests.support import Stack, until, until_async
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
@@ -367,15 +367,6 @@ async def _has_timer(handle: Any) -> bool:
 
 async def _status_is(handle: Any, status: WorkflowExecutionStatus) -> bool:
     return (await handle.describe()).status == status
-
-
-async def until_async(pred: Any, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout} s")
 
 
 async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_message(stack: Stack) -> None:

@@ -138,10 +138,6 @@ class SessionStore(ABC):
         the reconciler from every other chat."""
 
     @abstractmethod
-    async def run_known(self, chat_id: str, run_id: str) -> bool:
-        """Whether a turn row records `run_id` (indexed)."""
-
-    @abstractmethod
     async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
         """Those of `message_ids` the chat holds as user rows, in the order offered."""
 

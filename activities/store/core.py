@@ -207,10 +207,6 @@ class SQLStore(SessionStore):
         return await self._rows(turn_ref, f"SELECT chat_id, turn, run_id FROM turns WHERE {OPEN_SQL}"
                                            " ORDER BY updated_at, chat_id, turn LIMIT ?", limit)
 
-    async def run_known(self, chat_id: str, run_id: str) -> bool:
-        return bool(await self._rows(bool, "SELECT 1 FROM turns WHERE chat_id = ? AND run_id = ? LIMIT 1",
-                                     chat_id, run_id))
-
     async def held_message_ids(self, chat_id: str, message_ids: list[str]) -> list[str]:
         return await self._run_read(partial(held_ids, chat_id=chat_id, message_ids=list(message_ids)),
                                     snapshot=False)
