@@ -52,6 +52,7 @@ def free_port() -> int:
 class Server:
     address: str
     pid: int
+    http_address: str  # Temporal's HTTP API, as `turnkeeper status` asks it
 
 
 @contextlib.asynccontextmanager
@@ -60,10 +61,10 @@ async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
     """The embedded server's `temporal server start-dev` on a free port, with its
     SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
     Prometheus metrics served there); stopped on the way out."""
-    port = free_port()
+    port, http_port = free_port(), free_port()
     address = f"127.0.0.1:{port}"
-    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", dynamic_config=dynamic_config,
-                            cli_defaults=cli_defaults)
+    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", http_port=http_port,
+                            dynamic_config=dynamic_config, cli_defaults=cli_defaults)
     if metrics_port is not None:
         cmd += ["--metrics-port", str(metrics_port)]
     log_path = tmp / "temporal-server.log"
@@ -77,7 +78,7 @@ async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
             await asyncio.sleep(0.2)
-        yield Server(address, proc.pid)
+        yield Server(address, proc.pid, f"127.0.0.1:{http_port}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -89,9 +89,8 @@ from turn_latency import (
     ratio_of_rounds,
 )
 from turnkeeper.dev_server import TASK_DISPATCH, server_settings
+from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (
-    CHAT_ID_ATTR,
-    TURN_STATUS_ATTR,
     ChatTurnInput,
     TurnState,
     TurnStatus,
@@ -495,6 +494,7 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))}
             env.update({"TEMPORAL_ADDRESS": servers["tuned"].address,
+                        "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": servers["tuned"].http_address,
                         "TURNKEEPER_DATA_DIR": str(tk_variant.settings.data_dir),
                         "TURNKEEPER_TASK_QUEUE": tk_variant.settings.task_queue})
             chat = by_key["turnkeeper"].turns[-1].chat_id
@@ -503,6 +503,8 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
             for command in CLI_COMMANDS:
                 args = [command] if command == "list" else [command, chat]
                 cli[command] = await cli_wall(args, env, plan.cli_runs)
+            cli["status (gRPC)"] = await cli_wall(["status", chat], {**env, "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": ""},
+                                                  plan.cli_runs)
             cli["(python -c pass)"] = await python_wall("pass", plan.cli_runs)
             cli["(python -c 'import temporalio.client')"] = await python_wall("import temporalio.client",
                                                                               plan.cli_runs)

@@ -37,7 +37,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from _common import alternate_rounds, dev_server, run_and_exit
 from breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
 from turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
-from turnkeeper.models import CHAT_ID_ATTR, TURN_STATUS_ATTR
+from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from turnkeeper.worker import STICKY_SCHEDULE_TO_START
 
 IN_FLIGHT = 50

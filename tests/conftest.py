@@ -3,6 +3,7 @@ and per-test stacks (own task queue, data dir, workspace and scripted model)."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,9 +13,18 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.support import Stack
 from turnkeeper.dev_server import temporal_binary
-from turnkeeper.models import SEARCH_ATTRIBUTE_KEYS
+from turnkeeper.search_attributes import SEARCH_ATTRIBUTE_KEYS
 
 _exit_status = 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_HTTP_PORT = _free_port()
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +34,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=pydantic_data_converter,
         search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
         dev_server_log_level="error",
+        dev_server_extra_args=["--http-port", str(_HTTP_PORT)],
     )
     try:
         yield env
@@ -36,15 +47,20 @@ def temporal_address(temporal_env: WorkflowEnvironment) -> str:
     return temporal_env.client.service_client.config.target_host
 
 
+@pytest.fixture(scope="session")
+def temporal_http_address(temporal_env: WorkflowEnvironment) -> str:
+    return f"127.0.0.1:{_HTTP_PORT}"
+
+
 @pytest.fixture
 def client(temporal_env: WorkflowEnvironment) -> Client:
     return temporal_env.client
 
 
 @pytest.fixture
-async def stack(client: Client, temporal_address: str, tmp_path,
+async def stack(client: Client, temporal_address: str, temporal_http_address: str, tmp_path,
                 request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
-    s = Stack(client, temporal_address, tmp_path, name=request.node.name)
+    s = Stack(client, temporal_address, tmp_path, name=request.node.name, http_address=temporal_http_address)
     try:
         yield s
     finally:

@@ -51,11 +51,13 @@ async def until_async(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0
 
 
 class Stack:
-    def __init__(self, client: Client, address: str, tmp: Path, name: str = "test") -> None:
+    def __init__(self, client: Client, address: str, tmp: Path, name: str = "test",
+                 http_address: str | None = None) -> None:
         self.name = name
         self.chats: list[str] = []
         self.client = client
         self.address = address
+        self.http_address = http_address
         self.dir = tmp
         self.ws = tmp / "ws"
         self.ws.mkdir(exist_ok=True)
@@ -82,6 +84,8 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
         env.update({
             "TEMPORAL_ADDRESS": self.address,
+            # The embedded server's HTTP API, as `turnkeeper status` uses it there.
+            "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": self.http_address or "",
             "TURNKEEPER_TASK_QUEUE": self.task_queue,
             "TURNKEEPER_DATA_DIR": str(self.data),
             "TURNKEEPER_WORKSPACE": str(self.ws),

@@ -370,3 +370,35 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
     again = await tk(stack, "dismiss", chat)
     assert again.returncode == 1 and "not waiting for confirmation" in again.stderr
     assert [m.content for m in await store.history(chat)].count(DISMISSED_TEXT) == 1
+
+
+async def test_status_over_http_and_over_grpc_agree(stack: Stack) -> None:
+    """`status` asks Temporal's HTTP API when it knows its address (no SDK import)
+    and gRPC otherwise, or when the HTTP port does not answer: the same state each way."""
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"error": "the provider refused this request"}])
+    await stack.start_worker()
+    chat = stack.chat("ways")
+    assert (await tk(stack, "send", chat, "write it")).returncode == 3
+    unknown = stack.chat("never")
+
+    async def status(http_address: str, *args: str) -> subprocess.CompletedProcess[str]:
+        stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = http_address
+        try:
+            return await tk(stack, "status", *args)
+        finally:
+            del stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"]
+
+    assert stack.http_address
+    ways = {"http": stack.http_address, "grpc": "", "closed port": "127.0.0.1:1"}
+    shown = {way: await status(address, chat, "--json") for way, address in ways.items()}
+    for way, r in shown.items():
+        assert r.returncode == 0 and not r.stderr, (way, r.stderr)
+    states = {way: json.loads(r.stdout) for way, r in shown.items()}
+    assert states["http"] == states["grpc"] == states["closed port"]
+    assert (states["http"]["status"], states["http"]["reason"]) == ("awaiting_user", "model_failed")
+    assert [c["name"] for c in states["http"]["tool_calls"]] == ["write_file"]
+    for way, address in ways.items():
+        r = await status(address, unknown)
+        assert r.returncode == 1 and "nothing was ever sent to it" in r.stderr, (way, r.stderr)
+        assert "Traceback" not in r.stderr

@@ -67,7 +67,11 @@ async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
         assert code == expected, f"turnkeeper {' '.join(args)} exited {code}: {err}"
         heavy = _loaded(modules, HEAVY)
         assert not heavy, f"turnkeeper {' '.join(args)} imported {heavy}"
-        if args[0] in ("history", "events"):
+        if args[0] == "status":
+            # Temporal's HTTP API and the standard library: not even the SDK.
+            sdk = _loaded(modules, ("temporalio",))
+            assert not sdk, f"turnkeeper {' '.join(args)} asks over HTTP, yet imported {sdk}"
+        elif args[0] in ("history", "events"):
             client = _loaded(modules, TEMPORAL_CLIENT)
             assert not client, f"turnkeeper {args[0]} needs no Temporal client, yet imported {client}"
         else:

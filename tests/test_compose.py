@@ -112,6 +112,7 @@ def test_temporal_persists_in_its_own_postgresql(services: dict[str, dict[str, A
 
 def test_temporal_and_its_ui_are_published_on_the_dev_server_ports(services: dict[str, dict[str, Any]]) -> None:
     assert ("7233", "7233") in _port_pairs(services["temporal"])
+    assert ("7243", "7243") in _port_pairs(services["temporal"])  # the HTTP API `status` asks
     assert ("8233", "8080") in _port_pairs(services["temporal-ui"])
     assert environment(services["temporal-ui"])["TEMPORAL_ADDRESS"] == "temporal:7233"
 
@@ -214,7 +215,8 @@ def test_worker_environment_is_exactly_what_the_worker_reads(worker_env: dict[st
     known = set(config.ENV_VARS) | set(config.WORKER_ENV_VARS) | set(config.TEMPORAL_CONNECTION_ENV_VARS)
     unknown = sorted(set(worker_env) - known)
     assert not unknown, f"the worker reads no such variables: {unknown}"
-    expected = set(config.ENV_VARS) - set(config.DEV_SERVER_ENV_VARS)  # no dev server in the stack
+    # No dev server in the stack; the CLI's own variables are set where the CLI runs.
+    expected = set(config.ENV_VARS) - set(config.DEV_SERVER_ENV_VARS) - set(config.CLI_ONLY_ENV_VARS)
     missing = sorted(expected - set(worker_env))
     assert not missing, f"pass these through to the worker (with defaults): {missing}"
     assert not set(config.DEV_SERVER_ENV_VARS) & set(worker_env)

@@ -42,10 +42,9 @@ from turnkeeper.activities.store import SessionStore, StoreError
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
+from turnkeeper.search_attributes import RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
-    RECOVERY_REASON_ATTR,
-    TURN_STATUS_ATTR,
     ChatMessage,
     ChatTurnInput,
     ModelReply,

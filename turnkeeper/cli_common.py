@@ -55,12 +55,19 @@ async def query_state(client: Client, chat_id: str) -> TurnState:
         return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
-            raise Refused(f"no chat {chat_id!r}: nothing was ever sent to it") from None
+            raise Refused(no_chat(chat_id)) from None
         # "no poller seen for task queue recently", or no answer in time (the client
         # reports its own timeout as CANCELLED "Timeout expired"): a query needs a
         # worker, and none is serving the chat's task queue.
         if err.status in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
                           RPCStatusCode.CANCELLED):
-            raise NoWorker(f"no worker answered for chat {chat_id!r} ({err.message}); "
-                           "start one with `turnkeeper worker`") from None
+            raise NoWorker(no_worker(chat_id, err.message)) from None
         raise
+
+
+def no_chat(chat_id: str) -> str:
+    return f"no chat {chat_id!r}: nothing was ever sent to it"
+
+
+def no_worker(chat_id: str, why: str) -> str:
+    return f"no worker answered for chat {chat_id!r} ({why}); start one with `turnkeeper worker`"

@@ -1,9 +1,10 @@
 """Talking to Temporal from outside a workflow: connect, send, query, decide.
 
 The CLI imports this module for every command, also for those that never talk to
-Temporal (`history`, `events`): what only some calls need (the Temporal client,
-its pydantic converter, the operator API, the dev server, `envconfig`) is
-imported in the function that needs it, so that a short command starts fast.
+Temporal (`history`, `events`) or talk to it over HTTP (`status`): the SDK and
+what only some calls need (the Temporal client, its pydantic converter, the
+operator API, the dev server, `envconfig`) are imported in the function that
+needs them, so that a short command starts fast.
 """
 from __future__ import annotations
 
@@ -13,17 +14,8 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
-
 from turnkeeper.config import Settings
 from turnkeeper.models import (
-    CHAT_ID_ATTR,
-    TURN_STATUS_ATTR,
     TURN_TASK_TIMEOUT,
     ChatTurnInput,
     RecoveryAction,
@@ -101,6 +93,15 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
                        message: UserMessage) -> WorkflowHandle[Any, Any]:
     """Signal-with-start: a follow-up to the running turn, or the start of a new one.
     Once this returns, the message is durable in the workflow's history."""
+    from temporalio.common import (
+        SearchAttributePair,
+        TypedSearchAttributes,
+        WorkflowIDConflictPolicy,
+        WorkflowIDReusePolicy,
+    )
+
+    from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
+
     return await client.start_workflow(
         WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
         task_queue=settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,

@@ -12,6 +12,7 @@ DEFAULT_TOOLS = ("read_file", "write_file", "list_dir")
 ENV_VARS: tuple[str, ...] = (
     "TEMPORAL_ADDRESS",
     "TEMPORAL_NAMESPACE",
+    "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
     "TURNKEEPER_TASK_QUEUE",
     "TURNKEEPER_DATA_DIR",
     "TURNKEEPER_DATABASE_URL",
@@ -34,13 +35,18 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_HEARTBEAT_TIMEOUT",
     "TURNKEEPER_DEV_SERVER_PORT",
     "TURNKEEPER_DEV_UI_PORT",
+    "TURNKEEPER_DEV_HTTP_PORT",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
 )
 """Every variable `Settings.from_env` reads (a test keeps the two in step)."""
 
-DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT")
+DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT",
+                                        "TURNKEEPER_DEV_HTTP_PORT")
 """Only used when TEMPORAL_ADDRESS is unset (the embedded dev server)."""
+
+CLI_ONLY_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_TEMPORAL_HTTP_ADDRESS",)
+"""Read by the CLI's commands, never by a worker."""
 
 WORKER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_LOG_LEVEL", "TURNKEEPER_EVENT_LOOP")
 """Read by `worker.py` itself, outside `Settings` (before its event loop exists)."""
@@ -179,6 +185,11 @@ class Settings:
     max_pollers: int | None = None
     dev_server_port: int = 7233
     dev_ui_port: int = 8233
+    # Temporal's HTTP API (the frontend's `httpPort`): `turnkeeper status` asks it
+    # with the standard library instead of importing the SDK, which alone takes
+    # longer than the whole command should. Unset with TEMPORAL_ADDRESS: gRPC.
+    temporal_http_address: str | None = None
+    dev_http_port: int = 7243
     openai_base_url: str | None = None
     # repr=False: settings get logged; the key must never be.
     openai_api_key: str | None = field(default=None, repr=False)
@@ -215,6 +226,8 @@ class Settings:
             max_pollers=_pollers(env, "TURNKEEPER_POLLERS"),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
+            temporal_http_address=env.get("TURNKEEPER_TEMPORAL_HTTP_ADDRESS") or None,
+            dev_http_port=_int(env, "TURNKEEPER_DEV_HTTP_PORT", 7243, minimum=1),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
             openai_api_key=env.get("OPENAI_API_KEY") or None,
         )
@@ -223,6 +236,14 @@ class Settings:
         """What model providers read, passed explicitly rather than via os.environ."""
         env = {"OPENAI_BASE_URL": self.openai_base_url, "OPENAI_API_KEY": self.openai_api_key}
         return {k: v for k, v in env.items() if v}
+
+    @property
+    def http_api_address(self) -> str | None:
+        """Where Temporal's HTTP API answers, if we know: the configured address,
+        else the embedded dev server's when TEMPORAL_ADDRESS is unset."""
+        if self.temporal_http_address:
+            return self.temporal_http_address
+        return None if self.temporal_address else f"127.0.0.1:{self.dev_http_port}"
 
     @property
     def sqlite_path(self) -> Path:

@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from turnkeeper.config import Settings
-from turnkeeper.models import SEARCH_ATTRIBUTE_KEYS
+from turnkeeper.models import SEARCH_ATTRIBUTE_NAMES
 
 log = logging.getLogger("turnkeeper.dev_server")
 
-SEARCH_ATTRIBUTES = tuple(key.name for key in SEARCH_ATTRIBUTE_KEYS)
+SEARCH_ATTRIBUTES = SEARCH_ATTRIBUTE_NAMES
 START_TIMEOUT_S = 60.0
 # WAL without a sync per commit. By default every server transaction waits for
 # several fsyncs, which held the server to about 6 turns/s on a 2-core VM (13-14
@@ -82,16 +82,20 @@ def server_settings(dynamic_config: Mapping[str, object] | None = None,
 
 
 def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int | None = None,
-                      namespace: str | None = None, dynamic_config: Mapping[str, object] | None = None,
+                      http_port: int | None = None, namespace: str | None = None,
+                      dynamic_config: Mapping[str, object] | None = None,
                       cli_defaults: bool = False) -> list[str]:
     """The `temporal server start-dev` command line of the embedded server: on-disk
     SQLite with `SQLITE_PRAGMAS`, turnkeeper's search attributes registered,
-    `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI;
+    `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI, no
+    `http_port` the CLI's own choice of a free one;
     `cli_defaults` leaves out `SQLITE_PRAGMAS` and `DYNAMIC_CONFIG`. The
     benchmarks start theirs with this too."""
     cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
            "--db-filename", str(db_file), "--log-level", log_level]
     cmd += ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
+    if http_port is not None:
+        cmd += ["--http-port", str(http_port)]
     if namespace is not None:
         cmd += ["--namespace", namespace]
     pragmas, config = server_settings(dynamic_config, cli_defaults)
@@ -122,7 +126,8 @@ async def ensure_dev_server(settings: Settings) -> str:
         return address
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     cmd = start_dev_command(settings.dev_server_port, settings.data_dir / "temporal.db", log_level="warn",
-                            ui_port=settings.dev_ui_port, namespace=settings.namespace)
+                            ui_port=settings.dev_ui_port, http_port=settings.dev_http_port,
+                            namespace=settings.namespace)
     log_path = settings.data_dir / "temporal-server.log"
     with open(log_path, "ab") as out:
         logged_before = out.tell()  # the log is appended to: show only this start's lines
@@ -135,9 +140,9 @@ async def ensure_dev_server(settings: Settings) -> str:
             with open(log_path, "rb") as log_file:
                 log_file.seek(logged_before)
                 tail = log_file.read().decode(errors="replace").strip()[-800:]
-            hint = ("\nAnother program holds the port: set TURNKEEPER_DEV_SERVER_PORT and "
-                    "TURNKEEPER_DEV_UI_PORT to free ones, or TEMPORAL_ADDRESS to use a Temporal "
-                    "server of your own." if "address already in use" in tail else "")
+            hint = ("\nAnother program holds the port: set TURNKEEPER_DEV_SERVER_PORT, "
+                    "TURNKEEPER_DEV_UI_PORT and TURNKEEPER_DEV_HTTP_PORT to free ones, or "
+                    "TEMPORAL_ADDRESS to use a Temporal server of your own." if "address already in use" in tail else "")
             raise DevServerError(f"the Temporal dev server exited at start (code {proc.returncode}); "
                                  f"see {log_path}:\n{tail}{hint}")
         if await is_healthy(address):

@@ -10,7 +10,13 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from temporalio.common import SearchAttributeKey
+
+
+class LazyModel(BaseModel):
+    # Schemas are built on first use, not at import: the CLI's short commands use
+    # one or two of these models and start without paying for the rest.
+    model_config = ConfigDict(defer_build=True)
+
 
 # --- rows the system writes into a transcript ------------------------------------
 
@@ -22,11 +28,13 @@ DISMISSED_TEXT = "The interrupted turn was dismissed."
 STOPPED_TEXT = "The turn was stopped by the user."
 
 # --- search attributes (contract): Keyword, upserted on every transition --------
+# Their typed keys are in turnkeeper.search_attributes: the names alone keep the
+# CLI from importing the SDK.
 
-CHAT_ID_ATTR = SearchAttributeKey.for_keyword("ChatId")
-TURN_STATUS_ATTR = SearchAttributeKey.for_keyword("TurnStatus")
-RECOVERY_REASON_ATTR = SearchAttributeKey.for_keyword("RecoveryReason")
-SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR)
+CHAT_ID = "ChatId"
+TURN_STATUS = "TurnStatus"
+RECOVERY_REASON = "RecoveryReason"
+SEARCH_ATTRIBUTE_NAMES = (CHAT_ID, TURN_STATUS, RECOVERY_REASON)
 
 # A turn's workflow tasks are short (store calls of a few ms, at most the store's
 # lock wait): when the worker holding one dies, the next worker takes the turn,
@@ -90,7 +98,7 @@ class EffectClass(str, Enum):
 # --- signal payloads (contract) -------------------------------------------------
 
 
-class UserMessage(BaseModel):
+class UserMessage(LazyModel):
     """Payload of the `user_message` signal; `message_id` is the client's idempotency key."""
 
     model_config = ConfigDict(extra="ignore")
@@ -100,7 +108,7 @@ class UserMessage(BaseModel):
     sender: str | None = None
 
 
-class RecoveryAction(BaseModel):
+class RecoveryAction(LazyModel):
     """Payload of `continue` / `dismiss` (signals) and `continue_turn` / `dismiss_turn` (updates)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -108,7 +116,7 @@ class RecoveryAction(BaseModel):
     recovery_id: str = Field(min_length=1)
 
 
-class RecoveryStart(BaseModel):
+class RecoveryStart(LazyModel):
     """How the reconciler starts a run for a turn whose own run ended abnormally:
     the run opens at a gate for that turn, so Continue and Dismiss reach it."""
 
@@ -121,7 +129,7 @@ class RecoveryStart(BaseModel):
     detail: str | None = None
 
 
-class ChatTurnInput(BaseModel):
+class ChatTurnInput(LazyModel):
     """`ChatTurn`'s input (contract): `{"chat_id": ...}` starts a turn; the other
     fields are the workflow's own."""
 
@@ -135,7 +143,7 @@ class ChatTurnInput(BaseModel):
 # --- transcript rows ------------------------------------------------------------
 
 
-class ToolCall(BaseModel):
+class ToolCall(LazyModel):
     """A tool call as the model asked for it. `arguments` is the JSON text the model
     produced, kept verbatim: malformed arguments are the tool activity's to report."""
 
@@ -144,7 +152,7 @@ class ToolCall(BaseModel):
     arguments: str = "{}"
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(LazyModel):
     """One committed transcript row, in the shape `history --json` prints (contract)."""
 
     role: Literal["user", "assistant", "tool"]
@@ -157,7 +165,7 @@ class ChatMessage(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-class ModelReply(BaseModel):
+class ModelReply(LazyModel):
     """What a provider returns: a final text answer, or tool calls (possibly with text)."""
 
     text: str | None = None
@@ -168,7 +176,7 @@ class ModelReply(BaseModel):
         return not self.tool_calls
 
 
-class ToolSpec(BaseModel):
+class ToolSpec(LazyModel):
     """A tool as the model sees it."""
 
     name: str
@@ -180,13 +188,13 @@ class ToolSpec(BaseModel):
 # --- the turn's state (query `state`, contract) -----------------------------------
 
 
-class ToolCallView(BaseModel):
+class ToolCallView(LazyModel):
     id: str
     name: str
     status: ToolCallStatus
 
 
-class TurnState(BaseModel):
+class TurnState(LazyModel):
     chat_id: str
     turn: int = 0
     status: TurnStatus = TurnStatus.RUNNING
@@ -219,7 +227,7 @@ EventType = Literal[
 ]
 
 
-class Event(BaseModel):
+class Event(LazyModel):
     chat_id: str
     seq: int
     type: str
@@ -227,14 +235,14 @@ class Event(BaseModel):
     created_at: datetime
 
 
-class NewEvent(BaseModel):
+class NewEvent(LazyModel):
     """An event to append; the store assigns `seq` and the time."""
 
     type: EventType
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
-class TurnRecord(BaseModel):
+class TurnRecord(LazyModel):
     """A row of the store's turns table."""
 
     chat_id: str

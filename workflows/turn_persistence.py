@@ -15,13 +15,11 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io as io
     from turnkeeper.models import (
-        CHAT_ID_ATTR,
-        RECOVERY_REASON_ATTR,
-        TURN_STATUS_ATTR,
         NewEvent,
         TurnState,
         UserMessage,
     )
+    from turnkeeper.search_attributes import CHAT_ID_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
     from turnkeeper.workflows.activity_calls import call_store, error_type, failure_text
 
 STORE_WAIT_FIRST_S = 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from turnkeeper.models import (  # noqa: F401  (the texts are re-exported)
     INTERRUPTED_TOOL_TEXT,
@@ -18,6 +18,7 @@ from turnkeeper.models import (  # noqa: F401  (the texts are re-exported)
     SUPERSEDED_TEXT,
     ChatMessage,
     Event,
+    LazyModel,
     ModelReply,
     NewEvent,
     Reason,
@@ -41,7 +42,7 @@ class CorruptRowError(StoreError):
     """A stored row does not decode; the message names the chat and the row."""
 
 
-class BeginTurn(BaseModel):
+class BeginTurn(LazyModel):
     turn: int | None = None
     """The new turn's number; None when every message was already committed (no turn)."""
     duplicate_ids: list[str] = Field(default_factory=list)
@@ -50,7 +51,7 @@ class BeginTurn(BaseModel):
     """An earlier turn that was still open and has now been closed as superseded."""
 
 
-class TurnUpdate(BaseModel):
+class TurnUpdate(LazyModel):
     """A turn's new status; written with `recovery_state` + `session_updated` events."""
 
     status: TurnStatus
@@ -79,7 +80,7 @@ def superseded(record: TurnRecord) -> TurnUpdate:
                       can_continue=record.can_continue, attempts=record.attempts)
 
 
-class TurnRef(BaseModel):
+class TurnRef(LazyModel):
     """An open turn as the reconciler lists it."""
 
     chat_id: str
