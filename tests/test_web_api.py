@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from tests.pg import pg_schema, url_with_search_path
 from tests.support import ROOT, Stack
@@ -322,3 +323,41 @@ async def test_on_a_postgresql_store(stack: Stack) -> None:
             assert [m["content"] for m in rows.data] == ["hi", "from postgres"]
             assert [c["chat_id"] for c in (await request(web, "GET", "/api/chats")).data] == [chat]
         await stack.close()
+
+
+async def test_the_answer_streams_as_deltas_before_it_is_recorded(stack: Stack) -> None:
+    """While the model streams, `assistant_delta` events carry its text (no `id:`,
+    so they are not in the log); the pieces add up to the recorded answer, and
+    neither the transcript nor the workflow history holds them."""
+    from turnkeeper.testing import FakeChatServer
+
+    words = "one two three four five six seven eight"
+    with FakeChatServer([{"text": words, "chunk_delay": 0.15}]) as server:
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                                "OPENAI_API_KEY": "test-key"})
+        await stack.start_worker()
+        chat = stack.chat("stream")
+        with serving(stack.settings()) as web:
+            reading = asyncio.create_task(read_events(web, f"/api/chats/{chat}/events", "turn_end"))
+            await asyncio.sleep(0.3)  # the stream is open before the message
+            sent = await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "count"})
+            assert sent.status == 202
+            status, events = await reading
+        assert server.requests[0].get("stream") is True
+    assert status == 200
+    types = [e.type for e in events]
+    deltas = [e for e in events if e.type == "assistant_delta"]
+    assert len(deltas) >= 3, types  # one piece per write, written at most every 50 ms
+    assert all(e.id is None for e in deltas) and all(e.id is not None for e in events if e not in deltas)
+    assert types.index("assistant_delta") < types.index("assistant_message")
+    text = ""
+    for d in deltas:
+        assert (d.data["turn"], d.data["step"], d.data["attempt"]) == (1, 0, 1)
+        assert d.data["offset"] == len(text)
+        text += d.data["text"]
+    assert text == words
+    assert "assistant_delta" not in [e.type for e in await (await stack.store()).events(chat)]
+    # The reply travels once, in the model call's result; its pieces add nothing.
+    history = await stack.client.get_workflow_handle(f"chat-{chat}").fetch_history()
+    carrying = [e.event_type for e in history.events if b"four" in e.SerializeToString()]
+    assert carrying == [EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED], carrying

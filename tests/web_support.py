@@ -92,7 +92,7 @@ async def request(server: WebServer | int, method: str, path: str, json_body: An
 
 @dataclass
 class SseEvent:
-    id: int
+    id: int | None  # None: a transient event (`assistant_delta`), not in the log
     type: str
     data: Any
 
@@ -116,7 +116,8 @@ def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
                     fields[name] = value
                 continue
             if "event" in fields:
-                events.append(SseEvent(int(fields["id"]), fields["event"], json.loads(fields["data"])))
+                seq = int(fields["id"]) if "id" in fields else None
+                events.append(SseEvent(seq, fields["event"], json.loads(fields["data"])))
                 if fields["event"] == until_type:
                     return res.status, events
             fields = {}

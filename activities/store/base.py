@@ -80,6 +80,20 @@ def superseded(record: TurnRecord) -> TurnUpdate:
                       can_continue=record.can_continue, attempts=record.attempts)
 
 
+class Draft(LazyModel):
+    """The text a model call has streamed so far (`attempt` counts the calls of
+    that step; a client shows the newest one's text)."""
+
+    chat_id: str
+    turn: int
+    step: int
+    attempt: int
+    text: str
+    version: int
+    recorded: bool = False
+    """The step's reply is in the transcript: nothing to show."""
+
+
 class TurnRef(LazyModel):
     """An open turn as the reconciler lists it."""
 
@@ -204,6 +218,29 @@ class SessionStore(ABC):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         """The committed transcript in order. Raises `CorruptRowError` naming the
         row when one does not decode."""
+
+    # -- drafts: the answer as it streams ------------------------------------------
+    @abstractmethod
+    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
+                          attempt: int | None = None) -> int:
+        """Set the chat's draft to `text` for model call `step` and return its
+        attempt. `attempt=None` starts one: 1, or one more than the draft already
+        there for the same (turn, step) (a call that was lost, or retried, even
+        after it recorded its reply: `record_assistant` keeps the row). Never
+        durable: a draft that a crash takes with it is streamed again."""
+
+    @abstractmethod
+    async def drafts_since(self, version: int, limit: int = 1000) -> list[Draft]:
+        """Drafts written after `version`, oldest write first."""
+
+    @abstractmethod
+    async def draft(self, chat_id: str) -> Draft | None:
+        """The chat's draft while its turn is open and its step's reply is not
+        recorded, else None."""
+
+    @abstractmethod
+    async def draft_version(self) -> int:
+        """The newest draft write's version (0 before any)."""
 
     # -- events ----------------------------------------------------------------
     @abstractmethod

@@ -101,6 +101,26 @@ _TABLES: tuple[str, ...] = (
         PRIMARY KEY (chat_id, event_key)
     )
     """,
+    # The answer a model call is streaming, one row per chat: overwritten as the
+    # text grows, emptied once the reply is recorded, gone when the turn ends. Not
+    # the transcript: what clients show until the `assistant_message` event comes.
+    """
+    CREATE TABLE IF NOT EXISTS drafts (
+        chat_id    {text}      PRIMARY KEY,
+        turn       {integer}   NOT NULL,
+        step       {integer}   NOT NULL,
+        attempt    {integer}   NOT NULL,
+        text       {text}      NOT NULL,
+        -- grows with every write of any chat's draft: readers ask for what is newer
+        version    {bigint}    NOT NULL,
+        -- the step's reply is recorded: kept (empty) so that a re-run counts on from it
+        recorded   {boolean}   NOT NULL DEFAULT {false},
+        updated_at {timestamp} NOT NULL
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS drafts_version ON drafts (version)
+    """,
     """
     CREATE TABLE IF NOT EXISTS tool_runs (
         idempotency_key {text}      PRIMARY KEY,

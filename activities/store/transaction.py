@@ -77,6 +77,7 @@ class ChatWrite:
 
     async def end_turn(self, turn: int, payload: dict[str, Any]) -> None:
         await self.tx.execute("UPDATE turns SET ended = ? WHERE chat_id = ? AND turn = ?", True, self.chat_id, turn)
+        await self.tx.execute("DELETE FROM drafts WHERE chat_id = ? AND turn = ?", self.chat_id, turn)
         await self.emit("turn_end", payload)
 
 
