@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
 
-SCHEMA_VERSION = 1
+# 2: the drafts table (streaming answers). Every statement is IF NOT EXISTS, so
+# running them all again migrates any older version.
+SCHEMA_VERSION = 2
 
 
 # Constants, not parameters: the partial index `turns_open` matches this predicate,
