@@ -361,3 +361,30 @@ async def test_the_answer_streams_as_deltas_before_it_is_recorded(stack: Stack) 
     history = await stack.client.get_workflow_handle(f"chat-{chat}").fetch_history()
     carrying = [e.event_type for e in history.events if b"four" in e.SerializeToString()]
     assert carrying == [EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED], carrying
+
+
+def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> None:
+    """What one event stream makes of the drafts it is handed: pieces after what it
+    sent; a newer attempt (the call run again) from offset 0; an older attempt, or
+    a draft read before its step's reply was recorded, not at all."""
+    from turnkeeper.activities.store import Draft
+    from turnkeeper.web.sse import _Deltas
+
+    def draft(attempt: int, text: str, step: int = 0, recorded: bool = False) -> Draft:
+        return Draft(chat_id="c", turn=1, step=step, attempt=attempt, text=text, version=1, recorded=recorded)
+
+    def payload(line: str | None) -> dict | None:
+        return None if line is None else json.loads(line.split("data: ", 1)[1])
+
+    deltas = _Deltas()
+    assert payload(deltas.next(draft(1, "Hel"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "Hel", "offset": 0}
+    assert payload(deltas.next(draft(1, "Hello"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "lo", "offset": 3}
+    assert deltas.next(draft(1, "Hello")) is None  # nothing new
+    assert payload(deltas.next(draft(2, "Hi")))["offset"] == 0  # the call ran again
+    assert deltas.next(draft(1, "Hello world")) is None  # the dead attempt
+    assert deltas.next(draft(2, "Hi", recorded=True)) is None
+    deltas.recorded({"turn": 1, "step": 0, "text": "Hi there"})
+    assert deltas.next(draft(2, "Hi there")) is None  # read before the reply was recorded
+    assert payload(deltas.next(draft(3, "Again")))["attempt"] == 3  # run once more after it
+    assert payload(deltas.next(draft(1, "Next", step=1)))["text"] == "Next"
+    assert "id:" not in (deltas.next(draft(1, "Next step", step=1)) or "")
