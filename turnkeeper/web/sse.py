@@ -81,6 +81,8 @@ class _Deltas:
         if draft.attempt <= self._recorded.get((draft.turn, draft.step), -1):
             return None  # read before its reply was recorded: old news (a re-run counts on)
         key = (draft.turn, draft.step, draft.attempt)
+        if self._attempt is not None and self._attempt[:2] == key[:2] and key[2] < self._attempt[2]:
+            return None  # a dead attempt's draft, read late
         if key != self._attempt:
             self._attempt, self._sent = key, 0
         if len(draft.text) <= self._sent:
