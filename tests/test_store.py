@@ -976,7 +976,7 @@ async def test_events_with_keys_are_appended_once(store: SessionStore) -> None:
 # -- drafts: the answer as it streams ----------------------------------------------------
 
 
-async def test_a_draft_grows_is_emptied_when_recorded_and_gone_with_its_turn(store: SessionStore) -> None:
+async def test_a_draft_grows_and_is_emptied_when_recorded_and_when_its_turn_ends(store: SessionStore) -> None:
     turn = await start_turn(store, "run-1", "m1")
     before = await store.draft_version()
     attempt = await store.write_draft(CHAT, turn, 0, "Hel")
@@ -998,9 +998,14 @@ async def test_a_draft_grows_is_emptied_when_recorded_and_gone_with_its_turn(sto
     assert "assistant_delta" not in await event_types(store)  # never in the event log
     assert [m.content for m in await store.history(CHAT)][-1] == "Hi there"  # nor in the transcript
 
+    version = await store.draft_version()
     await store.finish_turn(CHAT, turn, TurnUpdate(status=TurnStatus.COMPLETED))
     assert await store.draft(CHAT) is None
-    assert [d for d in await store.drafts_since(0) if d.chat_id == CHAT] == []
+    assert [(d.recorded, d.text) for d in await store.drafts_since(0) if d.chat_id == CHAT] == [(True, "")]
+    # Versions only grow, across turns: a reader that saw `version` misses nothing newer.
+    turn2 = await start_turn(store, "run-2", "m2")
+    assert await store.write_draft(CHAT, turn2, 0, "Turn two") == 1
+    assert [d.text for d in await store.drafts_since(version)] == ["Turn two"]
 
 
 async def test_drafts_of_many_chats_come_in_write_order(store: SessionStore) -> None:

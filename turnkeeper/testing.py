@@ -38,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["FakeChatServer"]
+__all__ = ["FakeChatServer", "StreamRecord"]
 
 Item = dict[str, Any]
 Responder = Callable[[dict[str, Any]], Item]
@@ -201,6 +201,9 @@ class _Handler(BaseHTTPRequestHandler):
                     stopping.wait(stream.chunk_delay)
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
+                piece = chunk["choices"][0]["delta"].get("content")
+                if piece:
+                    stream.record.pieces.append((time.monotonic(), piece))
             self.wfile.write(b"data: [DONE]\n\n")
         except OSError:
             pass
@@ -218,8 +221,19 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Stream:
-    def __init__(self, chunks: list[dict[str, Any]], chunk_delay: float, cut_after: int) -> None:
-        self.chunks, self.chunk_delay, self.cut_after = chunks, chunk_delay, cut_after
+    def __init__(self, chunks: list[dict[str, Any]], chunk_delay: float, cut_after: int,
+                 record: StreamRecord) -> None:
+        self.chunks, self.chunk_delay, self.cut_after, self.record = chunks, chunk_delay, cut_after, record
+
+
+class StreamRecord:
+    """A streamed answer as the server sent it: each piece of text and when it was
+    written (`time.monotonic()`), for measuring what a client sees later."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.request = request
+        self.arrived = time.monotonic()
+        self.pieces: list[tuple[float, str]] = []
 
 
 class FakeChatServer:
@@ -232,6 +246,8 @@ class FakeChatServer:
 
     def __init__(self, items: Iterable[Item] = (), *, responder: Responder | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.streams: list[StreamRecord] = []
+        """The streamed answers, in the order asked for."""
         self.responder = responder
         self._script: deque[Item] = deque()
         self._lock = threading.Lock()
@@ -318,6 +334,9 @@ class FakeChatServer:
             status = int(item["status"])
             return status, error_body(status, str(item.get("message", f"error {status}")))
         if request.get("stream"):
+            record = StreamRecord(request)
+            with self._lock:
+                self.streams.append(record)
             return 200, _Stream(_stream_chunks(item, request), float(item.get("chunk_delay", 0)),
-                                int(item.get("cut_after", 0)))
+                                int(item.get("cut_after", 0)), record)
         return 200, _completion(item, request)

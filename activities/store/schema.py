@@ -104,8 +104,9 @@ _TABLES: tuple[str, ...] = (
     )
     """,
     # The answer a model call is streaming, one row per chat: overwritten as the
-    # text grows, emptied once the reply is recorded, gone when the turn ends. Not
-    # the transcript: what clients show until the `assistant_message` event comes.
+    # text grows, emptied once the reply is recorded or the turn ends (never
+    # deleted: readers ask for versions above the highest they saw). Not the
+    # transcript: what clients show until the `assistant_message` event comes.
     """
     CREATE TABLE IF NOT EXISTS drafts (
         chat_id    {text}      PRIMARY KEY,

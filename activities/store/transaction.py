@@ -77,7 +77,9 @@ class ChatWrite:
 
     async def end_turn(self, turn: int, payload: dict[str, Any]) -> None:
         await self.tx.execute("UPDATE turns SET ended = ? WHERE chat_id = ? AND turn = ?", True, self.chat_id, turn)
-        await self.tx.execute("DELETE FROM drafts WHERE chat_id = ? AND turn = ?", self.chat_id, turn)
+        # Emptied, not deleted: the row keeps the highest version, which readers count on.
+        await self.tx.execute("UPDATE drafts SET recorded = ?, text = '' WHERE chat_id = ? AND turn = ?",
+                              True, self.chat_id, turn)
         await self.emit("turn_end", payload)
 
 
