@@ -66,9 +66,7 @@ class ModelCallActivity:
                 # The answer is not lost with the store: the workflow records it once it is back.
                 activity.logger.warning("the reply of chat %s is recorded later: %s", inp.chat_id, err)
                 return io.ModelCallResult(reply=reply, committed_ids=committed, recorded=False)
-            # Recorded: the transcript holds the text, and the workflow needs only the
-            # tool calls; without it a turn's history is the same size for any answer.
-            return io.ModelCallResult(reply=reply.model_copy(update={"text": None}), committed_ids=committed)
+            return io.ModelCallResult(reply=reply, committed_ids=committed)
 
 
 async def _unless_shutdown(call: "asyncio.Future[ModelReply] | object") -> ModelReply:

@@ -10,8 +10,9 @@ a fixed rate.
    delay turnkeeper adds is the stream's first `assistant_delta` less that write.
 2. Throughput with streaming on against off: two workers, one each way, on
    queues of their own; rounds of turns at 20 in flight, alternated.
-3. History bytes per turn for a 10-word and a 1,000-word answer: the workflow
-   history carries neither the answer nor its pieces.
+3. History bytes per turn for a 10-word and a 1,000-word answer, streaming on
+   and off: the pieces never enter the history (the answer does, once, in the
+   model call's result, where the reconciler finds an answer to restore).
 4. Under load: N chats (200) streaming at once through one web process; for
    every piece the provider wrote, the delay until a stream first holds it.
 """
@@ -329,8 +330,11 @@ async def main() -> None:
     print("goals")
     print(f"  added delay median < {GOAL_ADDED_MS:.0f} ms   {'PASS' if summary['added_ms']['median'] < GOAL_ADDED_MS else 'MISS'}")
     print(f"  throughput on/off >= {GOAL_THROUGHPUT}    {'PASS' if ratio >= GOAL_THROUGHPUT else 'MISS'}")
-    same = all(abs(v[10] - v[1000]) < 64 for v in summary["history_bytes"].values())
-    print(f"  history bytes independent of answer length   {'PASS' if same else 'MISS'}")
+    # The answer itself is in the model call's result (the reconciler restores answers
+    # from there), so a longer answer makes a longer history; streaming adds nothing.
+    same = all(abs(summary["history_bytes"]["streaming on"][n] - summary["history_bytes"]["streaming off"][n]) < 64
+               for n in (10, 1000))
+    print(f"  history bytes the same with streaming on and off   {'PASS' if same else 'MISS'}")
     if args.json:
         print(json.dumps(summary, indent=2))
 

@@ -92,7 +92,6 @@ class ModelCallInput(BaseModel):
 
 class ModelCallResult(BaseModel):
     reply: ModelReply
-    """Its `text` only when `recorded` is False: otherwise the transcript has it."""
     committed_ids: list[str] = Field(default_factory=list)
     recorded: bool = True
     """False: the store failed after the provider answered; the workflow records the reply."""
