@@ -389,3 +389,37 @@ def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> 
     assert payload(deltas.next(draft(3, "Again")))["attempt"] == 3  # run once more after it
     assert payload(deltas.next(draft(1, "Next", step=1)))["text"] == "Next"
     assert "id:" not in (deltas.next(draft(1, "Next step", step=1)) or "")
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_new_events_are_pushed_to_the_stream(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a PostgreSQL store the stream is woken by LISTEN/NOTIFY when another
+    process writes the chat's log: with both polls set to 30 s, events written
+    by a store of their own still arrive at once."""
+    from turnkeeper.activities.store.postgres import PostgresStore
+    from turnkeeper.models import NewEvent
+    from turnkeeper.web import feed
+
+    monkeypatch.setattr(feed, "EVENTS_POLL_S", 30.0)
+    monkeypatch.setattr(feed, "PUSHED_POLL_S", 30.0)
+    async with pg_schema(create=True) as schema:
+        url = url_with_search_path(schema)
+        stack.env_extra["TURNKEEPER_DATABASE_URL"] = url
+        chat = stack.chat("push")
+        writer = PostgresStore(url)
+        await writer.open()
+        try:
+            with serving(stack.settings()) as web:
+                reading = asyncio.create_task(read_events(web, f"/api/chats/{chat}/events", "turn_end"))
+                await asyncio.sleep(1.0)  # the stream is open, its feed listening
+                written = []
+                for kind in ("session_updated", "session_updated", "turn_end"):
+                    written.append(time.monotonic())
+                    await writer.append_events(chat, [NewEvent(type=kind, payload={"turn": 1})])
+                    await asyncio.sleep(0.3)
+                status, events = await reading
+        finally:
+            await writer.close()
+    assert status == 200 and [e.type for e in events] == ["session_updated", "session_updated", "turn_end"]
+    delays = [e.at - t for e, t in zip(events, written, strict=True)]
+    assert max(delays) < 2.0, delays  # a poll would have waited 30 s

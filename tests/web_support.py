@@ -95,6 +95,7 @@ class SseEvent:
     id: int | None  # None: a transient event (`assistant_delta`), not in the log
     type: str
     data: Any
+    at: float = 0.0  # time.monotonic() when it was read
 
 
 def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
@@ -117,7 +118,7 @@ def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
                 continue
             if "event" in fields:
                 seq = int(fields["id"]) if "id" in fields else None
-                events.append(SseEvent(seq, fields["event"], json.loads(fields["data"])))
+                events.append(SseEvent(seq, fields["event"], json.loads(fields["data"]), time.monotonic()))
                 if fields["event"] == until_type:
                     return res.status, events
             fields = {}

@@ -8,6 +8,7 @@ rows and the events that announce them are written together or not at all.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import Field
@@ -241,6 +242,13 @@ class SessionStore(ABC):
     @abstractmethod
     async def draft_version(self) -> int:
         """The newest draft write's version (0 before any)."""
+
+    async def listen(self, on_change: Callable[[str, str], None]) -> Callable[[], Awaitable[None]] | None:
+        """Push: `on_change(kind, chat_id)` as writes commit, from any process
+        ("events": the chat's log grew; "drafts": its draft changed; "lost", ""
+        once the notifications stop). Returns how to stop, or None where the
+        backend has no push (SQLite: readers poll)."""
+        return None
 
     # -- events ----------------------------------------------------------------
     @abstractmethod

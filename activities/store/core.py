@@ -342,6 +342,7 @@ class SQLStore(SessionStore):
         # SQLite runs one writer at a time, so MAX + 1 grows; on PostgreSQL two chats'
         # writes can share a version, and a reader that misses one sees the next.
         version = int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) + 1 FROM drafts"))
+        await tx.notify("drafts", chat_id)
         await tx.execute(
             "INSERT INTO drafts (chat_id, turn, step, attempt, text, version, recorded, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (chat_id) DO UPDATE SET turn = excluded.turn,"

@@ -3,7 +3,8 @@
 Each event is `id:` its seq, `event:` its type, `data:` its payload as JSON. A
 client that reconnects sends `Last-Event-ID` (browsers do it by themselves) and
 gets what came after it; `?after=SEQ` does the same for a first connection. The
-store is polled: a short read of the chat's index every POLL_S.
+store is read when it says the chat's log grew (PostgreSQL's LISTEN/NOTIFY),
+or, without that, polled: a short read of the chat's index every 150 ms.
 
 Between them, while a model call streams, `assistant_delta` events without an
 `id:` (they are not in the log, so a reconnect resumes where the log was):
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnkeeper.web")
 
-POLL_S = 0.15
 PAGE = 500
 # A comment line now and then keeps proxies from closing a quiet stream, and
 # finds a client that went away.
@@ -95,12 +95,12 @@ async def events(request: Request) -> Response:
     chat_id = chat_id_of(request)
     after = _after(request)
     store = await backends(request).store()
-    hub = backends(request).drafts
+    feed = backends(request).feed
 
     async def stream() -> AsyncIterator[str]:
         nonlocal after
         yield f"retry: {RETRY_MS}\n\n"
-        slot = hub.subscribe(chat_id)
+        slot = feed.subscribe(chat_id)
         deltas = _Deltas()
         try:
             first = await store.draft(chat_id)
@@ -132,17 +132,20 @@ async def events(request: Request) -> Response:
                 elif time.monotonic() - quiet_since >= KEEPALIVE_S:
                     quiet_since = time.monotonic()
                     yield ": keepalive\n\n"
-                # Deltas as they come; the log is looked at again every POLL_S.
-                deadline = time.monotonic() + POLL_S
+                # Deltas as they come, until the log grew or it is time to look anyway.
+                deadline = time.monotonic() + feed.events_poll_s()
                 while (left := deadline - time.monotonic()) > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(slot.changed.wait(), left)
+                    due, slot.events_due = slot.events_due, False
                     line = deltas.next(slot.take())
                     if line:
                         quiet_since = time.monotonic()
                         yield line
+                    if due:
+                        break
         finally:
-            hub.unsubscribe(chat_id, slot)
+            feed.unsubscribe(chat_id, slot)
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
