@@ -30,12 +30,9 @@ from turnkeeper.cli_output import chat_row, describe_gate, event_line, event_tex
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     CHAT_ID,
-    DISMISSED_TEXT,
     OPEN_STATUSES,
     RECOVERY_REASON,
     TURN_STATUS,
-    Reason,
-    TurnRecord,
     TurnState,
     TurnStatus,
 )
@@ -114,8 +111,10 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
                 # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.
                 streamed.end_line()
+                from turnkeeper.failed_turns import state_of
+
                 record = await store.get_turn(chat_id, turn)
-                print(describe_gate(_state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
+                print(describe_gate(state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
                 return EXIT_AWAITING
             elif ev.type == "turn_end":
                 if answer is not None:
@@ -344,54 +343,26 @@ async def _describe(client: Client, chat_id: str) -> Any:
 
 
 async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
+    from turnkeeper.failed_turns import state_of
+
     store = await open_session_store(settings)
     try:
         record = await store.get_turn(chat_id)
     finally:
         await store.close()
-    if record is None:
-        return TurnState(chat_id=chat_id)
-    return _state_of(record)
+    return TurnState(chat_id=chat_id) if record is None else state_of(record)
 
 
-def _state_of(record: TurnRecord) -> TurnState:
-    return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
-                     recovery_id=record.recovery_id, can_continue=record.can_continue,
-                     attempts=record.attempts)
-
-
-async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) -> TurnState | None:
-    """The chat's latest turn if the reconciler could not recover it (failed /
-    recovery_failed). No run holds such a turn, so the store is its only record:
-    `status` shows it from there, and Dismiss closes it there, as the workflow
-    would have (interrupted rows for unanswered calls, one closing row)."""
-    from turnkeeper.activities.store import TurnUpdate
+async def _failed_turn(settings: Settings, chat_id: str) -> TurnState | None:
+    """The chat's latest turn if its recovery failed (no run holds it: the store does)."""
+    from turnkeeper.failed_turns import failed_turn, state_of
 
     store = await open_session_store(settings)
     try:
-        record = await store.get_turn(chat_id)
-        if record is None or record.status != TurnStatus.FAILED:
-            return None
-        if not dismiss:
-            return _state_of(record)
-        from turnkeeper.workflows import recovery  # only here: `status` stays light
-
-        state = _state_of(record)
-        if recovery.refusal(state, "dismiss", record.recovery_id) is not None:
-            return None
-        recovery.end_recovered(state, Reason.DISMISSED)
-        await store.close_unanswered_calls(chat_id, record.turn)
-        # Only from `failed`: a message sent meanwhile may have closed it as superseded.
-        if not await store.finish_turn(chat_id, record.turn, TurnUpdate(
-                status=state.status, reason=state.reason, recovery_id=record.recovery_id,
-                can_continue=record.can_continue, attempts=record.attempts),
-                closing_text=DISMISSED_TEXT, only_from=frozenset({TurnStatus.FAILED})):
-            return None
-        closed = await store.get_turn(chat_id, record.turn)
-        assert closed is not None  # written just now
-        return _state_of(closed)
+        record = await failed_turn(store, chat_id)
     finally:
         await store.close()
+    return None if record is None else state_of(record)
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
@@ -402,12 +373,17 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
     desc = await _describe(client, args.chat)
     if desc.status != WorkflowExecutionStatus.RUNNING:
         # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
-        if update == "dismiss_turn":
-            dismissed = await _failed_turn(settings, args.chat, dismiss=True)
-            if dismissed is not None:
-                print(describe_gate(dismissed))
-                return EXIT_OK
-        raise Refused(NOT_WAITING)
+        from turnkeeper.failed_turns import NotDecided, decide_failed_turn
+
+        store = await open_session_store(settings)
+        try:
+            decided = await decide_failed_turn(store, args.chat, "dismiss" if update == "dismiss_turn" else "continue")
+        except NotDecided as err:
+            raise Refused(str(err)) from None
+        finally:
+            await store.close()
+        print(describe_gate(decided))
+        return EXIT_OK
     state = await query_state(client, args.chat)
     if not state.recovery_id:
         raise Refused(NOT_WAITING)
