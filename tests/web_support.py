@@ -13,11 +13,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import uvicorn
 
 from turnkeeper.config import Settings
 from turnkeeper.web.app import create_app
 from turnkeeper.web.server import WebConfig
+
+
+# anyio imports its file helpers on first use, and pytest rewrites anyio's modules
+# as it imports them (anyio ships a pytest plugin): done first in the server's
+# thread, that parse can race the main thread's and fail on CPython 3.11
+# ("AST constructor recursion depth mismatch"). Import them here, once.
+anyio.open_file  # noqa: B018
 
 
 class WebServer:
