@@ -1,6 +1,7 @@
 """The model activity: commit the new user rows, load the committed history from
-the store, call the provider, record the assistant row. The history never
-passes through the workflow, so workflow histories stay small."""
+the store, call the provider (streaming its text to the chat's draft), record
+the assistant row. The history never passes through the workflow, so workflow
+histories stay small, whatever the answer's length."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeeper import activity_io as io
+from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable
@@ -46,7 +48,12 @@ class ModelCallActivity:
             call_index = sum(1 for m in history if m.role == "assistant")
             tools = self._registry.specs(self._settings.tools)
             try:
-                reply = await _unless_shutdown(self._provider.complete(history, tools, call_index=call_index))
+                if self._settings.stream:
+                    async with DraftWriter(self._store, inp.chat_id, inp.turn, inp.step) as draft:
+                        reply = await _unless_shutdown(
+                            self._provider.complete(history, tools, call_index=call_index, on_text=draft))
+                else:
+                    reply = await _unless_shutdown(self._provider.complete(history, tools, call_index=call_index))
             except ProviderError as err:
                 # The provider's own retries are spent: the user decides what happens next.
                 kind = "transient" if err.retryable else "permanent"

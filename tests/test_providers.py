@@ -415,3 +415,77 @@ async def test_demo_runs_commands_only_when_exec_is_enabled() -> None:
     assert call.name == "exec" and json.loads(call.arguments) == {"command": "sleep 1 && echo ok"}
     refused = await DemoProvider().complete([user("run ls")], TOOLS, call_index=0)
     assert refused.is_final and "not enabled" in (refused.text or "")
+
+
+# --- streaming ----------------------------------------------------------------------
+
+
+async def test_openai_streams_text_and_assembles_tool_calls(
+    server: FakeChatServer, openai_provider: OpenAIChatProvider
+) -> None:
+    """With a text sink the call streams: the pieces add up to the text, and each
+    tool call (id and name first, arguments in pieces) comes out whole."""
+    calls = [{"id": "call_abc", "name": "write_file", "arguments": {"path": "a.txt", "content": "x y"}},
+             {"id": "call_def", "name": "read_file", "arguments": '{"path": "a.txt",'}]
+    server.script([{"text": "Let me do that now.", "tool_calls": calls}, {"text": "Done, all of it."}])
+    pieces: list[str] = []
+    reply = await openai_provider.complete([user("go")], TOOLS, call_index=0, on_text=pieces.append)
+    assert server.requests[0]["stream"] is True
+    assert pieces == ["Let ", "me ", "do ", "that ", "now."] and reply.text == "Let me do that now."
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [
+        ("call_abc", "write_file", json.dumps({"path": "a.txt", "content": "x y"})),
+        ("call_def", "read_file", '{"path": "a.txt",'),  # verbatim, as without streaming
+    ]
+    whole = await openai_provider.complete([user("go")], TOOLS, call_index=1)
+    assert whole.text == "Done, all of it." and "stream" not in server.requests[1]  # no sink: no stream
+
+
+async def test_openai_stream_that_breaks_off_is_retryable(
+    server: FakeChatServer, openai_provider: OpenAIChatProvider
+) -> None:
+    server.script([{"text": "this answer never ends", "cut_after": 3}])
+    pieces: list[str] = []
+    with pytest.raises(RetryableProviderError, match="stream ended before the answer did"):
+        await openai_provider.complete([user("hi")], [], call_index=0, on_text=pieces.append)
+    assert pieces == ["this ", "answer "]  # what came before the break was streamed
+
+
+@pytest.mark.parametrize("chunk, why", [
+    ({"choices": [{"index": 0, "delta": {"content": 7}}]}, "content is a int"),
+    ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                   "finish_reason": "tool_calls"}]}, "tool call 0 has no function name"),
+    ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "neither content nor tool calls"),
+    ({"choices": "nope"}, "choices is not a list"),
+])
+def test_stream_assembler_reports_malformed_chunks(chunk: dict[str, Any], why: str) -> None:
+    from turnkeeper.activities.providers.openai_chat import StreamAssembler
+
+    assembler = StreamAssembler()
+    with pytest.raises(PermanentProviderError, match=why):
+        assembler.add(chunk)
+        assembler.reply()
+
+
+def test_stream_assembler_takes_a_name_sent_again_in_every_piece() -> None:
+    from turnkeeper.activities.providers.openai_chat import StreamAssembler
+
+    assembler = StreamAssembler()
+    for args in ('{"pa', 'th": "a"}'):
+        assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": args}}]}}]})
+    (call,) = assembler.reply().tool_calls
+    assert (call.id, call.name, call.arguments) == ("c1", "read_file", '{"path": "a"}')
+
+
+async def test_offline_models_stream_word_by_word() -> None:
+    pieces: list[str] = []
+    reply = await DemoProvider(word_delay_s=0).complete([user("hello there")], TOOLS, call_index=0,
+                                                        on_text=pieces.append)
+    assert len(pieces) > 3 and "".join(pieces) == reply.text
+    scripted: list[str] = []
+    reply = await ScriptedProvider([{"text": "a b  c"}]).complete([], [], call_index=0, on_text=scripted.append)
+    assert scripted == ["a ", "b  ", "c"] and reply.text == "a b  c"
+    calls_only: list[str] = []
+    await ScriptedProvider([{"tool_calls": [{"name": "list_dir", "arguments": {}}]}]).complete(
+        [], [], call_index=0, on_text=calls_only.append)
+    assert calls_only == []

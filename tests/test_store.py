@@ -206,7 +206,7 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
     await s.close()
     await s.close()  # closing twice is harmless
 
-    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "1"
+    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
     if isinstance(backend, SQLiteBackend):
         assert await backend.fetchval("PRAGMA journal_mode") == "wal"
 
@@ -244,6 +244,26 @@ async def test_an_sqlite_store_made_without_the_open_turns_index_gains_it(tmp_pa
     await store.open()
     try:
         assert await _has_index(backend, "turns_open")
+        assert [(t.chat_id, t.turn) for t in await store.open_turns()] == [(CHAT, 1)]
+    finally:
+        await store.close()
+
+
+async def test_a_version_1_store_gains_the_drafts_table(backend: Backend) -> None:
+    """Stores made before streaming (schema version 1) have no drafts table: opening
+    one creates it and records version 2, with every row kept."""
+    older = backend.new_store()
+    await older.open()
+    await older.begin_turn(CHAT, "run-1", ["m1"])
+    await older.close()
+    await backend.execute("DROP TABLE drafts")
+    await backend.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+
+    store = backend.new_store()
+    await store.open()
+    try:
+        assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
+        assert await store.write_draft(CHAT, 1, 0, "streamed") == 1
         assert [(t.chat_id, t.turn) for t in await store.open_turns()] == [(CHAT, 1)]
     finally:
         await store.close()
@@ -859,13 +879,13 @@ async def test_pg_several_stores_create_the_schema_at_once(pg: PostgresBackend) 
     try:
         await asyncio.gather(*(s.open() for s in stores))
         assert await pg.fetchval("SELECT count(*) FROM meta") == 1
-        assert await pg.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "1"
+        assert await pg.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
         await asyncio.gather(*(s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in stores))
         assert [e.seq for e in await stores[0].events(CHAT)] == [1, 2, 3, 4, 5]
         tables = await pg.fetchval(
             "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables"
             " WHERE table_schema = ?", pg.schema)
-        assert tables == ["event_keys", "events", "messages", "meta", "tool_runs", "turns"]
+        assert tables == ["drafts", "event_keys", "events", "messages", "meta", "tool_runs", "turns"]
     finally:
         await asyncio.gather(*(s.close() for s in stores))
 
@@ -951,3 +971,52 @@ async def test_events_with_keys_are_appended_once(store: SessionStore) -> None:
     again = first + [NewEvent(type="session_updated", payload={"n": 3})]
     await store.append_events(CHAT, again, keys=["run/0", "run/1", "run/2"])
     assert [e.payload["n"] for e in await store.events(CHAT)] == [1, 2, 3]
+
+
+# -- drafts: the answer as it streams ----------------------------------------------------
+
+
+async def test_a_draft_grows_and_is_emptied_when_recorded_and_when_its_turn_ends(store: SessionStore) -> None:
+    turn = await start_turn(store, "run-1", "m1")
+    before = await store.draft_version()
+    attempt = await store.write_draft(CHAT, turn, 0, "Hel")
+    assert attempt == 1
+    assert await store.write_draft(CHAT, turn, 0, "Hello wor", attempt) == 1
+    draft = await store.draft(CHAT)
+    assert draft is not None and (draft.turn, draft.step, draft.attempt, draft.text) == (turn, 0, 1, "Hello wor")
+    since = await store.drafts_since(before)
+    assert [d.text for d in since] == ["Hello wor"] and since[0].version == await store.draft_version()
+    assert await store.drafts_since(since[0].version) == []
+
+    # The call is lost and run again: a new attempt, which starts from nothing.
+    assert await store.write_draft(CHAT, turn, 0, "Hi") == 2
+    await store.record_assistant(CHAT, turn, 0, ModelReply(text="Hi there"), final=False)
+    assert await store.draft(CHAT) is None  # the reply is the truth now
+    # Run again once more after it was recorded: the attempts count on.
+    assert await store.write_draft(CHAT, turn, 0, "Hi") == 3
+    assert await store.write_draft(CHAT, turn, 1, "Next step") == 1
+    assert "assistant_delta" not in await event_types(store)  # never in the event log
+    assert [m.content for m in await store.history(CHAT)][-1] == "Hi there"  # nor in the transcript
+
+    version = await store.draft_version()
+    await store.finish_turn(CHAT, turn, TurnUpdate(status=TurnStatus.COMPLETED))
+    assert await store.draft(CHAT) is None
+    assert [(d.recorded, d.text) for d in await store.drafts_since(0) if d.chat_id == CHAT] == [(True, "")]
+    # Versions only grow, across turns: a reader that saw `version` misses nothing newer.
+    turn2 = await start_turn(store, "run-2", "m2")
+    assert await store.write_draft(CHAT, turn2, 0, "Turn two") == 1
+    assert [d.text for d in await store.drafts_since(version)] == ["Turn two"]
+
+
+async def test_drafts_of_many_chats_come_in_write_order(store: SessionStore) -> None:
+    chats = [f"{CHAT}-{i}" for i in range(3)]
+    for chat in chats:
+        began = await store.begin_turn(chat, f"run-{chat}", ["m1"])
+        assert began.turn is not None
+    start = await store.draft_version()
+    for text in ("a", "ab"):
+        for chat in reversed(chats):
+            await store.write_draft(chat, 1, 0, text, 1)
+    rows = await store.drafts_since(start)
+    assert [(d.chat_id, d.text) for d in rows] == [(c, "ab") for c in reversed(chats)]
+    assert [d.version for d in rows] == sorted(d.version for d in rows)

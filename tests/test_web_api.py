@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from tests.pg import pg_schema, url_with_search_path
 from tests.support import ROOT, Stack
@@ -322,3 +323,103 @@ async def test_on_a_postgresql_store(stack: Stack) -> None:
             assert [m["content"] for m in rows.data] == ["hi", "from postgres"]
             assert [c["chat_id"] for c in (await request(web, "GET", "/api/chats")).data] == [chat]
         await stack.close()
+
+
+async def test_the_answer_streams_as_deltas_before_it_is_recorded(stack: Stack) -> None:
+    """While the model streams, `assistant_delta` events carry its text (no `id:`,
+    so they are not in the log); the pieces add up to the recorded answer, and
+    neither the transcript nor the workflow history holds them."""
+    from turnkeeper.testing import FakeChatServer
+
+    words = "one two three four five six seven eight"
+    with FakeChatServer([{"text": words, "chunk_delay": 0.15}]) as server:
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                                "OPENAI_API_KEY": "test-key"})
+        await stack.start_worker()
+        chat = stack.chat("stream")
+        with serving(stack.settings()) as web:
+            reading = asyncio.create_task(read_events(web, f"/api/chats/{chat}/events", "turn_end"))
+            await asyncio.sleep(0.3)  # the stream is open before the message
+            sent = await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "count"})
+            assert sent.status == 202
+            status, events = await reading
+        assert server.requests[0].get("stream") is True
+    assert status == 200
+    types = [e.type for e in events]
+    deltas = [e for e in events if e.type == "assistant_delta"]
+    assert len(deltas) >= 3, types  # one piece per write, written at most every 50 ms
+    assert all(e.id is None for e in deltas) and all(e.id is not None for e in events if e not in deltas)
+    assert types.index("assistant_delta") < types.index("assistant_message")
+    text = ""
+    for d in deltas:
+        assert (d.data["turn"], d.data["step"], d.data["attempt"]) == (1, 0, 1)
+        assert d.data["offset"] == len(text)
+        text += d.data["text"]
+    assert text == words
+    assert "assistant_delta" not in [e.type for e in await (await stack.store()).events(chat)]
+    # The answer travels once, in the model call's result (the reconciler restores an
+    # answer from there); its pieces add nothing to the history.
+    history = await stack.client.get_workflow_handle(f"chat-{chat}").fetch_history()
+    carrying = [EventType.Name(e.event_type) for e in history.events if b"four" in e.SerializeToString()]
+    assert carrying == ["EVENT_TYPE_ACTIVITY_TASK_COMPLETED"], carrying
+
+
+def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> None:
+    """What one event stream makes of the drafts it is handed: pieces after what it
+    sent; a newer attempt (the call run again) from offset 0; an older attempt, or
+    a draft read before its step's reply was recorded, not at all."""
+    from turnkeeper.activities.store import Draft
+    from turnkeeper.web.sse import _Deltas
+
+    def draft(attempt: int, text: str, step: int = 0, recorded: bool = False) -> Draft:
+        return Draft(chat_id="c", turn=1, step=step, attempt=attempt, text=text, version=1, recorded=recorded)
+
+    def payload(line: str | None) -> dict | None:
+        return None if line is None else json.loads(line.split("data: ", 1)[1])
+
+    deltas = _Deltas()
+    assert payload(deltas.next(draft(1, "Hel"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "Hel", "offset": 0}
+    assert payload(deltas.next(draft(1, "Hello"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "lo", "offset": 3}
+    assert deltas.next(draft(1, "Hello")) is None  # nothing new
+    assert payload(deltas.next(draft(2, "Hi")))["offset"] == 0  # the call ran again
+    assert deltas.next(draft(1, "Hello world")) is None  # the dead attempt
+    assert deltas.next(draft(2, "Hi", recorded=True)) is None
+    deltas.recorded({"turn": 1, "step": 0, "text": "Hi there"})
+    assert deltas.next(draft(2, "Hi there")) is None  # read before the reply was recorded
+    assert payload(deltas.next(draft(3, "Again")))["attempt"] == 3  # run once more after it
+    assert payload(deltas.next(draft(1, "Next", step=1)))["text"] == "Next"
+    assert "id:" not in (deltas.next(draft(1, "Next step", step=1)) or "")
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_new_events_are_pushed_to_the_stream(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a PostgreSQL store the stream is woken by LISTEN/NOTIFY when another
+    process writes the chat's log: with both polls set to 30 s, events written
+    by a store of their own still arrive at once."""
+    from turnkeeper.activities.store.postgres import PostgresStore
+    from turnkeeper.models import NewEvent
+    from turnkeeper.web import feed
+
+    monkeypatch.setattr(feed, "EVENTS_POLL_S", 30.0)
+    monkeypatch.setattr(feed, "PUSHED_POLL_S", 30.0)
+    async with pg_schema(create=True) as schema:
+        url = url_with_search_path(schema)
+        stack.env_extra["TURNKEEPER_DATABASE_URL"] = url
+        chat = stack.chat("push")
+        writer = PostgresStore(url)
+        await writer.open()
+        try:
+            with serving(stack.settings()) as web:
+                reading = asyncio.create_task(read_events(web, f"/api/chats/{chat}/events", "turn_end"))
+                await asyncio.sleep(1.0)  # the stream is open, its feed listening
+                written = []
+                for kind in ("session_updated", "session_updated", "turn_end"):
+                    written.append(time.monotonic())
+                    await writer.append_events(chat, [NewEvent(type=kind, payload={"turn": 1})])
+                    await asyncio.sleep(0.3)
+                status, events = await reading
+        finally:
+            await writer.close()
+    assert status == 200 and [e.type for e in events] == ["session_updated", "session_updated", "turn_end"]
+    delays = [e.at - t for e, t in zip(events, written, strict=True)]
+    assert max(delays) < 2.0, delays  # a poll would have waited 30 s

@@ -191,3 +191,34 @@ async def test_login_when_a_token_is_set(stack: Stack, browser: Browser) -> None
         assert "turnkeeper_session" not in await page.evaluate("document.cookie")  # HttpOnly
         await snap(page, "page-logged-in")
         await context.close()
+
+
+async def test_the_answer_streams_in(stack: Stack, browser: Browser) -> None:
+    """The working row shows the answer as the model streams it (as text, markup
+    included), and the recorded answer takes its place in the thread."""
+    from turnkeeper.testing import FakeChatServer
+
+    words = f"first second third {INJECTED} fourth fifth sixth seventh"
+    with FakeChatServer([{"text": words, "chunk_delay": 0.25}]) as server:
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
+                                "OPENAI_API_KEY": "test-key"})
+        await stack.start_worker()
+        chat = stack.chat("streaming")
+        with serving(stack.settings()) as web:
+            page = await browser.new_page()
+            await page.goto(f"{web.url}/chats/{chat}")
+            box = page.get_by_role("textbox", name="Message")
+            await box.fill("stream please")
+            await box.press("Enter")
+            answer = page.locator("#working #answer")
+            await expect(answer).to_contain_text("first second")
+            partial = await answer.text_content()
+            assert partial and "seventh" not in partial  # seen while it grows
+            await expect(page.locator("#working")).to_have_attribute("aria-live", "polite")
+            await snap(page, "page-streaming")
+            thread = page.locator("#thread")
+            await expect(thread).to_contain_text(words)
+            await expect(page.locator("#working")).to_be_hidden()
+            assert await page.evaluate("window.__injected") is None
+            await snap(page, "page-streamed")
+            await page.close()

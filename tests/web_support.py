@@ -13,11 +13,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import uvicorn
 
 from turnkeeper.config import Settings
 from turnkeeper.web.app import create_app
 from turnkeeper.web.server import WebConfig
+
+
+# anyio imports its file helpers on first use, and pytest rewrites anyio's modules
+# as it imports them (anyio ships a pytest plugin): done first in the server's
+# thread, that parse can race the main thread's and fail on CPython 3.11
+# ("AST constructor recursion depth mismatch"). Import them here, once.
+anyio.open_file  # noqa: B018
 
 
 class WebServer:
@@ -92,9 +100,10 @@ async def request(server: WebServer | int, method: str, path: str, json_body: An
 
 @dataclass
 class SseEvent:
-    id: int
+    id: int | None  # None: a transient event (`assistant_delta`), not in the log
     type: str
     data: Any
+    at: float = 0.0  # time.monotonic() when it was read
 
 
 def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
@@ -116,7 +125,8 @@ def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
                     fields[name] = value
                 continue
             if "event" in fields:
-                events.append(SseEvent(int(fields["id"]), fields["event"], json.loads(fields["data"])))
+                seq = int(fields["id"]) if "id" in fields else None
+                events.append(SseEvent(seq, fields["event"], json.loads(fields["data"]), time.monotonic()))
                 if fields["event"] == until_type:
                     return res.status, events
             fields = {}

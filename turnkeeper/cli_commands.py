@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -29,12 +30,9 @@ from turnkeeper.cli_output import chat_row, describe_gate, event_line, event_tex
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     CHAT_ID,
-    DISMISSED_TEXT,
     OPEN_STATUSES,
     RECOVERY_REASON,
     TURN_STATUS,
-    Reason,
-    TurnRecord,
     TurnState,
     TurnStatus,
 )
@@ -72,8 +70,11 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
 async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str | None, after: int,
                        timeout: float, task_queue: str, turn: int | None = None) -> int:
     """Show the turn that takes our message (or `turn`): its tools as they run,
-    then its answer; exit 3 if it waits for its user again."""
+    its answer as it streams (and whole once recorded); exit 3 if it waits for
+    its user again."""
     answer: str | None = None
+    final_step: object = None
+    streamed = _StreamedText()
     deadline = time.monotonic() + timeout
     check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
     while time.monotonic() < deadline:
@@ -93,28 +94,86 @@ async def _follow_turn(client: Client, store: Any, chat_id: str, message_id: str
             if turn is None or p.get("turn") != turn:
                 continue
             if ev.type == "tool_started":
+                streamed.end_line()
                 print(f"  -> {p.get('name')} started", flush=True)
             elif ev.type in ("tool_finished", "tool_interrupted"):
+                streamed.end_line()
                 print(f"  <- {p.get('name')} {p.get('status', 'interrupted')}", flush=True)
             elif ev.type == "assistant_message" and not p.get("tool_calls"):
                 answer = p.get("text")
+                final_step = p.get("step")
+            elif ev.type == "assistant_message":
+                streamed.recorded(p.get("step"), p.get("text"))
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
+                streamed.end_line()
                 print(describe_gate(await query_state(client, chat_id)))
                 return EXIT_AWAITING
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
                 # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.
+                streamed.end_line()
+                from turnkeeper.failed_turns import state_of
+
                 record = await store.get_turn(chat_id, turn)
-                print(describe_gate(_state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
+                print(describe_gate(state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
                 return EXIT_AWAITING
             elif ev.type == "turn_end":
                 if answer is not None:
-                    print(answer)
+                    streamed.finish(final_step, answer)
                 else:
+                    streamed.end_line()
                     print(f"turn {turn} ended: {p.get('status')} ({p.get('reason')})")
                 return EXIT_OK
+        if turn is not None and answer is None:
+            with contextlib.suppress(Exception):  # a view: the recorded answer comes all the same
+                draft = await store.draft(chat_id)
+                if draft is not None and draft.turn == turn:
+                    streamed.show(draft.step, draft.attempt, draft.text)
         await asyncio.sleep(POLL_S)
     raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
                   f"see `turnkeeper status {chat_id}`")
+
+
+class _StreamedText:
+    """The answer as `send` prints it while it streams: each step's text as it
+    grows; a step run again (its call was lost) starts over on a new line."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None  # (step, attempt) being printed
+        self._shown = ""
+        self._mid_line = False
+
+    def show(self, step: int, attempt: int, text: str) -> None:
+        if self._key is not None and self._key[0] == step and attempt < self._key[1]:
+            return  # an older attempt's draft
+        if self._key != (step, attempt):
+            if self._key is not None and self._key[0] == step and self._shown:
+                self.end_line()
+                print("  (the model call was run again; its answer starts over)", flush=True)
+            self._key, self._shown = (step, attempt), ""
+        if text.startswith(self._shown) and len(text) > len(self._shown):
+            sys.stdout.write(text[len(self._shown):])
+            sys.stdout.flush()
+            self._shown, self._mid_line = text, True
+
+    def recorded(self, step: object, text: object) -> None:
+        """A step that asked for tools is recorded: its text (if any) is complete."""
+        if self._key is not None and self._key[0] == step and isinstance(text, str) and text.startswith(self._shown):
+            sys.stdout.write(text[len(self._shown):])
+        self.end_line()
+        self._key, self._shown = None, ""
+
+    def finish(self, step: object, answer: str) -> None:
+        if self._key is not None and self._key[0] == step and answer.startswith(self._shown):
+            print(answer[len(self._shown):], flush=True)
+        else:
+            self.end_line()
+            print(answer, flush=True)
+        self._mid_line = False
+
+    def end_line(self) -> None:
+        if self._mid_line:
+            print(flush=True)
+            self._mid_line = False
 
 
 async def _no_worker_polls(client: Client, task_queue: str) -> bool:
@@ -284,54 +343,26 @@ async def _describe(client: Client, chat_id: str) -> Any:
 
 
 async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
+    from turnkeeper.failed_turns import state_of
+
     store = await open_session_store(settings)
     try:
         record = await store.get_turn(chat_id)
     finally:
         await store.close()
-    if record is None:
-        return TurnState(chat_id=chat_id)
-    return _state_of(record)
+    return TurnState(chat_id=chat_id) if record is None else state_of(record)
 
 
-def _state_of(record: TurnRecord) -> TurnState:
-    return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
-                     recovery_id=record.recovery_id, can_continue=record.can_continue,
-                     attempts=record.attempts)
-
-
-async def _failed_turn(settings: Settings, chat_id: str, dismiss: bool = False) -> TurnState | None:
-    """The chat's latest turn if the reconciler could not recover it (failed /
-    recovery_failed). No run holds such a turn, so the store is its only record:
-    `status` shows it from there, and Dismiss closes it there, as the workflow
-    would have (interrupted rows for unanswered calls, one closing row)."""
-    from turnkeeper.activities.store import TurnUpdate
+async def _failed_turn(settings: Settings, chat_id: str) -> TurnState | None:
+    """The chat's latest turn if its recovery failed (no run holds it: the store does)."""
+    from turnkeeper.failed_turns import failed_turn, state_of
 
     store = await open_session_store(settings)
     try:
-        record = await store.get_turn(chat_id)
-        if record is None or record.status != TurnStatus.FAILED:
-            return None
-        if not dismiss:
-            return _state_of(record)
-        from turnkeeper.workflows import recovery  # only here: `status` stays light
-
-        state = _state_of(record)
-        if recovery.refusal(state, "dismiss", record.recovery_id) is not None:
-            return None
-        recovery.end_recovered(state, Reason.DISMISSED)
-        await store.close_unanswered_calls(chat_id, record.turn)
-        # Only from `failed`: a message sent meanwhile may have closed it as superseded.
-        if not await store.finish_turn(chat_id, record.turn, TurnUpdate(
-                status=state.status, reason=state.reason, recovery_id=record.recovery_id,
-                can_continue=record.can_continue, attempts=record.attempts),
-                closing_text=DISMISSED_TEXT, only_from=frozenset({TurnStatus.FAILED})):
-            return None
-        closed = await store.get_turn(chat_id, record.turn)
-        assert closed is not None  # written just now
-        return _state_of(closed)
+        record = await failed_turn(store, chat_id)
     finally:
         await store.close()
+    return None if record is None else state_of(record)
 
 
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
@@ -342,12 +373,17 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
     desc = await _describe(client, args.chat)
     if desc.status != WorkflowExecutionStatus.RUNNING:
         # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
-        if update == "dismiss_turn":
-            dismissed = await _failed_turn(settings, args.chat, dismiss=True)
-            if dismissed is not None:
-                print(describe_gate(dismissed))
-                return EXIT_OK
-        raise Refused(NOT_WAITING)
+        from turnkeeper.failed_turns import NotDecided, decide_failed_turn
+
+        store = await open_session_store(settings)
+        try:
+            decided = await decide_failed_turn(store, args.chat, "dismiss" if update == "dismiss_turn" else "continue")
+        except NotDecided as err:
+            raise Refused(str(err)) from None
+        finally:
+            await store.close()
+        print(describe_gate(decided))
+        return EXIT_OK
     state = await query_state(client, args.chat)
     if not state.recovery_id:
         raise Refused(NOT_WAITING)

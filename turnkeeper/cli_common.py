@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState
+from turnkeeper.workflows.recovery import NOT_WAITING  # noqa: F401  (the commands refuse in its words)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 # A worker answers `state` in milliseconds; without one the server would hold the query.
 QUERY_TIMEOUT = timedelta(seconds=10)
-NOT_WAITING = "not waiting for confirmation"
 
 
 class Refused(Exception):

@@ -24,6 +24,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_RECONCILE_EVERY",
     "TURNKEEPER_MAX_CACHED_WORKFLOWS",
     "TURNKEEPER_WORKFLOW_SANDBOX",
+    "TURNKEEPER_STREAM",
     "TURNKEEPER_POLLERS",
     "TURNKEEPER_MAX_MESSAGE_BYTES",
     "TURNKEEPER_MAX_PENDING_BYTES",
@@ -179,6 +180,9 @@ class Settings:
     # wraps every payload, adding about a third to the worker's CPU per turn. The test
     # suite turns it on, so a non-deterministic call in workflow code still fails CI.
     workflow_sandbox: bool = False
+    # Model calls stream their text to the store's draft row as it comes, for the
+    # page and `send`; off: one answer per call, as before streaming.
+    stream: bool = True
     # None: 50 workflow-task polls, activity polls scaled on the server's hints
     # (worker.poller_behaviors); a number: at most that many polls per task type,
     # as workers for a server before 1.28 need.
@@ -223,6 +227,7 @@ class Settings:
             heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
             max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
             workflow_sandbox=_bool(env, "TURNKEEPER_WORKFLOW_SANDBOX", False),
+            stream=_bool(env, "TURNKEEPER_STREAM", True),
             max_pollers=_pollers(env, "TURNKEEPER_POLLERS"),
             dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),

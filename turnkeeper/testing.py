@@ -18,10 +18,17 @@ Script items (each may also carry `"delay": seconds`, slept before answering):
 - `{"status": 429, "message": "..."}`: an error in OpenAI's shape
   `{"error": {"message", "type", "code"}}`.
 - `{"raw": <any JSON>, "status"?: 200}`: that body as is (malformed output).
+
+A request with `"stream": true` gets a completion as Server-Sent Events, as
+the API streams it: the text in word-sized chunks, each tool call's id and name
+first and its arguments in two pieces, then `[DONE]`. A completion item may
+also carry `"chunk_delay": seconds` (slept between chunks) and `"cut_after": n`
+(the connection closes after n chunks: a stream that breaks off).
 """
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -31,7 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["FakeChatServer"]
+__all__ = ["FakeChatServer", "StreamRecord"]
 
 Item = dict[str, Any]
 Responder = Callable[[dict[str, Any]], Item]
@@ -55,10 +62,14 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 def _validate_item(item: object) -> Item:
     if not isinstance(item, dict):
         raise ValueError(f"a FakeChatServer script item must be a dict, got {item!r}")
-    keys = set(item) - {"delay"}
-    delay = item.get("delay", 0)
-    if not isinstance(delay, (int, float)) or delay < 0:
-        raise ValueError(f"'delay' must be a non-negative number of seconds: {item!r}")
+    keys = set(item) - {"delay", "chunk_delay", "cut_after"}
+    for name in ("delay", "chunk_delay"):
+        delay = item.get(name, 0)
+        if not isinstance(delay, (int, float)) or delay < 0:
+            raise ValueError(f"{name!r} must be a non-negative number of seconds: {item!r}")
+    cut_after = item.get("cut_after", 0)
+    if not isinstance(cut_after, int) or cut_after < 0:
+        raise ValueError(f"'cut_after' must be a non-negative whole number of chunks: {item!r}")
     if keys and keys <= {"text", "tool_calls"}:
         if "text" in item and not isinstance(item["text"], str):
             raise ValueError(f"'text' must be a string: {item!r}")
@@ -78,8 +89,8 @@ def _validate_item(item: object) -> Item:
     )
 
 
-def _completion(item: Item, request: dict[str, Any]) -> dict[str, Any]:
-    calls = [
+def _calls(item: Item) -> list[dict[str, Any]]:
+    return [
         {
             "id": c["id"] if "id" in c else f"call_{uuid.uuid4().hex[:24]}",
             "type": "function",
@@ -92,6 +103,10 @@ def _completion(item: Item, request: dict[str, Any]) -> dict[str, Any]:
         }
         for c in item.get("tool_calls", [])
     ]
+
+
+def _completion(item: Item, request: dict[str, Any]) -> dict[str, Any]:
+    calls = _calls(item)
     message: dict[str, Any] = {"role": "assistant", "content": item.get("text"), "refusal": None}
     if calls:
         message["tool_calls"] = calls
@@ -119,6 +134,28 @@ def _completion(item: Item, request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _stream_chunks(item: Item, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """A completion as the chunks of a streamed answer."""
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": request.get("model", "fake-model")}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": piece}) for piece in re.findall(r"\S+\s*|\s+", item.get("text") or "")]
+    calls = _calls(item)
+    for i, call in enumerate(calls):
+        fn = call["function"]
+        chunks.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                             "function": {"name": fn["name"], "arguments": ""}}]}))
+        half = len(fn["arguments"]) // 2
+        for part in (fn["arguments"][:half], fn["arguments"][half:]):
+            chunks.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]}))
+    chunks.append(chunk({}, "tool_calls" if calls else "stop"))
+    return chunks
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # a handler sleeping in a 'delay' must not hold up stop()
@@ -142,10 +179,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, error_body(400, "FakeChatServer: the request body is not JSON"))
             return
         status, body = self.server.fake._answer(request)
-        self._send(status, body)
+        if isinstance(body, _Stream):
+            self._send_stream(body)
+        else:
+            self._send(status, body)
 
     def do_GET(self) -> None:
         self._send(404, error_body(404, f"FakeChatServer only serves POST {COMPLETIONS_PATH}"))
+
+    def _send_stream(self, stream: _Stream) -> None:
+        stopping = self.server.fake._stopping
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()  # no length: the stream ends when the connection closes
+            for i, chunk in enumerate(stream.chunks):
+                if stream.cut_after and i >= stream.cut_after:
+                    return
+                if i and stream.chunk_delay:
+                    stopping.wait(stream.chunk_delay)
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+                piece = chunk["choices"][0]["delta"].get("content")
+                if piece:
+                    stream.record.pieces.append((time.monotonic(), piece))
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:
+            pass
 
     def _send(self, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
@@ -159,6 +220,22 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client gave up (e.g. timed out during a 'delay'): nobody to answer
 
 
+class _Stream:
+    def __init__(self, chunks: list[dict[str, Any]], chunk_delay: float, cut_after: int,
+                 record: StreamRecord) -> None:
+        self.chunks, self.chunk_delay, self.cut_after, self.record = chunks, chunk_delay, cut_after, record
+
+
+class StreamRecord:
+    """A streamed answer as the server sent it: each piece of text and when it was
+    written (`time.monotonic()`), for measuring what a client sees later."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.request = request
+        self.arrived = time.monotonic()
+        self.pieces: list[tuple[float, str]] = []
+
+
 class FakeChatServer:
     """An OpenAI Chat Completions-compatible server answering from a script.
 
@@ -169,6 +246,8 @@ class FakeChatServer:
 
     def __init__(self, items: Iterable[Item] = (), *, responder: Responder | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.streams: list[StreamRecord] = []
+        """The streamed answers, in the order asked for."""
         self.responder = responder
         self._script: deque[Item] = deque()
         self._lock = threading.Lock()
@@ -254,4 +333,10 @@ class FakeChatServer:
         if "status" in item:
             status = int(item["status"])
             return status, error_body(status, str(item.get("message", f"error {status}")))
+        if request.get("stream"):
+            record = StreamRecord(request)
+            with self._lock:
+                self.streams.append(record)
+            return 200, _Stream(_stream_chunks(item, request), float(item.get("chunk_delay", 0)),
+                                int(item.get("cut_after", 0)), record)
         return 200, _completion(item, request)

@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows.intake import MessageIntake
     from turnkeeper.workflows.patches import (
         COMPLETE_MACHINE,
+        RECOVERY_MACHINE,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -92,9 +93,13 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         self._superseding: list[str] = []  # ids received at a gate, to check against the store
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
-        self._complete = workflow.patched(COMPLETE_MACHINE)
-        self._at_wait_points = self._complete and workflow.patched(WAIT_POINTS)
-        self._signals_at_wait_points = self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS)
+        # New runs record the one marker that stands for the three before it: each
+        # marker costs the run a search-attribute upsert (TemporalChangeVersion).
+        self._machine = workflow.patched(RECOVERY_MACHINE)
+        self._complete = self._machine or workflow.patched(COMPLETE_MACHINE)
+        self._at_wait_points = self._machine or (self._complete and workflow.patched(WAIT_POINTS))
+        self._signals_at_wait_points = self._machine or (
+            self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS))
         self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None

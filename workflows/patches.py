@@ -35,3 +35,8 @@ WAIT_POINTS = "act-at-wait-points"
 # opens it, and a replay then hands that loss and the user's signal over in one
 # activation, the signal first. Judged at the gate, it meets the gate either way.
 SIGNALS_AT_WAIT_POINTS = "signal-decisions-at-wait-points"
+# What new runs ask instead of the three above, in their first activation: one
+# marker that means all three. Each marker a run records comes with an upsert of
+# the TemporalChangeVersion search attribute, three of them in every turn's first
+# workflow task; runs recorded with the three replay as they ran.
+RECOVERY_MACHINE = "recovery-machine-2"

@@ -5,10 +5,12 @@ A provider turns the committed history plus the enabled tools into one
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
@@ -46,20 +48,46 @@ class PermanentProviderError(ProviderError):
     retryable = False
 
 
+TextSink = Callable[[str], None]
+"""Takes each piece of the answer's text as the model produces it."""
+
+
 class ModelProvider(ABC):
     """One model behind one method. `call_index` is the number of assistant rows
-    already in `history`; providers that invent tool call ids derive them from it."""
+    already in `history`; providers that invent tool call ids derive them from it.
+    With `on_text`, the provider hands over the reply's text as it comes (the
+    pieces add up to `ModelReply.text`); the reply it returns is the truth."""
 
     name: str
 
     @abstractmethod
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        on_text: TextSink | None = None,
     ) -> ModelReply: ...
 
     async def aclose(self) -> None:
         """Release resources (HTTP clients); the default has none."""
         return None
+
+
+_WORD = re.compile(r"\S+\s*|\s+")
+
+
+def word_chunks(text: str) -> list[str]:
+    """`text` in word-sized pieces (each word with the space after it)."""
+    return _WORD.findall(text)
+
+
+async def stream_words(reply: ModelReply, on_text: TextSink | None, delay_s: float) -> ModelReply:
+    """Hand a ready reply's text over word by word, `delay_s` apart: how the
+    offline models stream, so that the page shows it without an API key."""
+    if on_text is not None and reply.text:
+        for i, piece in enumerate(word_chunks(reply.text)):
+            if i and delay_s > 0:
+                await asyncio.sleep(delay_s)
+            on_text(piece)
+    return reply
 
 
 def fallback_tool_call_id(call_index: int, i: int) -> str:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import re
 
-from turnkeeper.activities.providers.base import ModelProvider, fallback_tool_call_id
+from turnkeeper.activities.providers.base import ModelProvider, TextSink, fallback_tool_call_id, stream_words
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 HINT = 'Try "write notes.txt: hello", "read notes.txt" or "list".'
 MAX_RESULT_CHARS = 500
+# Slow enough to watch the answer arrive, quick enough not to wait for it.
+WORD_DELAY_S = 0.02
 
 _WRITE = re.compile(r"^write\s+(?P<path>[^:\n]+?)\s*:[ \t]?(?P<content>.*)\Z", re.I | re.S)
 _READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
@@ -59,9 +61,16 @@ def _summarise_tool_results(history: list[ChatMessage]) -> str:
 class DemoProvider(ModelProvider):
     name = "demo"
 
+    def __init__(self, word_delay_s: float = WORD_DELAY_S) -> None:
+        self.word_delay_s = word_delay_s
+
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        on_text: TextSink | None = None,
     ) -> ModelReply:
+        return await stream_words(self._reply(history, tools, call_index), on_text, self.word_delay_s)
+
+    def _reply(self, history: list[ChatMessage], tools: list[ToolSpec], call_index: int) -> ModelReply:
         if not history:
             return ModelReply(text=f"Hello! I am the offline demo model. {HINT}")
         last = history[-1]

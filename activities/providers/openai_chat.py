@@ -4,6 +4,9 @@ The official client retries transient failures itself (`max_retries`); what is
 left when it gives up is classified into Retryable / Permanent provider errors.
 The response body is parsed from the raw JSON rather than the SDK's models so
 that malformed output from a compatible server is reported, not crashed on.
+With a text sink the call streams (`stream=True`): the text goes to the sink as
+it arrives, and `StreamAssembler` puts the reply together from the chunks,
+tool calls included (their ids, names and arguments come in pieces by index).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from turnkeeper.activities.providers.base import (
     PermanentProviderError,
     ProviderError,
     RetryableProviderError,
+    TextSink,
     ensure_tool_call_ids,
 )
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
@@ -93,21 +97,98 @@ def parse_completion(body: object) -> ModelReply:
     calls: list[ToolCall] = []
     for i, rc in enumerate(raw_calls):
         fn = rc.get("function") if isinstance(rc, dict) else None
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(fn, dict):
             raise _malformed(f"tool call {i} has no function name")
-        arguments = fn.get("arguments") if isinstance(fn, dict) else None
-        if arguments is None:
-            arguments = "{}"
-        elif not isinstance(arguments, str):
-            # Some compatible servers send an object; the wire format says string.
-            arguments = json.dumps(arguments)
-        call_id = rc.get("id")
-        calls.append(ToolCall(id=call_id if isinstance(call_id, str) else "", name=name, arguments=arguments))
+        calls.append(_tool_call(i, rc.get("id"), fn.get("name"), fn.get("arguments")))
 
     if not content and not calls:
         raise _malformed("the message has neither content nor tool calls")
     return ModelReply(text=content or None, tool_calls=calls)
+
+
+def _tool_call(i: int, call_id: object, name: object, arguments: object) -> ToolCall:
+    if not isinstance(name, str) or not name:
+        raise _malformed(f"tool call {i} has no function name")
+    if arguments is None:
+        arguments = "{}"
+    elif not isinstance(arguments, str):
+        # Some compatible servers send an object; the wire format says string.
+        arguments = json.dumps(arguments)
+    return ToolCall(id=call_id if isinstance(call_id, str) else "", name=name, arguments=arguments)
+
+
+class StreamAssembler:
+    """A streamed completion's chunks (as JSON objects) -> one ModelReply; the
+    text also goes to `on_text` piece by piece."""
+
+    def __init__(self, on_text: TextSink | None = None) -> None:
+        self._on_text = on_text
+        self._text: list[str] = []
+        self._refusal: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self.finished = False
+        """A chunk said why the answer ended: without one, the stream broke off."""
+
+    def add(self, chunk: object) -> None:
+        if not isinstance(chunk, dict):
+            raise _malformed(f"a stream chunk is a {type(chunk).__name__}, not an object")
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise _malformed("a stream chunk's choices is not a list")
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue  # only the first choice is asked for
+            if choice.get("finish_reason"):
+                self.finished = True
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise _malformed("a stream chunk's delta is not an object")
+            self._add_text(delta.get("content"), self._text, "content")
+            self._add_text(delta.get("refusal"), self._refusal, "refusal")
+            calls = delta.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise _malformed("a stream chunk's tool_calls is not a list")
+            for piece in calls:
+                self._add_call(piece)
+
+    def _add_text(self, value: object, parts: list[str], field: str) -> None:
+        if value is None or value == "":
+            return
+        if not isinstance(value, str):
+            raise _malformed(f"a stream chunk's {field} is a {type(value).__name__}, not a string")
+        parts.append(value)
+        if field == "content" and self._on_text is not None:
+            self._on_text(value)
+
+    def _add_call(self, piece: object) -> None:
+        if not isinstance(piece, dict):
+            raise _malformed("a streamed tool call is not an object")
+        index = piece.get("index", len(self._calls))
+        if not isinstance(index, int):
+            raise _malformed("a streamed tool call's index is not a number")
+        call = self._calls.setdefault(index, {"id": None, "name": "", "arguments": None})
+        if isinstance(piece.get("id"), str) and piece["id"]:
+            call["id"] = piece["id"]
+        fn = piece.get("function") or {}
+        if not isinstance(fn, dict):
+            raise _malformed("a streamed tool call's function is not an object")
+        name = fn.get("name")
+        # The name comes once (OpenAI) or again in every piece (some compatible servers).
+        if isinstance(name, str) and name and name != call["name"]:
+            call["name"] += name
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            call["arguments"] = (call["arguments"] or "") + arguments
+        elif arguments is not None:
+            call["arguments"] = arguments  # an object, sent whole
+
+    def reply(self) -> ModelReply:
+        content = "".join(self._text) or "".join(self._refusal)
+        calls = [_tool_call(i, c["id"], c["name"], c["arguments"])
+                 for i, (_, c) in enumerate(sorted(self._calls.items()))]
+        if not content and not calls:
+            raise _malformed("the message has neither content nor tool calls")
+        return ModelReply(text=content or None, tool_calls=calls)
 
 
 class OpenAIChatProvider(ModelProvider):
@@ -138,11 +219,18 @@ class OpenAIChatProvider(ModelProvider):
         return f"OpenAIChatProvider(model={self.model!r}, base_url={str(self._client.base_url)!r})"
 
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        on_text: TextSink | None = None,
     ) -> ModelReply:
         request: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(history)}
         if tools:
             request["tools"] = to_openai_tools(tools)
+        reply = await (self._stream(request, on_text) if on_text is not None else self._whole(request))
+        if reply.tool_calls:
+            reply.tool_calls = ensure_tool_call_ids(reply.tool_calls, history, call_index=call_index)
+        return reply
+
+    async def _whole(self, request: dict[str, Any]) -> ModelReply:
         try:
             raw = await self._client.chat.completions.with_raw_response.create(**request)
         except openai.OpenAIError as e:
@@ -151,10 +239,28 @@ class OpenAIChatProvider(ModelProvider):
             body = raw.http_response.json()
         except ValueError:
             raise _malformed("the response body is not JSON") from None
-        reply = parse_completion(body)
-        if reply.tool_calls:
-            reply.tool_calls = ensure_tool_call_ids(reply.tool_calls, history, call_index=call_index)
-        return reply
+        return parse_completion(body)
+
+    async def _stream(self, request: dict[str, Any], on_text: TextSink) -> ModelReply:
+        assembler = StreamAssembler(on_text)
+        try:
+            stream = await self._client.chat.completions.create(**request, stream=True)
+            async with stream:
+                async for chunk in stream:
+                    assembler.add(chunk.to_dict())
+        except ProviderError:
+            raise  # malformed chunks, from the assembler
+        except openai.OpenAIError as e:
+            raise self._classify(e) from None
+        except ValueError as e:  # a chunk that is not JSON
+            raise _malformed(self._scrub(f"a stream chunk is not JSON: {e}")) from None
+        except Exception as e:  # noqa: BLE001  the transport's own errors (the client wraps only the request)
+            # Broken off mid-stream: the client retries only before the first byte.
+            raise RetryableProviderError(
+                self._scrub(f"the model API's stream broke off: {type(e).__name__}: {e}")) from None
+        if not assembler.finished:
+            raise RetryableProviderError("the model API's stream ended before the answer did")
+        return assembler.reply()
 
     async def aclose(self) -> None:
         await self._client.close()

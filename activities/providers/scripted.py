@@ -12,7 +12,9 @@ from typing import Any
 from turnkeeper.activities.providers.base import (
     ModelProvider,
     PermanentProviderError,
+    TextSink,
     fallback_tool_call_id,
+    stream_words,
 )
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
@@ -65,8 +67,13 @@ class ScriptedProvider(ModelProvider):
         self.items = validate_script(list(items))
 
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        on_text: TextSink | None = None,
     ) -> ModelReply:
+        # Word by word at once: a test sees the deltas without waiting for them.
+        return await stream_words(self._reply(call_index), on_text, 0.0)
+
+    def _reply(self, call_index: int) -> ModelReply:
         if not 0 <= call_index < len(self.items):
             raise PermanentProviderError(
                 f"scripted model has no answer for call {call_index} "

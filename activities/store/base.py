@@ -8,6 +8,7 @@ rows and the events that announce them are written together or not at all.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import Field
@@ -78,6 +79,20 @@ def superseded(record: TurnRecord) -> TurnUpdate:
     """The ending of a turn a newer message closed: its recovery fields kept."""
     return TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.SUPERSEDED, recovery_id=record.recovery_id,
                       can_continue=record.can_continue, attempts=record.attempts)
+
+
+class Draft(LazyModel):
+    """The text a model call has streamed so far (`attempt` counts the calls of
+    that step; a client shows the newest one's text)."""
+
+    chat_id: str
+    turn: int
+    step: int
+    attempt: int
+    text: str
+    version: int
+    recorded: bool = False
+    """The step's reply is in the transcript: nothing to show."""
 
 
 class TurnRef(LazyModel):
@@ -204,6 +219,36 @@ class SessionStore(ABC):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         """The committed transcript in order. Raises `CorruptRowError` naming the
         row when one does not decode."""
+
+    # -- drafts: the answer as it streams ------------------------------------------
+    @abstractmethod
+    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
+                          attempt: int | None = None) -> int:
+        """Set the chat's draft to `text` for model call `step` and return its
+        attempt. `attempt=None` starts one: 1, or one more than the draft already
+        there for the same (turn, step) (a call that was lost, or retried, even
+        after it recorded its reply: `record_assistant` keeps the row). Never
+        durable: a draft that a crash takes with it is streamed again."""
+
+    @abstractmethod
+    async def drafts_since(self, version: int, limit: int = 1000) -> list[Draft]:
+        """Drafts written after `version`, oldest write first."""
+
+    @abstractmethod
+    async def draft(self, chat_id: str) -> Draft | None:
+        """The chat's draft while its turn is open and its step's reply is not
+        recorded, else None."""
+
+    @abstractmethod
+    async def draft_version(self) -> int:
+        """The newest draft write's version (0 before any)."""
+
+    async def listen(self, on_change: Callable[[str, str], None]) -> Callable[[], Awaitable[None]] | None:
+        """Push: `on_change(kind, chat_id)` as writes commit, from any process
+        ("events": the chat's log grew; "drafts": its draft changed; "lost", ""
+        once the notifications stop). Returns how to stop, or None where the
+        backend has no push (SQLite: readers poll)."""
+        return None
 
     # -- events ----------------------------------------------------------------
     @abstractmethod

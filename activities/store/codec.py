@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from turnkeeper.activities.store.base import CorruptRowError
+from turnkeeper.activities.store.base import CorruptRowError, Draft
 from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
@@ -111,3 +111,9 @@ def short_error(exc: Exception) -> str:
         loc = ".".join(str(p) for p in first["loc"])
         return f"{loc}: {first['msg']}" if loc else first["msg"]
     return str(exc)
+
+
+def decode_draft(row: Row) -> Draft:
+    return Draft(chat_id=str(row["chat_id"]), turn=int(row["turn"]), step=int(row["step"]),
+                 attempt=int(row["attempt"]), text=str(row["text"]), version=int(row["version"]),
+                 recorded=bool(row["recorded"]))

@@ -18,6 +18,7 @@ from turnkeeper.activities.store.base import (
     SUPERSEDED_TEXT,
     BeginTurn,
     CorruptRowError,
+    Draft,
     SessionStore,
     TurnRef,
     TurnUpdate,
@@ -262,6 +263,9 @@ class SQLStore(SessionStore):
             if changed:
                 # UPDATE in place: the row keeps its id, hence its place in the transcript.
                 await tx.execute("UPDATE messages SET body = ? WHERE id = ?", codec.message_body(message), row["id"])
+        # The reply is the truth now: no client should show its draft any more.
+        await tx.execute("UPDATE drafts SET recorded = ?, text = '' WHERE chat_id = ? AND turn = ? AND step = ?",
+                         True, chat_id, turn, step)
         if changed:
             await chat.emit("assistant_message", {
                 "turn": turn, "step": step, "text": reply.text,
@@ -322,6 +326,47 @@ class SQLStore(SessionStore):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._rows(partial(codec.decode_message, chat_id),
                                 "SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", chat_id)
+
+    # -- drafts ------------------------------------------------------------------------------
+    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
+                          attempt: int | None = None) -> int:
+        return await self._write(chat_id, self._write_draft_tx, turn, step, text, attempt)
+
+    @staticmethod
+    async def _write_draft_tx(chat: ChatWrite, turn: int, step: int, text: str, attempt: int | None) -> int:
+        tx, chat_id = chat.tx, chat.chat_id
+        if attempt is None:
+            row = await tx.fetchone("SELECT turn, step, attempt FROM drafts WHERE chat_id = ?", chat_id)
+            same_step = row is not None and (row["turn"], row["step"]) == (turn, step)
+            attempt = int(row["attempt"]) + 1 if same_step else 1
+        # SQLite runs one writer at a time, so MAX + 1 grows; on PostgreSQL two chats'
+        # writes can share a version, and a reader that misses one sees the next.
+        version = int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) + 1 FROM drafts"))
+        await tx.notify("drafts", chat_id)
+        await tx.execute(
+            "INSERT INTO drafts (chat_id, turn, step, attempt, text, version, recorded, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (chat_id) DO UPDATE SET turn = excluded.turn,"
+            " step = excluded.step, attempt = excluded.attempt, text = excluded.text,"
+            " version = excluded.version, recorded = excluded.recorded, updated_at = excluded.updated_at",
+            chat_id, turn, step, attempt, text, version, False, chat.now,
+        )
+        return attempt
+
+    async def drafts_since(self, version: int, limit: int = 1000) -> list[Draft]:
+        return await self._rows(codec.decode_draft,
+                                "SELECT * FROM drafts WHERE version > ? ORDER BY version LIMIT ?", version, limit)
+
+    async def draft(self, chat_id: str) -> Draft | None:
+        rows = await self._rows(
+            codec.decode_draft,
+            f"SELECT d.* FROM drafts d JOIN turns t ON t.chat_id = d.chat_id AND t.turn = d.turn"
+            f" WHERE d.chat_id = ? AND NOT d.recorded AND t.{OPEN_SQL} AND NOT t.ended", chat_id)
+        return rows[0] if rows else None
+
+    async def draft_version(self) -> int:
+        async def read(tx: Transaction) -> int:
+            return int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) FROM drafts"))
+        return await self._run_read(read, snapshot=False)
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:

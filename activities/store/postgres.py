@@ -24,7 +24,7 @@ naming it. Connection URLs are shown without user or password.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -102,8 +102,9 @@ class _Transaction(Transaction):
 
     IN_TEXTS = "= ANY(?::text[])"
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, channel: str) -> None:
         self.conn = conn
+        self.channel = channel
 
     @staticmethod
     def texts(values: list[str]) -> list[str]:
@@ -119,6 +120,10 @@ class _Transaction(Transaction):
 
     async def fetchall(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         return await self.conn.fetch(_numbered(sql), *args)
+
+    async def notify(self, kind: str, chat_id: str) -> None:
+        # Sent at commit, and not at all on rollback; the same one twice in a transaction once.
+        await self.conn.execute("SELECT pg_notify($1, $2)", self.channel, f"{kind}:{chat_id}")
 
 
 class PostgresStore(SQLStore):
@@ -142,6 +147,8 @@ class PostgresStore(SQLStore):
         self.min_size = min_size
         self.max_size = max_size
         self.lock_timeout = lock_timeout
+        # Notifications are per database: one channel per schema keeps deployments apart.
+        self.channel = f"turnkeeper_{schema}" if schema else "turnkeeper"
         self._pool: asyncpg.Pool | None = None
 
     def __repr__(self) -> str:
@@ -150,13 +157,11 @@ class PostgresStore(SQLStore):
     # -- lifecycle ---------------------------------------------------------------
     async def open(self) -> None:
         if self._pool is None:
-            settings = {"lock_timeout": f"{max(1, int(self.lock_timeout * 1000))}ms"}
-            if self.schema:
-                settings["search_path"] = f'"{self.schema}"'
             # ValueError too: asyncpg's complaint about a malformed URL.
             with self._errors("cannot open", ValueError):
                 pool = await asyncpg.create_pool(
-                    self._url, min_size=self.min_size, max_size=self.max_size, server_settings=settings,
+                    self._url, min_size=self.min_size, max_size=self.max_size,
+                    server_settings=self._server_settings(),
                 )
             try:
                 await self._migrate(pool)
@@ -166,6 +171,23 @@ class PostgresStore(SQLStore):
             self._pool = pool
         else:
             await self._migrate(self._pool)
+
+    async def listen(self, on_change: Callable[[str, str], None]) -> Callable[[], Awaitable[None]] | None:
+        # A connection of its own, outside the pool: it stays LISTENing.
+        with self._errors("cannot listen on"):
+            conn = await asyncpg.connect(self._url, server_settings=self._server_settings())
+
+        def relay(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            kind, _, chat_id = payload.partition(":")
+            on_change(kind, chat_id)
+
+        with self._errors("cannot listen on"):
+            await conn.add_listener(self.channel, relay)
+        conn.add_termination_listener(lambda _conn: on_change("lost", ""))
+
+        async def stop() -> None:
+            await conn.close()
+        return stop
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None  # refuse new calls from here on
@@ -184,9 +206,9 @@ class PostgresStore(SQLStore):
                     raw = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
                 if stored_version(self.display_url, raw) == SCHEMA_VERSION:
                     return  # current: no DDL, no locks on the tables
+                # Every statement is IF NOT EXISTS: what an older version lacks is created.
                 for statement in _SCHEMA:
                     await conn.execute(statement)
-                # Older versions would be migrated here; version 1 is the first.
                 await conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
                     " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
@@ -194,6 +216,12 @@ class PostgresStore(SQLStore):
                 )
 
     # -- plumbing ------------------------------------------------------------------
+    def _server_settings(self) -> dict[str, str]:
+        settings = {"lock_timeout": f"{max(1, int(self.lock_timeout * 1000))}ms"}
+        if self.schema:
+            settings["search_path"] = f'"{self.schema}"'
+        return settings
+
     def _require_pool(self) -> asyncpg.Pool:
         if self._pool is None:
             raise StoreError("the store is not open")
@@ -225,7 +253,7 @@ class PostgresStore(SQLStore):
                 )
                 if durable:
                     await conn.execute("SET LOCAL synchronous_commit TO on")  # whatever the server's default
-                return await work(_Transaction(conn), now)
+                return await work(_Transaction(conn, self.channel), now)
 
     async def _run_read(self, work: Callable[[Transaction], Coroutine[Any, Any, T]], snapshot: bool) -> T:
         # One statement alone has a snapshot of its own: no transaction, no extra round trips.
@@ -233,6 +261,6 @@ class PostgresStore(SQLStore):
         with self._errors():
             async with pool.acquire() as conn:
                 if not snapshot:
-                    return await work(_Transaction(conn))
+                    return await work(_Transaction(conn, self.channel))
                 async with conn.transaction(readonly=True):
-                    return await work(_Transaction(conn))
+                    return await work(_Transaction(conn, self.channel))

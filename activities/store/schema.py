@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
 
-SCHEMA_VERSION = 1
+# 2: the drafts table (streaming answers). Every statement is IF NOT EXISTS, so
+# running them all again migrates any older version.
+SCHEMA_VERSION = 2
 
 
 # Constants, not parameters: the partial index `turns_open` matches this predicate,
@@ -100,6 +102,27 @@ _TABLES: tuple[str, ...] = (
         event_key {text} NOT NULL,
         PRIMARY KEY (chat_id, event_key)
     )
+    """,
+    # The answer a model call is streaming, one row per chat: overwritten as the
+    # text grows, emptied once the reply is recorded or the turn ends (never
+    # deleted: readers ask for versions above the highest they saw). Not the
+    # transcript: what clients show until the `assistant_message` event comes.
+    """
+    CREATE TABLE IF NOT EXISTS drafts (
+        chat_id    {text}      PRIMARY KEY,
+        turn       {integer}   NOT NULL,
+        step       {integer}   NOT NULL,
+        attempt    {integer}   NOT NULL,
+        text       {text}      NOT NULL,
+        -- grows with every write of any chat's draft: readers ask for what is newer
+        version    {bigint}    NOT NULL,
+        -- the step's reply is recorded: kept (empty) so that a re-run counts on from it
+        recorded   {boolean}   NOT NULL DEFAULT {false},
+        updated_at {timestamp} NOT NULL
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS drafts_version ON drafts (version)
     """,
     """
     CREATE TABLE IF NOT EXISTS tool_runs (

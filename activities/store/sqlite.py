@@ -135,9 +135,10 @@ class SQLiteStore(SQLStore):
         for statement in _SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if stored_version(str(self.path), None if row is None else row["value"]) is None:
-            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        # Older versions would be migrated here; version 1 is the first.
+        if stored_version(str(self.path), None if row is None else row["value"]) != SCHEMA_VERSION:
+            # The statements above created what an older version lacked.
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
+                         " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
 
     def _close_sync(self) -> None:
         if self._conn is not None:

@@ -36,6 +36,12 @@ class Transaction(ABC):
         row = await self.fetchone(sql, *args)
         return None if row is None else row[0]
 
+    async def notify(self, kind: str, chat_id: str) -> None:
+        """Tell other processes' listeners, once this commits, that the chat's
+        `kind` ("events", "drafts") changed. Without push (SQLite) nothing: its
+        readers poll."""
+        return None
+
 
 class ChatWrite:
     """A write transaction on one chat. Until it commits the backend keeps every
@@ -52,6 +58,7 @@ class ChatWrite:
     async def emit(self, type_: str, payload: dict[str, Any]) -> None:
         # Safe without a sequence table: no other writer of the chat runs until commit.
         if self._next_seq is None:
+            await self.tx.notify("events", self.chat_id)  # once per transaction
             self._next_seq = int(await self.tx.fetchval(
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = ?", self.chat_id))
         await self.tx.execute(
@@ -77,6 +84,9 @@ class ChatWrite:
 
     async def end_turn(self, turn: int, payload: dict[str, Any]) -> None:
         await self.tx.execute("UPDATE turns SET ended = ? WHERE chat_id = ? AND turn = ?", True, self.chat_id, turn)
+        # Emptied, not deleted: the row keeps the highest version, which readers count on.
+        await self.tx.execute("UPDATE drafts SET recorded = ?, text = '' WHERE chat_id = ? AND turn = ?",
+                              True, self.chat_id, turn)
         await self.emit("turn_end", payload)
 
 

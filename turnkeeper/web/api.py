@@ -9,22 +9,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from turnkeeper import client as tk
-from turnkeeper.models import TurnRecord, TurnState, TurnStatus
+from turnkeeper.failed_turns import state_of as _state_of
+from turnkeeper.models import TurnState, TurnStatus
 from turnkeeper.web.backends import ApiError, backends, chat_id_of, read_json
+from turnkeeper.workflows.recovery import NOT_WAITING
 
 if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
 
 # A worker answers in milliseconds; without one the server would hold the call.
 WORKER_TIMEOUT = timedelta(seconds=10)
-NOT_WAITING = "not waiting for confirmation"
 MAX_ID_CHARS = 200  # as the workflow's own models allow
 CHAT_LIST_LIMIT = 500
-
-
-def _state_of(record: TurnRecord) -> TurnState:
-    return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
-                     recovery_id=record.recovery_id, can_continue=record.can_continue, attempts=record.attempts)
 
 
 def _short_id(body: dict[str, Any], key: str, required: bool) -> str | None:
@@ -153,21 +149,15 @@ async def _decide(request: Request, update: str) -> Response:
 async def _decide_without_run(request: Request, chat_id: str, update: str, recovery_id: str) -> Response:
     """No run holds the turn: only one whose recovery failed can be decided, in the
     store, as the CLI does."""
-    from turnkeeper.workflows import recovery
+    from turnkeeper.failed_turns import NotDecided, decide_failed_turn
 
-    record = await (await backends(request).store()).get_turn(chat_id)
-    if record is None or record.status != TurnStatus.FAILED:
-        raise ApiError(409, NOT_WAITING)
-    action = "continue" if update == "continue_turn" else "dismiss"
-    refusal = recovery.refusal(_state_of(record), action, recovery_id)
-    if refusal is not None:
-        raise ApiError(409, refusal)
-    from turnkeeper.cli_commands import _failed_turn
-
-    dismissed = await _failed_turn(backends(request).settings, chat_id, dismiss=True)
-    if dismissed is None:  # a message closed it meanwhile
-        raise ApiError(409, NOT_WAITING)
-    return JSONResponse(dismissed.model_dump(mode="json"))
+    store = await backends(request).store()
+    try:
+        decided = await decide_failed_turn(store, chat_id, "continue" if update == "continue_turn" else "dismiss",
+                                           recovery_id)
+    except NotDecided as err:
+        raise ApiError(409, str(err)) from None
+    return JSONResponse(decided.model_dump(mode="json"))
 
 
 async def continue_turn(request: Request) -> Response:

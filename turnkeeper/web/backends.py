@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
+from turnkeeper.web.feed import ChatFeed
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -39,6 +40,7 @@ class Backends:
         # Apart: a Temporal that does not answer must not hold up the store's readers.
         self._client_lock = asyncio.Lock()
         self._store_lock = asyncio.Lock()
+        self.feed = ChatFeed(self.store)
 
     async def client(self) -> Client:
         if self._client is None:
@@ -65,6 +67,7 @@ class Backends:
         return self._store
 
     async def close(self) -> None:
+        await self.feed.close()
         if self._store is not None:
             await self._store.close()
             self._store = None

@@ -29,6 +29,7 @@ const pending = new Map();   // message id -> {text, rejected}: sent, not yet in
 const committed = new Set(); // message ids the event stream reported: the stream may beat the 202
 const refused = new Map();   // message id -> the reason the workflow gave
 let draft = null;            // {id, text}: a retried send reuses its message id
+let answer = null;           // {turn, step, attempt, text}: the answer as it streams, until it is recorded
 let sending = false;
 let stream = null;
 
@@ -117,6 +118,26 @@ function renderWorking() {
   list.replaceChildren();
   if (!active) return;
   for (const [, t] of working) list.append(el("li", `tool ${t.status}`, `${t.name}: ${t.status}`));
+  renderAnswer();
+}
+
+function renderAnswer() {
+  const box = $("answer");
+  box.textContent = answer ? answer.text : "";  // text, never markup
+  box.hidden = !answer || !answer.text;
+}
+
+// A delta is a piece of one attempt's text after `offset` characters. A newer
+// attempt of the step (a lost call run again) replaces the older one's text.
+function onDelta(p) {
+  const same = answer && answer.turn === p.turn && answer.step === p.step;
+  if (same && p.attempt < answer.attempt) return;
+  if (!same || p.attempt > answer.attempt || (shown && p.turn < shown.turn)) {
+    answer = { turn: p.turn, step: p.step, attempt: p.attempt, text: "" };
+  }
+  if (p.offset > answer.text.length) return;  // a piece went missing: the recorded answer will come
+  answer.text = answer.text.slice(0, p.offset) + p.text;
+  renderAnswer();
 }
 
 function renderState(state) {
@@ -169,6 +190,11 @@ function follow(after) {
   };
   on("tool_finished", finished);
   on("tool_interrupted", finished);
+  on("assistant_delta", onDelta);
+  on("assistant_message", (p) => {
+    if (answer && answer.turn === p.turn && answer.step === p.step) { answer = null; renderAnswer(); }
+  });
+  on("turn_end", () => { answer = null; renderAnswer(); });
   on("user_message", (p) => { committed.add(p.message_id); pending.delete(p.message_id); refreshSoon(); });
   on("message_rejected", (p) => {
     refused.set(p.message_id, p.reason || "refused");
