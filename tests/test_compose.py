@@ -299,3 +299,17 @@ def test_the_image_holds_every_package_the_project_installs() -> None:
     # The installed console script: a checkout's turnkeeper/ in the working directory
     # lacks the mapped subpackages and must not shadow the installed package.
     assert json.loads(cmd) == ["turnkeeper", "worker"]
+
+
+def test_the_web_page_runs_beside_the_workers_with_a_token(services: dict[str, dict[str, Any]]) -> None:
+    web = services["web"]
+    assert web["command"] == ["turnkeeper", "web"]
+    env = environment(web)
+    assert env["TEMPORAL_ADDRESS"] == "temporal:7233" and env["TURNKEEPER_WEB_ADDRESS"] == "0.0.0.0:8000"
+    # The same store as the workers, and no default token: compose refuses to start without one.
+    assert env["TURNKEEPER_DATABASE_URL"] == environment(services["worker"])["TURNKEEPER_DATABASE_URL"]
+    assert env["TURNKEEPER_WEB_TOKEN"].startswith("${TURNKEEPER_WEB_TOKEN:?")
+    assert ("8000", "8000") in _port_pairs(web)
+    # Only what `turnkeeper web` reads: Settings' variables and its own.
+    known = {"TURNKEEPER_WEB_ADDRESS", "TURNKEEPER_WEB_TOKEN", "TURNKEEPER_LOG_LEVEL", *config.ENV_VARS}
+    assert set(env) <= known, set(env) - known
