@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from turnkeeper import telemetry
 from turnkeeper.cli_commands import (
     cmd_continue,
     cmd_dismiss,
@@ -123,5 +124,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.stderr.flush()
+    telemetry.flush_traces()  # os._exit would drop the spans still buffered
     # A Temporal runtime can abort at interpreter exit (sdk-python #300).
     os._exit(code)

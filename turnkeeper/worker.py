@@ -26,6 +26,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from turnkeeper import telemetry
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
@@ -146,10 +147,19 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         provider = load_provider(settings.model, env=settings.provider_env())
     except ValueError as err:
         raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
+    if client is None:
+        # Before any client connects: the runtime they share serves /metrics.
+        telemetry.use_metrics_runtime(settings)
+    elif settings.metrics_address:
+        log.warning("TURNKEEPER_METRICS_ADDRESS is not used: this worker was given a client, "
+                    "whose runtime decides where its metrics go")
     store = open_store(settings)
     await _open_store(store)
     if client is None:
         client = await connect(settings, start_dev_server=True)
+    # Traced (OTEL_EXPORTER_OTLP_ENDPOINT): the worker's workflows and activities, and the
+    # runs the reconciler starts; the schedule below is created without it.
+    plain, client = client, telemetry.traced(client, settings, "turnkeeper-worker")
     try:
         added = await ensure_search_attributes(client, client.namespace)
         if added:
@@ -158,7 +168,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
                     "RecoveryReason as Keyword yourself", err)
     try:
-        await ensure_reconcile_schedule(client, settings, reconcile_schedule_id)
+        await ensure_reconcile_schedule(plain, settings, reconcile_schedule_id)
     except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
         log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
                     "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
@@ -205,6 +215,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     finally:
         await provider.aclose()
         await store.close()
+        telemetry.flush_traces()
 
 
 def main() -> None:
