@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -126,3 +127,67 @@ def test_without_the_variables_nothing_changes() -> None:
     sentinel = object()
     assert telemetry.traced(sentinel, settings, "x") is sentinel  # type: ignore[arg-type]
     assert telemetry.traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
+
+
+@pytest.fixture(scope="module")
+def spans() -> Iterator[Any]:
+    """The process's tracer provider, exporting to memory (a process sets it once;
+    the worker then keeps it rather than setting up its own OTLP exporter)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    assert trace.get_tracer_provider() is provider, "another test set the process's tracer provider"
+    yield exporter
+    exporter.clear()
+
+
+async def test_a_turn_is_one_trace_of_its_workflow_model_and_tool_calls(stack: Stack, spans: Any) -> None:
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"text": "wrote a.txt"}])
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}  # unused: the provider above exports
+    await stack.start_worker(**otel)
+    settings = stack.settings(**otel)
+    client = telemetry.traced(stack.client, settings, "turnkeeper-test")  # as the CLI's `send`
+    chat = stack.chat("traced")
+    handle = await tk.send_message(client, settings, chat, tk.new_message("write a.txt", settings))
+    assert (await handle.result()).status == TurnStatus.COMPLETED
+
+    def tree() -> list[Any]:
+        roots = [s for s in spans.get_finished_spans() if s.name == "SignalWithStartWorkflow:ChatTurn"
+                 and s.attributes.get("temporalWorkflowID") == tk.workflow_id(chat)]
+        assert len(roots) == 1, roots
+        return [s for s in spans.get_finished_spans() if s.context.trace_id == roots[0].context.trace_id]
+
+    async def complete() -> bool:
+        return any(s.name == "CompleteWorkflow:ChatTurn" for s in tree())
+
+    await until_async(complete, timeout=10, what="the turn's spans")
+    trace_spans = tree()
+    by_id = {s.context.span_id: s for s in trace_spans}
+
+    def parent(span: Any) -> str | None:
+        return by_id[span.parent.span_id].name if span.parent is not None else None
+
+    def named(name: str) -> list[Any]:
+        return [s for s in trace_spans if s.name == name]
+
+    [root] = named("SignalWithStartWorkflow:ChatTurn")
+    assert root.parent is None
+    [run] = named("RunWorkflow:ChatTurn")
+    assert parent(run) == root.name and run.attributes["temporalRunID"] == handle.result_run_id
+    # The workflow schedules each step; the worker's activity span is the step's child.
+    for step, count in (("turnkeeper.model_call", 2), ("turnkeeper.tool_call", 1)):
+        started, ran = named(f"StartActivity:{step}"), named(f"RunActivity:{step}")
+        assert len(started) == len(ran) == count, (step, [s.name for s in trace_spans])
+        assert {parent(s) for s in started} == {root.name}
+        assert sorted(r.parent.span_id for r in ran) == sorted(s.context.span_id for s in started)
+        assert all(r.attributes["temporalWorkflowID"] == tk.workflow_id(chat) for r in ran)
+        assert all(r.end_time >= r.start_time for r in ran)
+    # The store calls are local activities of the same trace.
+    assert named("RunActivity:turnkeeper.begin_turn")
