@@ -36,8 +36,7 @@ from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_f
 from turnkeeper.dev_server import DevServerError
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
-from turnkeeper.workflows.chat_turn import ChatTurn
-from turnkeeper.workflows.reconcile import Reconcile
+from turnkeeper.replay import registered_workflows
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -177,7 +176,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[ChatTurn, Reconcile],
+        workflows=registered_workflows(),  # what `turnkeeper replay` replays against
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
