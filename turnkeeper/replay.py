@@ -27,15 +27,15 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 # The workflow types `registered_workflows` defines.
-WORKFLOW_TYPES = ("ChatTurn", "Reconcile")
+WORKFLOW_TYPES = ("ChatTurn", "Reconcile", "ReconcileLoop")
 
 
 def registered_workflows() -> list[type]:
     """The workflow classes a worker registers (turnkeeper/worker.py uses this list)."""
     from turnkeeper.workflows.chat_turn import ChatTurn
-    from turnkeeper.workflows.reconcile import Reconcile
+    from turnkeeper.workflows.reconcile import Reconcile, ReconcileLoop
 
-    return [ChatTurn, Reconcile]
+    return [ChatTurn, Reconcile, ReconcileLoop]
 
 
 def parse_since(raw: str) -> timedelta:
