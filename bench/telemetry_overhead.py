@@ -9,7 +9,9 @@ Rounds of `--turns` one-tool turns at 50 in flight alternate between the two
 this process sends its turns through a traced client, as `turnkeeper send`
 does, so every turn is a whole trace; the spans go to a small OTLP/HTTP sink
 in this process, and /metrics is scraped once a round, as Prometheus would.
-Reported: the medians over the rounds of the worker's CPU ms per turn, and of
+Both workers get a 30 s heartbeat timeout and a 600 s resume window: on a
+busy shared machine a step can wait seconds for a CPU, and a turn stopped at a
+gate would end the run. Reported: the medians over the rounds of the worker's CPU ms per turn, and of
 each round's on/off ratio with the interval its median lies in. `--split` adds
 a worker with metrics only and one with traces only. See bench/README.md.
 """
@@ -71,10 +73,11 @@ def scrape(address: str) -> int:
 
 async def run(rounds: int, turns: int, split: bool, json_out: Path | None) -> None:
     sink = OtlpSink()
-    traces = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
-    plans = [("off", "telemetry off", {}), ("on", "metrics and traces on", traces)]
+    patient = {"TURNKEEPER_HEARTBEAT_TIMEOUT": "30", "TURNKEEPER_RESUME_WINDOW": "600"}
+    traces = {**patient, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint}
+    plans = [("off", "telemetry off", patient), ("on", "metrics and traces on", traces)]
     if split:
-        plans += [("metrics", "metrics only", {}), ("traces", "traces only", traces)]
+        plans += [("metrics", "metrics only", patient), ("traces", "traces only", traces)]
     metrics_at = {key: f"127.0.0.1:{free_port()}" for key in ("on", "metrics")}
     with tempfile.TemporaryDirectory(prefix="tk-telemetry-") as tmp_name:
         tmp = Path(tmp_name)
