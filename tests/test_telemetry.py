@@ -4,6 +4,7 @@ an in-memory span exporter sees one turn's span tree."""
 from __future__ import annotations
 
 import re
+import sys
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -119,6 +120,14 @@ def test_an_address_in_use_is_a_configuration_error() -> None:
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(ConfigError, match=f"TURNKEEPER_METRICS_ADDRESS={address}: .*in use"):
             telemetry.metrics_runtime(Settings(metrics_address=address))
+
+
+def test_traces_without_the_otel_extra_are_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as when it is not installed
+    settings = Settings(otlp_endpoint="http://127.0.0.1:4318")
+    with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT is set, .*pip install 'turnkeeper\[otel\]'"):
+        telemetry.check_tracing(settings)
+    telemetry.check_tracing(Settings())  # unset: nothing to check
 
 
 def test_without_the_variables_nothing_changes() -> None:

@@ -65,16 +65,28 @@ def traced(client: Client, settings: Settings, service: str) -> Client:
     the result traces its workflows and activities too."""
     if not settings.otlp_endpoint:
         return client
-    try:
-        from temporalio.client import Client
-        from temporalio.contrib.opentelemetry import TracingInterceptor
-    except ImportError as err:
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT is set, but OpenTelemetry is not installed ({err}); "
-                          "pip install 'turnkeeper[otel]'") from None
+    check_tracing(settings)
+    from temporalio.client import Client
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
     _set_up_provider(settings.otlp_endpoint, service)
     config = client.config()
     config["interceptors"] = [*config["interceptors"], TracingInterceptor()]
     return Client(**config)
+
+
+def check_tracing(settings: Settings) -> None:
+    """With OTEL_EXPORTER_OTLP_ENDPOINT set, a configuration error unless the
+    `otel` extra is installed (at start-up, not at the first traced call)."""
+    if not settings.otlp_endpoint:
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+        import temporalio.contrib.opentelemetry  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT is set, but OpenTelemetry is not installed ({err}); "
+                          "pip install 'turnkeeper[otel]'") from None
 
 
 def traces_url(endpoint: str) -> str:

@@ -161,6 +161,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     `reconcile_schedule_id` is the contract's id (the loop's is derived from it);
     tests sharing one server pass their own."""
     check_tools(settings)
+    telemetry.check_tracing(settings)
     try:
         provider = load_provider(settings.model, env=settings.provider_env())
     except ValueError as err:
