@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.set_defaults(func=func)
     r = sub.add_parser("replay", help="replay recent histories against this code; exit 1 if any does "
                        "not replay (the deploy gate)")
-    r.add_argument("--limit", type=_positive, default=200, help="at most this many runs, newest first (default 200)")
+    r.add_argument("--limit", type=_positive, default=200,
+                   help="at most this many runs: running ones first, then the latest closed (default 200)")
     r.add_argument("--since", type=_since, default="24h",
                    help="closed runs this recent, e.g. 30m, 24h, 7d (default 24h); running runs always")
     r.add_argument("--json", action="store_true")

@@ -75,8 +75,9 @@ def visibility_query(workflow_types: Sequence[str], task_queue: str, closed_afte
 
 async def replay_recent(client: Client, settings: Settings, *, limit: int, since: timedelta,
                         workflows: Sequence[type] | None = None) -> ReplayReport:
-    """Replay up to `limit` recent histories (newest first); never raises for one
-    that does not replay: it is in the report."""
+    """Replay up to `limit` recent histories, as the server lists them (running
+    ones first, then the latest closed). One that does not replay is in the
+    report, never raised."""
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
