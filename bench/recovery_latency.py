@@ -52,6 +52,7 @@ from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus
+from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import HEARTBEAT_THROTTLE
 
@@ -116,9 +117,6 @@ class Workers:
             "TURNKEEPER_TASK_QUEUE": self.task_queue,
             "TURNKEEPER_DATA_DIR": str(self.dir / "data"),
             "TURNKEEPER_WORKSPACE": str(self.dir / "ws"),
-            # The reconcile loop the first worker starts waits this long before its first
-            # pass: none runs during a measurement, where it would only add noise.
-            "TURNKEEPER_RECONCILE_EVERY": "3600",
             "PYTHONUNBUFFERED": "1",
         })
         env.update(env_extra)
@@ -186,6 +184,13 @@ def tail(path: Path, n: int = 2000) -> str:
         return path.read_text(errors="replace")[-n:]
     except OSError:
         return "(no log)"
+
+
+async def pause_reconcile_schedule(client: Client) -> None:
+    """The workers create the reconcile schedule at start-up; a pass during a
+    measurement would only add noise, so it is paused (workers leave an existing one)."""
+    with contextlib.suppress(Exception):
+        await client.get_schedule_handle(SCHEDULE_ID).pause(note="paused by bench/recovery_latency.py")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -330,6 +335,7 @@ async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
     try:
         progress("SIGKILL: starting the first worker")
         victim = await workers.start()
+        await pause_reconcile_schedule(client)
         for i in range(plan.repetitions):
             check_alone(workers, victim)
             chat_id = f"kill{i}-{uuid.uuid4().hex[:10]}"
@@ -425,6 +431,7 @@ async def measure_sigterm(client: Client, address: str, tmp: Path, plan: Plan,
         try:
             progress("SIGTERM: starting the first worker")
             victim = await workers.start()
+            await pause_reconcile_schedule(client)
             for i in range(plan.repetitions):
                 check_alone(workers, victim)
                 server.script([{"text": "cut off", "delay": MODEL_DELAY_S}, {"text": "from the other worker"}])
