@@ -23,7 +23,6 @@ from temporalio.client import (
     Client,
     ScheduleActionStartWorkflow,
     ScheduleOverlapPolicy,
-    ScheduleState,
     WorkflowExecutionStatus,
     WorkflowHistory,
 )
@@ -58,16 +57,8 @@ from turnkeeper.models import (
     TurnStatus,
     UserMessage,
 )
-from turnkeeper.reconcile_io import (
-    RECONCILE_LOOP_WORKFLOW,
-    RECONCILE_WORKFLOW,
-    SCHEDULE_ID,
-    ReconcileLoopState,
-    ReconcileSummary,
-    loop_workflow_id,
-    pass_workflow_id,
-)
-from turnkeeper.reconcile_schedule import ensure_reconcile_schedule, reconcile_schedule
+from turnkeeper.reconcile_io import RECONCILE_WORKFLOW, SCHEDULE_ID, ReconcileSummary, pass_workflow_id
+from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import run_worker
 from turnkeeper.workflows.chat_turn import ChatTurn
@@ -651,87 +642,3 @@ async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack
     assert await events_of(stack, [bad]) == before
     with contextlib.suppress(RPCError):
         await stack.client.get_workflow_handle(tk.workflow_id(locked)).terminate(reason="test over")
-
-
-# -- the loop: one visible run instead of one per pass ------------------------------------
-
-
-async def test_passes_run_in_one_quiet_loop_that_the_workers_keep_running(stack: Stack) -> None:
-    """A pass every second for a few seconds: the stale turn is closed, and the task
-    queue's workflow list holds the loop's one run; the paused schedule started
-    nothing. Terminated, the loop is running again within an interval."""
-    settings = stack.settings(TURNKEEPER_RECONCILE_EVERY="1")
-    schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"  # tests share one server
-    store = await stack.store()
-    chat = stack.chat("stale")  # its completion is stored; its run is long gone
-    await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
-    await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
-    await store.record_assistant(chat, 1, 0, ModelReply(text="hello"), final=False)
-
-    stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(settings, client=stack.client, stop=stop,
-                                            reconcile_schedule_id=schedule_id))
-    loop = stack.client.get_workflow_handle(loop_workflow_id(schedule_id))
-    schedule = stack.client.get_schedule_handle(schedule_id)
-
-    async def passes() -> int:
-        with contextlib.suppress(RPCError):
-            return (await loop.query("state", result_type=ReconcileLoopState)).passes
-        return 0
-
-    try:
-        await until(lambda: _turn_status(stack, chat, "recovered"), "a pass of the loop closed the turn")
-        record = await store.get_turn(chat, 1)
-        assert record is not None and record.reason == Reason.COMMITTED
-        await until(lambda: _more_than(passes, 3), "the loop made a few passes")
-        first = await loop.describe()
-        assert (first.workflow_type, first.task_queue, first.status) == (
-            RECONCILE_LOOP_WORKFLOW, stack.task_queue, WorkflowExecutionStatus.RUNNING)
-
-        async def only_the_loop() -> bool:
-            runs = [(w.workflow_type, w.run_id) async for w in stack.client.list_workflows(
-                f"TaskQueue = '{stack.task_queue}'")]
-            return runs == [(RECONCILE_LOOP_WORKFLOW, first.run_id)]
-
-        await until(only_the_loop, "the task queue lists the loop's run alone")
-        described = await schedule.describe()
-        assert described.schedule.state.paused and described.info.num_actions == 0
-
-        await loop.terminate(reason="test")
-
-        async def running_again() -> bool:
-            now = await loop.describe()
-            return now.status == WorkflowExecutionStatus.RUNNING and now.run_id != first.run_id
-
-        await until(running_again, "the worker started the loop again", timeout=10)
-    finally:
-        stop.set()
-        await asyncio.wait_for(worker, 30)
-        with contextlib.suppress(RPCError):
-            await schedule.delete()
-        with contextlib.suppress(RPCError):
-            await loop.terminate(reason="test over")
-
-
-async def _more_than(count: Callable[[], Awaitable[int]], n: int) -> bool:
-    return await count() > n
-
-
-async def test_a_schedule_an_earlier_release_created_is_paused_once(client: Client) -> None:
-    """The earlier release's schedule started a pass every interval, never paused:
-    a worker pauses it (the loop makes the passes now). Unpaused by an operator, it
-    is left alone."""
-    settings = Settings(task_queue="turnkeeper-tests-nowhere", reconcile_every=3600)
-    schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"
-    earlier = reconcile_schedule(settings, schedule_id)
-    earlier.state = ScheduleState()  # as it was created before: running, no note
-    handle = await client.create_schedule(schedule_id, earlier)
-    try:
-        assert await ensure_reconcile_schedule(client, settings, schedule_id) is False
-        state = (await handle.describe()).schedule.state
-        assert state.paused and loop_workflow_id(schedule_id) in (state.note or "")
-        await handle.unpause(note="the operator wants scheduled passes")
-        assert await ensure_reconcile_schedule(client, settings, schedule_id) is False
-        assert not (await handle.describe()).schedule.state.paused
-    finally:
-        await handle.delete()

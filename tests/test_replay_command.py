@@ -20,8 +20,8 @@ _INCOMPATIBLE = """
 import os, sys
 from tests.incompatible_workflows import IncompatibleChatTurn
 from turnkeeper import cli, replay
-from turnkeeper.workflows.reconcile import Reconcile, ReconcileLoop
-replay.registered_workflows = lambda: [IncompatibleChatTurn, Reconcile, ReconcileLoop]
+from turnkeeper.workflows.reconcile import Reconcile
+replay.registered_workflows = lambda: [IncompatibleChatTurn, Reconcile]
 os._exit(cli.run(sys.argv[1:]))
 """
 

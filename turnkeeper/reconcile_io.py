@@ -1,6 +1,5 @@
-"""Names and the result of a reconcile pass: shared by the `Reconcile` and
-`ReconcileLoop` workflows, the reconciler activity, the schedule and the worker.
-No I/O: safe to import from workflow code."""
+"""Names and the result of a reconcile pass: shared by the `Reconcile` workflow,
+the reconciler activity and the schedule. No I/O: safe to import from workflow code."""
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
@@ -8,7 +7,6 @@ from pydantic import BaseModel, Field
 from turnkeeper.models import Reason
 
 RECONCILE_WORKFLOW = "Reconcile"
-RECONCILE_LOOP_WORKFLOW = "ReconcileLoop"
 RECONCILE_PASS = "turnkeeper.reconcile_pass"
 # Contract (docs/contract.md, "Reconciler"): operators trigger it with
 # `temporal schedule trigger --schedule-id turnkeeper-reconcile`.
@@ -18,11 +16,6 @@ SCHEDULE_ID = "turnkeeper-reconcile"
 def pass_workflow_id(schedule_id: str = SCHEDULE_ID) -> str:
     """The id the schedule starts its passes with (Temporal appends the start time)."""
     return f"{schedule_id}-pass"
-
-
-def loop_workflow_id(schedule_id: str = SCHEDULE_ID) -> str:
-    """The one long-lived run that makes the passes: `turnkeeper-reconcile-loop`."""
-    return f"{schedule_id}-loop"
 
 
 class ReconcileSummary(BaseModel):
@@ -48,19 +41,3 @@ class ReconcileSummary(BaseModel):
 
     def count(self, reason: Reason) -> None:
         self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
-
-
-class ReconcileLoopInput(BaseModel):
-    every_s: int
-    """Seconds from the end of one pass to the start of the next."""
-    passes: int = 0
-    """Passes made by the earlier runs of the loop (it continues as new)."""
-    failed_passes: int = 0
-
-
-class ReconcileLoopState(BaseModel):
-    """The loop's `state` query."""
-
-    passes: int = 0
-    failed_passes: int = 0
-    last: ReconcileSummary | None = None

@@ -27,15 +27,15 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 # The workflow types `registered_workflows` defines.
-WORKFLOW_TYPES = ("ChatTurn", "Reconcile", "ReconcileLoop")
+WORKFLOW_TYPES = ("ChatTurn", "Reconcile")
 
 
 def registered_workflows() -> list[type]:
     """The workflow classes a worker registers (turnkeeper/worker.py uses this list)."""
     from turnkeeper.workflows.chat_turn import ChatTurn
-    from turnkeeper.workflows.reconcile import Reconcile, ReconcileLoop
+    from turnkeeper.workflows.reconcile import Reconcile
 
-    return [ChatTurn, Reconcile, ReconcileLoop]
+    return [ChatTurn, Reconcile]
 
 
 def parse_since(raw: str) -> timedelta:

@@ -1,13 +1,12 @@
 """The turnkeeper worker: connect to Temporal (or start the embedded dev server),
-register the search attributes, create the reconcile schedule, keep the reconcile
-loop running, and run `ChatTurn`, `ReconcileLoop` and `Reconcile` with their activities.
+register the search attributes, create the reconcile schedule, and run `ChatTurn`
+and `Reconcile` with their activities.
 
     turnkeeper worker         # or: python -m turnkeeper.worker, or python worker.py in a checkout
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -36,7 +35,7 @@ from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
 from turnkeeper.dev_server import DevServerError
 from turnkeeper.reconcile_io import SCHEDULE_ID
-from turnkeeper.reconcile_schedule import ensure_reconcile_loop, ensure_reconcile_schedule
+from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.replay import registered_workflows
 
 log = logging.getLogger("turnkeeper.worker")
@@ -138,28 +137,10 @@ def apply_jobs_as_one_batch(worker: Worker) -> None:
     setter(flag, enabled=True)
 
 
-async def keep_reconcile_loop(client: Client, settings: Settings, schedule_id: str, stop: asyncio.Event) -> None:
-    """Every TURNKEEPER_RECONCILE_EVERY seconds, start the reconcile loop if it is not
-    running (first run, terminated, failed): passes go on while any worker runs."""
-    failing = False
-    while not stop.is_set():
-        try:
-            await ensure_reconcile_loop(client, settings, schedule_id)
-            failing = False
-        except Exception as err:  # noqa: BLE001 — turns still run; the next interval tries again
-            if not failing:
-                log.warning("could not check the reconcile loop (%s); trying again every %d s",
-                            err, settings.reconcile_every)
-            failing = True
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), settings.reconcile_every)
-
-
 async def run_worker(settings: Settings, *, client: Client | None = None,
                      stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
-    `reconcile_schedule_id` is the contract's id (the loop's is derived from it);
-    tests sharing one server pass their own."""
+    `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
     telemetry.check_tracing(settings)
     try:
@@ -229,13 +210,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
              type(store).__name__, type(asyncio.get_running_loop()).__module__.split(".")[0])
     try:
         async with worker:
-            # Untraced: one trace per pass, not one for the loop's whole life.
-            keeper = asyncio.create_task(keep_reconcile_loop(plain, settings, reconcile_schedule_id, stop))
             await stop.wait()
             log.info("shutting down: running tools get %d s to finish", settings.shutdown_grace)
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
     finally:
         await provider.aclose()
         await store.close()
