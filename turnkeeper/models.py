@@ -26,7 +26,10 @@ STOPPED_TEXT = "The turn was stopped by the user."
 CHAT_ID_ATTR = SearchAttributeKey.for_keyword("ChatId")
 TURN_STATUS_ATTR = SearchAttributeKey.for_keyword("TurnStatus")
 RECOVERY_REASON_ATTR = SearchAttributeKey.for_keyword("RecoveryReason")
-SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR)
+# Set by each `Reconcile` run as it ends (quiet, acted, deferred): the next pass
+# deletes earlier quiet ones (turnkeeper/reconcile_io.py).
+RECONCILE_OUTCOME_ATTR = SearchAttributeKey.for_keyword("ReconcileOutcome")
+SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR, RECONCILE_OUTCOME_ATTR)
 
 # A turn's workflow tasks are short (store calls of a few ms, at most the store's
 # lock wait): when the worker holding one dies, the next worker takes the turn,

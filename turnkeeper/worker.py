@@ -33,7 +33,7 @@ from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailab
 from turnkeeper.activities.tools import ToolLoadError, default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
-from turnkeeper.dev_server import DevServerError
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, DevServerError
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.replay import registered_workflows
@@ -165,8 +165,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         if added:
             log.info("registered search attributes %s", added)
     except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
-        log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
-                    "RecoveryReason as Keyword yourself", err)
+        log.warning("could not check search attributes (%s); register %s as Keyword yourself",
+                    err, ", ".join(SEARCH_ATTRIBUTES))
     try:
         await ensure_reconcile_schedule(plain, settings, reconcile_schedule_id)
     except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
