@@ -35,3 +35,6 @@ WAIT_POINTS = "act-at-wait-points"
 # opens it, and a replay then hands that loss and the user's signal over in one
 # activation, the signal first. Judged at the gate, it meets the gate either way.
 SIGNALS_AT_WAIT_POINTS = "signal-decisions-at-wait-points"
+# `Reconcile` runs that have it delete earlier quiet passes (an activity after the
+# pass) and set `ReconcileOutcome` as they end. Asked in the first activation.
+QUIET_PASSES = "reconcile-quiet-passes"
