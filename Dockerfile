@@ -1,12 +1,13 @@
-# The turnkeeper worker image (see docker-compose.yml). `pip install .` brings
-# every dependency, asyncpg (the PostgreSQL session store) included, as wheels.
+# The turnkeeper worker image (see docker-compose.yml). `pip install .[otel]` brings
+# every dependency, asyncpg (the PostgreSQL session store) and OpenTelemetry
+# (traces, with OTEL_EXPORTER_OTLP_ENDPOINT) included, as wheels.
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY turnkeeper ./turnkeeper
 COPY workflows ./workflows
 COPY activities ./activities
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[otel]"
 ENV TURNKEEPER_DATA_DIR=/data TURNKEEPER_WORKSPACE=/workspace
 VOLUME ["/data", "/workspace"]
 # SIGTERM gives running tools TURNKEEPER_SHUTDOWN_GRACE seconds to finish.

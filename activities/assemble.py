@@ -6,6 +6,7 @@ from typing import Any
 
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider
+from turnkeeper.activities.quiet_passes import QuietPasses
 from turnkeeper.activities.reconciler import Reconciler
 from turnkeeper.activities.store import SessionStore
 from turnkeeper.activities.store_activities import StoreActivities
@@ -20,6 +21,7 @@ def build_activities(settings: Settings, store: SessionStore, provider: ModelPro
     tools = ToolCallActivity(settings, store, registry)
     writes = StoreActivities(settings, store)
     reconciler = Reconciler(settings, store)
+    quiet = QuietPasses(settings)
     return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,
             writes.record_tool_result, writes.commit_messages, writes.record_assistant, writes.update_turn,
-            writes.finish_turn, writes.append_events, reconciler.reconcile_pass]
+            writes.finish_turn, writes.append_events, reconciler.reconcile_pass, quiet.delete_quiet_passes]

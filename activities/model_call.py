@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeeper import activity_io as io
+from turnkeeper import metrics
 from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
@@ -47,6 +49,7 @@ class ModelCallActivity:
                 raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             call_index = sum(1 for m in history if m.role == "assistant")
             tools = self._registry.specs(self._settings.tools)
+            started = time.monotonic()
             try:
                 if self._settings.stream:
                     async with DraftWriter(self._store, inp.chat_id, inp.turn, inp.step) as draft:
@@ -55,10 +58,12 @@ class ModelCallActivity:
                 else:
                     reply = await _unless_shutdown(self._provider.complete(history, tools, call_index=call_index))
             except ProviderError as err:
+                metrics.model_call_took(activity.metric_meter(), time.monotonic() - started)
                 # The provider's own retries are spent: the user decides what happens next.
                 kind = "transient" if err.retryable else "permanent"
                 raise ApplicationError(f"model provider failed ({kind}): {err}",
                                        type=io.MODEL_FAILED_ERROR, non_retryable=True) from None
+            metrics.model_call_took(activity.metric_meter(), time.monotonic() - started)
             try:
                 await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
                                                    final=reply.is_final and inp.closes_turn)

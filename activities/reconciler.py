@@ -20,6 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeeper import metrics
 from turnkeeper.activities import checkpoint
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.activities.store.base import TurnRef
@@ -215,6 +216,8 @@ class Reconciler:
             status=TurnStatus.RECOVERED, reason=verdict.reason,
             recovery_id=record.recovery_id or uuid.uuid4().hex,
             can_continue=record.can_continue, attempts=record.attempts))
+        # No run ends this turn: it ends here.
+        metrics.turn_ended(activity.metric_meter(), TurnStatus.RECOVERED.value, verdict.reason.value)
 
     async def _uncommitted(self, chat_id: str, messages: tuple[UserMessage, ...]) -> list[UserMessage]:
         """Acknowledged messages of the dead run the store does not hold yet: the
@@ -268,6 +271,7 @@ class Reconciler:
                 status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, can_continue=False,
                 recovery_id=(record.recovery_id if record else None) or uuid.uuid4().hex,
                 attempts=record.attempts if record else 0))
+            metrics.turn_ended(activity.metric_meter(), TurnStatus.FAILED.value, Reason.RECOVERY_FAILED.value)
             return True
         except Exception as err:  # noqa: BLE001 — logged; the next pass tries again
             log.exception("could not mark chat %s turn %d failed: %s", ref.chat_id, ref.turn, err)

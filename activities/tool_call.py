@@ -5,10 +5,13 @@ acts, so the store can always tell a tool that may have acted from one that
 never started."""
 from __future__ import annotations
 
+import asyncio
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeeper import activity_io as io
+from turnkeeper import metrics
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.store import SessionStore, StoreUnavailable
 from turnkeeper.activities.tools import ToolContext, ToolRegistry
@@ -16,6 +19,12 @@ from turnkeeper.config import Settings
 
 ALREADY_STARTED_TEXT = ("Error: this tool call was started before and may have acted; "
                         "it is not run again.")
+# The `outcome` label of turnkeeper_tool_calls_total: `done` and `error` are the
+# tool's; the rest are calls the tool never finished or never saw.
+NOT_RUN_AGAIN = "not_run_again"
+STORE_UNAVAILABLE = "store_unavailable"
+CANCELLED = "cancelled"
+FAILED = "failed"
 
 
 class ToolCallActivity:
@@ -26,6 +35,25 @@ class ToolCallActivity:
 
     @activity.defn(name=io.TOOL_CALL)
     async def tool_call(self, inp: io.ToolCallInput) -> io.ToolCallResult:
+        outcome = FAILED
+        try:
+            result, outcome = await self._call(inp)
+            return result
+        except asyncio.CancelledError:
+            outcome = CANCELLED  # a Stop, a Dismiss, or the end of the shutdown grace
+            raise
+        except ApplicationError as err:
+            if err.type == io.STORE_UNAVAILABLE_ERROR:
+                outcome = STORE_UNAVAILABLE
+            raise
+        finally:
+            # The model chose the name: only an enabled tool's becomes a label value.
+            name = inp.call.name
+            known = name in self._settings.tools and self._registry.get(name) is not None
+            metrics.tool_called(activity.metric_meter(), name if known else metrics.UNKNOWN_TOOL, outcome)
+
+    async def _call(self, inp: io.ToolCallInput) -> tuple[io.ToolCallResult, str]:
+        """The call's result, and its outcome for the metric."""
         call = inp.call
         async with heartbeating():
             try:
@@ -35,20 +63,22 @@ class ToolCallActivity:
                 raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             if not first:
                 status, content = "error", ALREADY_STARTED_TEXT
+                outcome = NOT_RUN_AGAIN
             else:
                 ctx = ToolContext(
                     workspace=self._settings.workspace, chat_id=inp.chat_id, turn=inp.turn,
                     tool_call_id=call.id, idempotency_key=inp.idempotency_key,
                     exec_timeout=float(self._settings.exec_timeout), heartbeat=activity.heartbeat)
-                outcome = await self._registry.run(
+                ran = await self._registry.run(
                     call.name, call.arguments, ctx, enabled=self._settings.tools,
                     max_output_bytes=self._settings.max_tool_output_bytes)
-                status, content = outcome.status, outcome.content
+                status, content = ran.status, ran.content
+                outcome = ran.status
             try:
                 await self._store.record_tool_result(inp.chat_id, inp.turn, call.id, call.name, content, status)
             except StoreUnavailable as err:
                 # The tool has acted: its result goes back to the workflow, which records it later.
                 activity.logger.warning("the result of %s is recorded later: %s", inp.idempotency_key, err)
                 return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content,
-                                         recorded=False)
-            return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content)
+                                         recorded=False), outcome
+            return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content), outcome

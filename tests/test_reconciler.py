@@ -1,13 +1,15 @@
 """The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
 the pure checkpoint judge on recorded histories, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
-the schedule, and the cost of a pass over many healthy chats."""
+the schedule, the cost of a pass over many healthy chats, and quiet passes
+deleted by the passes after them."""
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -16,16 +18,19 @@ from datetime import timedelta
 from typing import Any, cast
 
 import pytest
+from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import (
     Client,
+    ScheduleActionExecutionStartWorkflow,
     ScheduleActionStartWorkflow,
     ScheduleOverlapPolicy,
     WorkflowExecutionStatus,
     WorkflowHistory,
 )
+from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
@@ -33,16 +38,17 @@ from temporalio.worker import Worker
 from tests.support import HISTORIES, Stack
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
-from turnkeeper.activities import checkpoint
+from turnkeeper.activities import checkpoint, quiet_passes
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.checkpoint import UnansweredCall
 from turnkeeper.activities.providers import load_provider
+from turnkeeper.activities.quiet_passes import QuietPasses, quiet_passes_query
 from turnkeeper.activities.reconciler import Reconciler
 from turnkeeper.activities.store import SessionStore, StoreError
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
-from turnkeeper.search_attributes import RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
+from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     ChatMessage,
@@ -56,11 +62,21 @@ from turnkeeper.models import (
     TurnStatus,
     UserMessage,
 )
-from turnkeeper.reconcile_io import RECONCILE_WORKFLOW, SCHEDULE_ID, ReconcileSummary, pass_workflow_id
+from turnkeeper.reconcile_io import (
+    DELETE_QUIET_PASSES,
+    RECONCILE_PASS,
+    RECONCILE_WORKFLOW,
+    SCHEDULE_ID,
+    PassOutcome,
+    QuietPassCleanup,
+    ReconcileSummary,
+    pass_workflow_id,
+)
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import run_worker
 from turnkeeper.workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.reconcile import Reconcile
 
 
 # -- checkpoint.py on a recorded history ---------------------------------------------------
@@ -641,3 +657,164 @@ async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack
     assert await events_of(stack, [bad]) == before
     with contextlib.suppress(RPCError):
         await stack.client.get_workflow_handle(tk.workflow_id(locked)).terminate(reason="test over")
+
+
+# -- quiet passes leave no run behind --------------------------------------------------------
+
+
+def test_a_pass_is_quiet_only_when_it_left_everything_as_it_was() -> None:
+    assert ReconcileSummary(examined=3, healthy=1, settled=1, busy=1).outcome == PassOutcome.QUIET
+    assert ReconcileSummary(deferred=1).outcome == PassOutcome.DEFERRED
+    for acted in (ReconcileSummary(outcomes={Reason.COMMITTED: 1}, deferred=1), ReconcileSummary(failed=1),
+                  ReconcileSummary(handed_on=2)):
+        assert acted.outcome == PassOutcome.ACTED, acted
+
+
+async def _listed(client: Client, query: str) -> set[str]:
+    return {w.run_id async for w in client.list_workflows(query)}
+
+
+async def _listed_becomes(client: Client, query: str, expected: set[str], what: str) -> None:
+    """Temporal takes about half a minute to drop a deleted closed run from the list."""
+    async def settled() -> bool:
+        return await _listed(client, query) == expected
+
+    await until(settled, what, timeout=150)
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stack: Stack) -> None:
+    """Passes the schedule starts: after several quiet ones the task queue lists the
+    latest two; one that closed a turn stays listed after the quiet ones around it
+    are gone. The schedule stays active at its interval throughout."""
+    settings = stack.settings(TURNKEEPER_RECONCILE_EVERY="3600", TURNKEEPER_WORKFLOW_SANDBOX="on")
+    schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"  # tests share one server
+    passes_query = f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{stack.task_queue}'"
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(settings, client=stack.client, stop=stop,
+                                            reconcile_schedule_id=schedule_id))
+    schedule = stack.client.get_schedule_handle(schedule_id)
+    workflow_ids: dict[str, str] = {}  # run id -> workflow id
+
+    async def scheduled_pass() -> tuple[str, ReconcileSummary]:
+        """Trigger the schedule (as `temporal schedule trigger` does) and wait for its run."""
+        before = (await schedule.describe()).info.num_actions
+        await schedule.trigger()
+
+        async def started() -> bool:
+            return (await schedule.describe()).info.num_actions > before
+
+        await until(started, "the schedule started a pass")
+        action = (await schedule.describe()).info.recent_actions[-1].action
+        assert isinstance(action, ScheduleActionExecutionStartWorkflow)
+        workflow_ids[action.first_execution_run_id] = action.workflow_id
+        handle = stack.client.get_workflow_handle(action.workflow_id, run_id=action.first_execution_run_id,
+                                                  result_type=ReconcileSummary)
+        return action.first_execution_run_id, await asyncio.wait_for(handle.result(), 60)
+
+    async def outcome(run_id: str) -> str | None:
+        described = await stack.client.get_workflow_handle(workflow_ids[run_id], run_id=run_id).describe()
+        return described.typed_search_attributes.get(RECONCILE_OUTCOME_ATTR)
+
+    try:
+        await until(lambda: _exists(schedule), "the worker created the schedule")
+        quiet = []
+        for _ in range(4):
+            run_id, summary = await scheduled_pass()
+            assert summary.outcome == PassOutcome.QUIET, summary
+            quiet.append(run_id)
+        await _listed_becomes(stack.client, passes_query, set(quiet[-2:]), "the latest two quiet passes are listed")
+
+        store = await stack.store()
+        chat = stack.chat("stale")  # its completion is stored; its run is long gone
+        await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
+        await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+        await store.record_assistant(chat, 1, 0, ModelReply(text="hello"), final=False)
+        acted, summary = await scheduled_pass()
+        assert summary.outcomes == {Reason.COMMITTED: 1} and summary.outcome == PassOutcome.ACTED, summary
+        later = [(await scheduled_pass())[0] for _ in range(2)]
+        await _listed_becomes(stack.client, passes_query, {acted, *later},
+                              "the pass that acted and the latest two quiet ones are listed")
+        assert (await outcome(acted), await outcome(later[-1])) == ("acted", "quiet")
+
+        described = await schedule.describe()
+        assert not described.schedule.state.paused
+        assert [i.every.total_seconds() for i in described.schedule.spec.intervals] == [3600]
+        assert described.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+        if os.environ.get("TK_RECORD_HISTORIES"):  # for tests/test_replay.py
+            for name, run_id in (("reconcile_pass_that_acted", acted), ("reconcile_quiet_pass", later[-1])):
+                history = await stack.client.get_workflow_handle(workflow_ids[run_id], run_id=run_id).fetch_history()
+                (HISTORIES / f"{name}.json").write_text(history.to_json())
+    finally:
+        stop.set()
+        await asyncio.wait_for(worker, 30)
+        with contextlib.suppress(RPCError):
+            await schedule.delete()
+
+
+@pytest.mark.usefixtures("contract_schedule_points_nowhere")
+async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_latest(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real `Reconcile` runs over stub activities, then the real deletion: only completed
+    quiet runs are deleted, never the latest, at most DELETES_PER_PASS a call, and a
+    repeated call is harmless. A run whose cleanup failed or found the attribute
+    unregistered sets no outcome, so it is never deleted."""
+    quiet_summary = ReconcileSummary(examined=1, healthy=1)
+    plan: list[tuple[str, ReconcileSummary, QuietPassCleanup | None]] = [
+        ("q1", quiet_summary, QuietPassCleanup()),
+        ("q2", quiet_summary, QuietPassCleanup()),
+        ("acted", ReconcileSummary(examined=1, outcomes={Reason.COMMITTED: 1}), QuietPassCleanup()),
+        ("q3", quiet_summary, QuietPassCleanup()),
+        ("deferred", ReconcileSummary(examined=1, deferred=1), QuietPassCleanup()),
+        ("q4", quiet_summary, QuietPassCleanup()),
+        ("unregistered", quiet_summary, QuietPassCleanup(outcome_attribute=False)),
+        ("cleanup_failed", quiet_summary, None),
+    ]
+    step: list[tuple[str, ReconcileSummary, QuietPassCleanup | None]] = []
+
+    @activity.defn(name=RECONCILE_PASS)
+    async def fake_pass() -> ReconcileSummary:
+        return step[0][1]
+
+    @activity.defn(name=DELETE_QUIET_PASSES)
+    async def fake_cleanup() -> QuietPassCleanup:
+        if step[0][2] is None:
+            raise RuntimeError("Temporal refused the listing")
+        return step[0][2]
+
+    runs: dict[str, str] = {}
+    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[Reconcile],
+                      activities=[fake_pass, fake_cleanup]):
+        for name, summary, cleanup in plan:
+            step[:] = [(name, summary, cleanup)]
+            handle = await stack.client.start_workflow(
+                RECONCILE_WORKFLOW, id=f"reconcile-{name}-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue,
+                result_type=ReconcileSummary)
+            assert await handle.result() == summary
+            runs[name] = handle.result_run_id or ""
+
+    async def outcome(name: str) -> str | None:
+        found = [w async for w in stack.client.list_workflows(f"RunId = '{runs[name]}'")]
+        return found[0].typed_search_attributes.get(RECONCILE_OUTCOME_ATTR) if found else None
+
+    assert [await outcome(n) for n in ("acted", "deferred", "unregistered", "cleanup_failed")] == [
+        "acted", "deferred", None, None]
+    query = quiet_passes_query(stack.task_queue)
+    everyone = f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{stack.task_queue}'"
+    await _listed_becomes(stack.client, query, {runs[n] for n in ("q1", "q2", "q3", "q4")},
+                          "the quiet runs are listed as quiet")
+
+    monkeypatch.setattr(quiet_passes, "DELETES_PER_PASS", 2)
+    cleaner = QuietPasses(stack.settings())
+    env = ActivityEnvironment(client=stack.client)
+    assert await env.run(cleaner.delete_quiet_passes) == QuietPassCleanup(deleted=2)
+    kept = {runs[n] for n in ("q4", "q1", "acted", "deferred", "unregistered", "cleanup_failed")}
+    await _listed_becomes(stack.client, everyone, kept, "the two quiet runs after the latest are gone")
+    assert await env.run(cleaner.delete_quiet_passes) == QuietPassCleanup(deleted=1)
+    # At once again, as a retry would: q1 may still be listed; deleting it again is no error.
+    assert (await env.run(cleaner.delete_quiet_passes)).deleted <= 1
+    await _listed_becomes(stack.client, everyone, kept - {runs["q1"]}, "only the latest quiet run is left")
+
+    # An attribute the server does not know: no deletion, and the run is told not to set it.
+    monkeypatch.setattr(quiet_passes, "RECONCILE_OUTCOME_ATTR", SearchAttributeKey.for_keyword("NotRegistered"))
+    assert await env.run(cleaner.delete_quiet_passes) == QuietPassCleanup(outcome_attribute=False)

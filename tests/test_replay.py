@@ -10,7 +10,10 @@ markers that runs recorded until then). Runs of `test_a_gate_whose_history_grows
 a patched limit) and of the run that fails on purpose are not kept.
 `before-unreadable-signals/` holds runs recorded before unreadable signal payloads were
 refused, two of them (`unreadable_*`) fed such payloads on purpose: they fail here if a
-`workflow.patched` gate in `ChatTurn` is removed."""
+`workflow.patched` gate in `ChatTurn` is removed.
+`reconcile_*.json` are `Reconcile` runs (`TK_RECORD_HISTORIES=1 pytest tests/test_reconciler.py
+-k leave_no_run` rewrites them); `before-quiet-passes/` holds one recorded before passes
+deleted the quiet ones, which fails here if the `QUIET_PASSES` gate is removed."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,6 +24,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from turnkeeper.workflows.chat_turn import ChatTurn
+from turnkeeper.workflows.reconcile import Reconcile
 
 HISTORIES = sorted((Path(__file__).parent / "histories").rglob("*.json"))
 
@@ -32,6 +36,6 @@ def test_histories_are_kept() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[f"{p.parent.name}/{p.stem}" for p in HISTORIES])
 async def test_replay(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure!r}"

@@ -18,12 +18,14 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from turnkeeper import telemetry
 from turnkeeper.cli_commands import (
     cmd_continue,
     cmd_dismiss,
     cmd_events,
     cmd_history,
     cmd_list,
+    cmd_replay,
     cmd_send,
     cmd_status,
     cmd_stop,
@@ -31,6 +33,7 @@ from turnkeeper.cli_commands import (
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
 from turnkeeper.models import TurnStatus
+from turnkeeper.replay import parse_since
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
                            help="follow the resumed turn like `send`: its tools, then its answer")
             c.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
         c.set_defaults(func=func)
+    r = sub.add_parser("replay", help="replay recent histories against this code; exit 1 if any does "
+                       "not replay (the deploy gate)")
+    r.add_argument("--limit", type=_positive, default=200,
+                   help="at most this many runs: running ones first, then the latest closed (default 200)")
+    r.add_argument("--since", type=_since, default="24h",
+                   help="closed runs this recent, e.g. 30m, 24h, 7d (default 24h); running runs always")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_replay)
     return p
+
+
+def _since(raw: str) -> object:
+    try:
+        return parse_since(raw)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _positive(raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {raw!r}")
+    return int(raw)
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -123,5 +147,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.stderr.flush()
+    telemetry.flush_traces()  # os._exit would drop the spans still buffered
     # A Temporal runtime can abort at interpreter exit (sdk-python #300).
     os._exit(code)

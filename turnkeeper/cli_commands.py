@@ -16,6 +16,7 @@ from turnkeeper import client as tk
 from turnkeeper.cli_common import (
     EXIT_AWAITING,
     EXIT_OK,
+    EXIT_REFUSED,
     NOT_WAITING,
     QUERY_TIMEOUT,
     NoWorker,
@@ -26,7 +27,15 @@ from turnkeeper.cli_common import (
     open_session_store,
     query_state,
 )
-from turnkeeper.cli_output import chat_row, describe_gate, event_line, event_text, print_json, transcript_line
+from turnkeeper.cli_output import (
+    chat_row,
+    describe_gate,
+    event_line,
+    event_text,
+    print_json,
+    replay_lines,
+    transcript_line,
+)
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     CHAT_ID,
@@ -441,3 +450,20 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
         raise
     print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
     return EXIT_OK
+
+
+async def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    """The deploy gate: exit 0 when every recent history replays on this code, 1 otherwise."""
+    from dataclasses import asdict
+
+    from turnkeeper import replay
+
+    client = await connect_client(settings)
+    report = await replay.replay_recent(client, settings, limit=args.limit, since=args.since)
+    if args.json:
+        print_json({"task_queue": settings.task_queue, "replayed": report.replayed, "running": report.running,
+                    "ok": report.ok, "failures": [asdict(f) for f in report.failures]})
+    else:
+        for line in replay_lines(report, settings.task_queue, args.since):
+            print(line)
+    return EXIT_OK if report.ok else EXIT_REFUSED

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from turnkeeper import client as tk
+from turnkeeper import telemetry
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState
 from turnkeeper.workflows.recovery import NOT_WAITING  # noqa: F401  (the commands refuse in its words)
@@ -29,11 +30,13 @@ class Refused(Exception):
 
 async def connect_client(settings: Settings) -> Client:
     try:
-        return await tk.connect(settings)
+        client = await tk.connect(settings)
     except Exception as err:  # noqa: BLE001
         where = settings.temporal_address or f"127.0.0.1:{settings.dev_server_port}"
         raise Refused(f"cannot reach Temporal at {where} ({err}); is the worker running? "
                       "Start it with `turnkeeper worker`.") from None
+    # A turn the CLI starts is traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).
+    return telemetry.traced(client, settings, "turnkeeper-cli")
 
 
 async def open_session_store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light

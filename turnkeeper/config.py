@@ -37,6 +37,8 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_DEV_SERVER_PORT",
     "TURNKEEPER_DEV_UI_PORT",
     "TURNKEEPER_DEV_HTTP_PORT",
+    "TURNKEEPER_METRICS_ADDRESS",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
 )
@@ -123,6 +125,17 @@ def _pollers(env: dict[str, str], name: str) -> int | None:
     return _int(env, name, 0, minimum=MIN_FIXED_POLLERS)
 
 
+def _address(env: dict[str, str], name: str) -> str | None:
+    """None (unset) or `host:port` with a port number."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name} must be host:port (e.g. 0.0.0.0:9464), got {raw!r}")
+    return raw
+
+
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -194,6 +207,10 @@ class Settings:
     # longer than the whole command should. Unset with TEMPORAL_ADDRESS: gRPC.
     temporal_http_address: str | None = None
     dev_http_port: int = 7243
+    # host:port where the worker serves Prometheus text at /metrics; None: off.
+    metrics_address: str | None = None
+    # OTLP/HTTP collector for traces; None: off.
+    otlp_endpoint: str | None = None
     openai_base_url: str | None = None
     # repr=False: settings get logged; the key must never be.
     openai_api_key: str | None = field(default=None, repr=False)
@@ -233,6 +250,8 @@ class Settings:
             dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
             temporal_http_address=env.get("TURNKEEPER_TEMPORAL_HTTP_ADDRESS") or None,
             dev_http_port=_int(env, "TURNKEEPER_DEV_HTTP_PORT", 7243, minimum=1),
+            metrics_address=_address(env, "TURNKEEPER_METRICS_ADDRESS"),
+            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None,
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
             openai_api_key=env.get("OPENAI_API_KEY") or None,
         )

@@ -34,7 +34,10 @@ STOPPED_TEXT = "The turn was stopped by the user."
 CHAT_ID = "ChatId"
 TURN_STATUS = "TurnStatus"
 RECOVERY_REASON = "RecoveryReason"
-SEARCH_ATTRIBUTE_NAMES = (CHAT_ID, TURN_STATUS, RECOVERY_REASON)
+# Set by each `Reconcile` run as it ends (quiet, acted, deferred): the next pass
+# deletes earlier quiet ones (turnkeeper/reconcile_io.py).
+RECONCILE_OUTCOME = "ReconcileOutcome"
+SEARCH_ATTRIBUTE_NAMES = (CHAT_ID, TURN_STATUS, RECOVERY_REASON, RECONCILE_OUTCOME)
 
 # A turn's workflow tasks are short (store calls of a few ms, at most the store's
 # lock wait): when the worker holding one dies, the next worker takes the turn,

@@ -1,6 +1,8 @@
 """Names and the result of a reconcile pass: shared by the `Reconcile` workflow,
-the reconciler activity and the schedule. No I/O: safe to import from workflow code."""
+the reconciler's activities and the schedule. No I/O: safe to import from workflow code."""
 from __future__ import annotations
+
+from enum import Enum
 
 from pydantic import BaseModel, Field
 
@@ -8,6 +10,7 @@ from turnkeeper.models import Reason
 
 RECONCILE_WORKFLOW = "Reconcile"
 RECONCILE_PASS = "turnkeeper.reconcile_pass"
+DELETE_QUIET_PASSES = "turnkeeper.delete_quiet_passes"
 # Contract (docs/contract.md, "Reconciler"): operators trigger it with
 # `temporal schedule trigger --schedule-id turnkeeper-reconcile`.
 SCHEDULE_ID = "turnkeeper-reconcile"
@@ -41,3 +44,34 @@ class ReconcileSummary(BaseModel):
 
     def count(self, reason: Reason) -> None:
         self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
+
+    @property
+    def outcome(self) -> PassOutcome:
+        if self.outcomes or self.failed or self.handed_on:
+            return PassOutcome.ACTED
+        if self.deferred:
+            return PassOutcome.DEFERRED
+        return PassOutcome.QUIET
+
+
+class PassOutcome(str, Enum):
+    """A `Reconcile` run's `ReconcileOutcome` search attribute."""
+
+    QUIET = "quiet"
+    """Nothing to do: every open turn was healthy, settled or busy. Deleted by a later pass."""
+    ACTED = "acted"
+    """Closed or recovered a turn, marked one failed, or handed messages on. Kept."""
+    DEFERRED = "deferred"
+    """Nothing done, but a turn was left for the next pass (Temporal or the store unreachable). Kept."""
+
+
+class QuietPassCleanup(BaseModel):
+    """What `turnkeeper.delete_quiet_passes` did before its run ends."""
+
+    deleted: int = 0
+    """Earlier quiet passes deleted (or found deleted already)."""
+    not_deleted: int = 0
+    """Deletions Temporal refused; the next pass tries them again."""
+    outcome_attribute: bool = True
+    """`ReconcileOutcome` is registered, so the run may set it: where it is not, an
+    upsert would fail the run's workflow task until its run timeout."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from temporalio.common import SearchAttributeKey
 
-from turnkeeper.models import CHAT_ID, RECOVERY_REASON, TURN_STATUS
+from turnkeeper.models import CHAT_ID, RECONCILE_OUTCOME, RECOVERY_REASON, TURN_STATUS
 
 CHAT_ID_ATTR = SearchAttributeKey.for_keyword(CHAT_ID)
 TURN_STATUS_ATTR = SearchAttributeKey.for_keyword(TURN_STATUS)
 RECOVERY_REASON_ATTR = SearchAttributeKey.for_keyword(RECOVERY_REASON)
-SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR)
+RECONCILE_OUTCOME_ATTR = SearchAttributeKey.for_keyword(RECONCILE_OUTCOME)
+SEARCH_ATTRIBUTE_KEYS = (CHAT_ID_ATTR, TURN_STATUS_ATTR, RECOVERY_REASON_ATTR, RECONCILE_OUTCOME_ATTR)

@@ -26,17 +26,17 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from turnkeeper import telemetry
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
 from turnkeeper.activities.tools import ToolLoadError, default_registry, load_tool_modules
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
-from turnkeeper.dev_server import DevServerError
+from turnkeeper.dev_server import SEARCH_ATTRIBUTES, DevServerError
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
-from turnkeeper.workflows.chat_turn import ChatTurn
-from turnkeeper.workflows.reconcile import Reconcile
+from turnkeeper.replay import registered_workflows
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -142,23 +142,33 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
     `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
+    telemetry.check_tracing(settings)
     try:
         provider = load_provider(settings.model, env=settings.provider_env())
     except ValueError as err:
         raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
+    if client is None:
+        # Before any client connects: the runtime they share serves /metrics.
+        telemetry.use_metrics_runtime(settings)
+    elif settings.metrics_address:
+        log.warning("TURNKEEPER_METRICS_ADDRESS is not used: this worker was given a client, "
+                    "whose runtime decides where its metrics go")
     store = open_store(settings)
     await _open_store(store)
     if client is None:
         client = await connect(settings, start_dev_server=True)
+    # Traced (OTEL_EXPORTER_OTLP_ENDPOINT): the worker's workflows and activities, and the
+    # runs the reconciler starts; the schedule below is created without it.
+    plain, client = client, telemetry.traced(client, settings, "turnkeeper-worker")
     try:
         added = await ensure_search_attributes(client, client.namespace)
         if added:
             log.info("registered search attributes %s", added)
     except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
-        log.warning("could not check search attributes (%s); register ChatId, TurnStatus and "
-                    "RecoveryReason as Keyword yourself", err)
+        log.warning("could not check search attributes (%s); register %s as Keyword yourself",
+                    err, ", ".join(SEARCH_ATTRIBUTES))
     try:
-        await ensure_reconcile_schedule(client, settings, reconcile_schedule_id)
+        await ensure_reconcile_schedule(plain, settings, reconcile_schedule_id)
     except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
         log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
                     "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
@@ -167,7 +177,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[ChatTurn, Reconcile],
+        workflows=registered_workflows(),  # what `turnkeeper replay` replays against
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
@@ -205,6 +215,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     finally:
         await provider.aclose()
         await store.close()
+        telemetry.flush_traces()
 
 
 def main() -> None:

@@ -24,7 +24,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     # Passed through: re-importing pydantic models in every run's sandbox is slow.
     from turnkeeper import activity_io as io
+    from turnkeeper import metrics
     from turnkeeper.models import (
+        OPEN_STATUSES,
         TURN_TASK_TIMEOUT,
         ChatTurnInput,
         ModelReply,
@@ -104,6 +106,7 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
+        self._turn_taken = False  # this run began or adopted a turn: its end is counted here
         for message in input.pending:
             self._inbox.offer(message)
 
@@ -166,6 +169,7 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
             while await self._wait_for_first_message():
                 begun = await self._begin()
                 if begun == "begun":
+                    self._turn_taken = True
                     await self._turn_loop(step=0, batch=self._inbox.take())
                 if begun != "refused":
                     break
@@ -173,6 +177,10 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
                 # waits for a message it can take, as it does after any refusal.
                 await self._flush_events()
                 self._before_turn = True
+        if self._turn_taken and self._state.status not in OPEN_STATUSES:
+            # Where the turn ends; a replay records nothing (the SDK's workflow meter).
+            reason = self._state.reason.value if self._state.reason else None
+            metrics.turn_ended(workflow.metric_meter(), self._state.status.value, reason)
         self._judge_signalled()  # the turn has ended: what is left is refused, and recorded
         await self._flush_events()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -229,6 +237,9 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
             io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
             io.AdoptTurnResult)
         self._apply_settings(adopted.settings)
+        self._turn_taken = True
+        # A gate handed on by a long run (continue-as-new) was counted where it opened.
+        self._count_gate = workflow.info().continued_run_id is None
         self._state.turn = start.turn
         self._state.recovery_id = start.recovery_id
         self._state.attempts = start.attempts

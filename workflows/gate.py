@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from turnkeeper import activity_io as io
+    from turnkeeper import metrics
     from turnkeeper.models import (
         DISMISSED_TEXT,
         STOPPED_TEXT,
@@ -54,6 +55,7 @@ class TurnGate(TurnPersistence):
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
     _before_turn: bool
+    _count_gate: bool = True  # false for the first gate of a run that continues one
     state: Callable[[], TurnState]  # the workflow's `state` query
 
     async def _interrupt_stands(self) -> bool:
@@ -96,6 +98,9 @@ class TurnGate(TurnPersistence):
             self._decision = None
         if not await self._persist_state():
             return "ended"  # e.g. the lost call had committed the final answer
+        if self._count_gate:
+            metrics.gate_opened(workflow.metric_meter(), reason.value)
+        self._count_gate = True
         while True:
             await workflow.wait_condition(
                 lambda: self._decision is not None or self._interrupt is not None or bool(self._events)

@@ -40,3 +40,6 @@ SIGNALS_AT_WAIT_POINTS = "signal-decisions-at-wait-points"
 # the TemporalChangeVersion search attribute, three of them in every turn's first
 # workflow task; runs recorded with the three replay as they ran.
 RECOVERY_MACHINE = "recovery-machine-2"
+# `Reconcile` runs that have it delete earlier quiet passes (an activity after the
+# pass) and set `ReconcileOutcome` as they end. Asked in the first activation.
+QUIET_PASSES = "reconcile-quiet-passes"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from turnkeeper import client as tk
+from turnkeeper import telemetry
 from turnkeeper.config import Settings
 from turnkeeper.web.feed import ChatFeed
 
@@ -47,12 +48,14 @@ class Backends:
             async with self._client_lock:
                 if self._client is None:
                     try:
-                        self._client = await asyncio.wait_for(tk.connect(self.settings), CONNECT_TIMEOUT_S)
+                        client = await asyncio.wait_for(tk.connect(self.settings), CONNECT_TIMEOUT_S)
                     except Exception as err:  # noqa: BLE001
                         where = self.settings.temporal_address or f"127.0.0.1:{self.settings.dev_server_port}"
                         why = str(err) or f"no answer in {CONNECT_TIMEOUT_S:.0f} s"
                         raise ApiError(503, f"cannot reach Temporal at {where} ({why}); "
                                             "is the worker running?") from None
+                    # Turns sent from the page are traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).
+                    self._client = telemetry.traced(client, self.settings, "turnkeeper-web")
         return self._client
 
     async def store(self) -> SessionStore:

@@ -70,6 +70,9 @@ def check_exposure(config: WebConfig) -> None:
 
 def serve(settings: Settings, config: WebConfig) -> int:
     check_exposure(config)
+    from turnkeeper.telemetry import check_tracing
+
+    check_tracing(settings)  # before it listens: the first send is not the place to find out
     import uvicorn
 
     from turnkeeper.web.app import create_app

@@ -1,0 +1,76 @@
+"""`turnkeeper replay`, the deploy gate (docs/operations.md, "Before a deploy"): the
+histories of real turns replay on this code, and fail on an incompatible one."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from tests.support import ROOT, Stack, until_async
+from turnkeeper import client as tk
+from turnkeeper import replay
+from turnkeeper.models import RecoveryAction, TurnState, TurnStatus
+
+TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
+# The CLI as installed, with the worker's ChatTurn swapped for an incompatible one.
+_INCOMPATIBLE = """
+import os, sys
+from tests.incompatible_workflows import IncompatibleChatTurn
+from turnkeeper import cli, replay
+from turnkeeper.workflows.reconcile import Reconcile
+replay.registered_workflows = lambda: [IncompatibleChatTurn, Reconcile]
+os._exit(cli.run(sys.argv[1:]))
+"""
+
+
+async def run(stack: Stack, *command: str) -> subprocess.CompletedProcess[str]:
+    proc = await asyncio.create_subprocess_exec(*command, env=stack.env(), cwd=ROOT, stdin=subprocess.DEVNULL,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(command, proc.returncode, out.decode(), err.decode())
+
+
+async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_gate(stack: Stack) -> None:
+    # Each chat: a tool call, then a model call that fails: the turn waits at a gate.
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"error": "the provider refused"}])
+    await stack.start_worker()
+    closed, waiting = stack.chat("closed"), stack.chat("waiting")
+    for chat in (closed, waiting):
+        await stack.send(chat, "write a.txt")
+        await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+    state = await stack.state(closed)
+    await stack.client.get_workflow_handle(tk.workflow_id(closed)).execute_update(
+        "dismiss_turn", RecoveryAction(recovery_id=state.recovery_id or ""), result_type=TurnState)
+    await stack.wait_turn_done(closed, 1)
+
+    query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue,
+                                    datetime.now(timezone.utc) - timedelta(hours=1))
+
+    async def listed() -> bool:  # visibility is eventually consistent
+        runs = {(w.id, w.status.name) async for w in stack.client.list_workflows(query)}
+        return {(tk.workflow_id(closed), "COMPLETED"), (tk.workflow_id(waiting), "RUNNING")} <= runs
+
+    await until_async(listed, what="both runs are listed")
+
+    passed = await run(stack, TURNKEEPER, "replay", "--since", "1h", "--json")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    summary = json.loads(passed.stdout)
+    assert summary["ok"] and summary["failures"] == [] and summary["replayed"] >= 2 and summary["running"] >= 1
+    text = await run(stack, TURNKEEPER, "replay", "--limit", "5")
+    assert text.returncode == 0 and "all replay on this code" in text.stdout, text.stdout + text.stderr
+
+    failed = await run(stack, sys.executable, "-c", _INCOMPATIBLE, "replay", "--since", "1h")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    lines = failed.stdout.splitlines()
+    for chat, status in ((closed, "closed"), (waiting, "running")):
+        [line] = [x for x in lines if f"does not replay: {tk.workflow_id(chat)} run " in x]
+        assert f"(ChatTurn, {status}): " in line and "Nondeterminism" in line, line
+    assert "do not replay on this code" in lines[-1] and "workflow.patched" in lines[-1], lines[-1]
+
+    usage = await run(stack, TURNKEEPER, "replay", "--since", "soon")
+    assert usage.returncode == 2 and "--since: must be a number and a unit" in usage.stderr, usage.stderr
