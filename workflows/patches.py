@@ -35,3 +35,8 @@ WAIT_POINTS = "act-at-wait-points"
 # opens it, and a replay then hands that loss and the user's signal over in one
 # activation, the signal first. Judged at the gate, it meets the gate either way.
 SIGNALS_AT_WAIT_POINTS = "signal-decisions-at-wait-points"
+# Asked in the first activation too. Runs that have it hold the model's calls of a
+# tool that asks first (`confirm`, TURNKEEPER_CONFIRM_TOOLS) at an approval gate
+# (`approval_required`) before their activities are scheduled; earlier runs never
+# knew such tools (their tool activity refuses an unapproved call of one instead).
+APPROVALS = "tools-ask-first"
