@@ -79,6 +79,34 @@ def superseded(record: TurnRecord) -> TurnUpdate:
                       can_continue=record.can_continue, attempts=record.attempts)
 
 
+class Summary(BaseModel):
+    """What the model made of a chat's older rows: it stands in for every message row
+    with id <= `upto_id` in what later model calls see. Made once, kept like any row;
+    the transcript itself is never shortened."""
+
+    upto_id: int
+    text: str
+    tokens: int
+    """Its size as the context counts it (bytes / 4)."""
+    assistant_rows: int
+    """Assistant rows among those it covers: model calls go on numbering from there."""
+
+
+class StoredRow(BaseModel):
+    """A transcript row with its place: `id` orders the transcript, `turn` groups it."""
+
+    id: int
+    turn: int
+    message: ChatMessage
+
+
+class ContextRows(BaseModel):
+    """What a model call loads: the latest summary and the rows after it, read together."""
+
+    summary: Summary | None = None
+    rows: list[StoredRow] = Field(default_factory=list)
+
+
 class TurnRef(BaseModel):
     """An open turn as the reconciler lists it."""
 
@@ -203,6 +231,17 @@ class SessionStore(ABC):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         """The committed transcript in order. Raises `CorruptRowError` naming the
         row when one does not decode."""
+
+    # -- what a model call sees --------------------------------------------------
+    @abstractmethod
+    async def context_rows(self, chat_id: str) -> ContextRows:
+        """The chat's latest summary and the transcript rows after it, in order, in one
+        snapshot (all rows when there is no summary): a model call reads this much
+        whatever the chat's length. `CorruptRowError` as `history`."""
+
+    @abstractmethod
+    async def add_summary(self, chat_id: str, summary: Summary) -> Summary:
+        """Keep a summary unless one covering the same rows exists; the one kept."""
 
     # -- events ----------------------------------------------------------------
     @abstractmethod

@@ -184,9 +184,9 @@ class PostgresStore(SQLStore):
                     raw = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
                 if stored_version(self.display_url, raw) == SCHEMA_VERSION:
                     return  # current: no DDL, no locks on the tables
+                # All IF NOT EXISTS: they create the tables, or add what an older version lacked.
                 for statement in _SCHEMA:
                     await conn.execute(statement)
-                # Older versions would be migrated here; version 1 is the first.
                 await conn.execute(
                     "INSERT INTO meta (key, value) VALUES ('schema_version', $1)"
                     " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",

@@ -7,7 +7,10 @@ from collections.abc import Mapping
 from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
 
-SCHEMA_VERSION = 1
+# 1: the first layout. 2: `summaries` and the `messages_chat_row` index (a model call
+# reads a chat's summary and the rows after it). Every statement below is
+# IF NOT EXISTS, so running them brings any older version up to date.
+SCHEMA_VERSION = 2
 
 
 # Constants, not parameters: the partial index `turns_open` matches this predicate,
@@ -99,6 +102,23 @@ _TABLES: tuple[str, ...] = (
         chat_id   {text} NOT NULL,
         event_key {text} NOT NULL,
         PRIMARY KEY (chat_id, event_key)
+    )
+    """,
+    # Version 2. A model call reads the rows after a summary: by (chat_id, id).
+    """
+    CREATE INDEX IF NOT EXISTS messages_chat_row ON messages (chat_id, id)
+    """,
+    # What the model made of a chat's older rows (id <= upto_id), for later model
+    # calls; `history` never reads it.
+    """
+    CREATE TABLE IF NOT EXISTS summaries (
+        chat_id        {text}      NOT NULL,
+        upto_id        {bigint}    NOT NULL,
+        text           {text}      NOT NULL,
+        tokens         {integer}   NOT NULL,
+        assistant_rows {integer}   NOT NULL,
+        created_at     {timestamp} NOT NULL,
+        PRIMARY KEY (chat_id, upto_id)
     )
     """,
     """

@@ -135,9 +135,13 @@ class SQLiteStore(SQLStore):
         for statement in _SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if stored_version(str(self.path), None if row is None else row["value"]) is None:
+        version = stored_version(str(self.path), None if row is None else row["value"])
+        if version is None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        # Older versions would be migrated here; version 1 is the first.
+        elif version < SCHEMA_VERSION:
+            # The statements above, all IF NOT EXISTS, have added what the older version lacked.
+            log.info("SQLite store %s: schema migrated from version %d to %d", self.path, version, SCHEMA_VERSION)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _close_sync(self) -> None:
         if self._conn is not None:
