@@ -138,8 +138,8 @@ def import_from_working_directory() -> None:
         sys.path.append(cwd)
 
 
-# Below this a summary and one turn hardly fit: a value that small is a mistake.
-MIN_CONTEXT_TOKENS = 100
+# Below this a summary, its instruction and a turn hardly fit: a value that small is a mistake.
+MIN_CONTEXT_TOKENS = 512
 
 
 def _context_tokens(value: int) -> int:

@@ -158,9 +158,10 @@ ChatTurnInput.model_rebuild()
 
 
 class ChatMessage(BaseModel):
-    """One committed transcript row, in the shape `history --json` prints (contract)."""
+    """One committed transcript row, in the shape `history --json` prints (contract).
+    `system` is never stored: a model call sees the chat's summary in such a row."""
 
-    role: Literal["user", "assistant", "tool"]
+    role: Literal["user", "assistant", "tool", "system"]
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from turnkeeper.activities.providers.base import ModelProvider, fallback_tool_call_id
+from turnkeeper.activities.providers.base import ModelProvider, SummaryRequest, fallback_tool_call_id, listed_summary
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 HINT = 'Try "write notes.txt: hello", "read notes.txt" or "list".'
@@ -58,6 +58,9 @@ def _summarise_tool_results(history: list[ChatMessage]) -> str:
 
 class DemoProvider(ModelProvider):
     name = "demo"
+
+    async def summarise(self, request: SummaryRequest) -> str:
+        return listed_summary(request)
 
     async def complete(
         self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
