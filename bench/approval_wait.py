@@ -8,8 +8,9 @@ default, 200) and the scripted model: each chat's first model call asks for
 `ledger_confirm` (bench/chaos_tools.py, registered `confirm=True`), so each turn
 waits at an approval gate (`approval_required`). After each step's chats all
 wait: the worker's resident memory (VmRSS, /proc), and how long a fresh chat's
-plain turn takes beside them (a waiting approval holds no worker slot: the
-worker runs at most 100 activities at a time, far fewer than the chats waiting).
+turn takes beside them to reach its own gate (a waiting approval holds no worker
+slot: the worker runs at most 100 activities and 100 workflow tasks at a time,
+far fewer than the chats waiting).
 Then `--approve` of the waiting chats, oldest first (so mostly evicted from
 the workflow cache: the worker replays each), one at a time: the time from the
 `continue_turn` update's call (Approve) to the tool's own first line in its
@@ -74,7 +75,6 @@ async def main(steps: list[int], approve: int) -> None:
         (tmp / "script.json").write_text(json.dumps([
             {"tool_calls": [{"name": "ledger_confirm", "arguments": {"note": "approved", "seconds": 0}}]},
             {"text": "done"}]))
-        (tmp / "plain.json").write_text(json.dumps([{"text": "plain"}]))
         async with dev_server(tmp) as server:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
             env.update({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_TASK_QUEUE": "approval",
@@ -99,7 +99,7 @@ async def main(steps: list[int], approve: int) -> None:
                         await tk.send_message(client, settings, f"{PREFIX}{i}", tk.new_message("write", settings))
 
                 async def beside() -> float:
-                    """A fresh chat's turn (its model asks for a tool that needs no approval)."""
+                    """A fresh chat's turn to its own gate: a model call while the others wait."""
                     chat = f"beside-{time.monotonic_ns()}"
                     started = time.perf_counter()
                     handle = await tk.send_message(client, settings, chat, tk.new_message("hi", settings))
