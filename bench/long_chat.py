@@ -40,7 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -145,10 +146,41 @@ async def time_history(db: Path) -> None:
         await store.close()
 
 
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> None:
-    print("  ".join(f"{title:>{len(title)}}" for title, _, _ in columns))
+@dataclass(frozen=True)
+class Step:
+    """One turn of the direct run: its calls' median tokens and its store ms per call."""
+
+    tokens: float
+    store_ms: float
+
+
+@dataclass(frozen=True)
+class DirectRow:
+    turn: int
+    rows: int
+    loaded: int
+    tokens: float
+    store_ms: float
+    store_p10: float
+    history_ms: float
+    rss: float
+    summaries: int
+
+
+@dataclass(frozen=True)
+class TemporalRow:
+    turn: int
+    tokens: float
+    wall_ms: float
+    rss: float
+    summaries: int
+
+
+def _table(rows: Sequence[object], columns: list[tuple[str, str, str]]) -> None:
+    """`columns`: (title, the row's field, its format)."""
+    print("  ".join(title for title, _, _ in columns))
     for r in rows:
-        print("  ".join(format(r[key], fmt).rjust(len(title)) for title, key, fmt in columns))
+        print("  ".join(format(getattr(r, field), fmt).rjust(len(title)) for title, field, fmt in columns))
 
 
 async def direct(turns: int, budget: int, seed: int) -> None:
@@ -162,8 +194,8 @@ async def direct(turns: int, budget: int, seed: int) -> None:
         model = BenchModel(rng)
         activity = ModelCallActivity(settings, store, model, default_registry())
         env = ActivityEnvironment()
-        per_turn: list[dict[str, float]] = []
-        rows: list[dict[str, Any]] = []
+        per_turn: list[Step] = []
+        rows: list[DirectRow] = []
         first_fold = None
         try:
             for n in range(1, turns + 1):
@@ -186,18 +218,17 @@ async def direct(turns: int, budget: int, seed: int) -> None:
                     step, new = step + 1, []
                 if first_fold is None and model.summaries > summaries:
                     first_fold = n
-                per_turn.append({"tokens": statistics.median(model.tokens[-calls:]),
-                                 "store_ms": spent * 1000 / calls, "summaries": model.summaries - summaries})
+                per_turn.append(Step(tokens=statistics.median(model.tokens[-calls:]), store_ms=spent * 1000 / calls))
                 if n in CHECKPOINTS or n == turns:
                     window = per_turn[-min(WINDOW, n):]
                     rss = rss_mib()
                     rows_now, full_ms = await whole_history_read(store.path)
                     loaded = await store.context_rows(CHAT)
-                    rows.append({"turn": n, "rows": rows_now, "loaded": len(loaded.rows),
-                                 "tokens": statistics.median(w["tokens"] for w in window),
-                                 "store_ms": statistics.median(w["store_ms"] for w in window),
-                                 "store_p10": _p10([w["store_ms"] for w in window]),
-                                 "history_ms": full_ms, "rss": rss, "summaries": model.summaries})
+                    rows.append(DirectRow(turn=n, rows=rows_now, loaded=len(loaded.rows),
+                                          tokens=statistics.median(w.tokens for w in window),
+                                          store_ms=statistics.median(w.store_ms for w in window),
+                                          store_p10=_p10([w.store_ms for w in window]),
+                                          history_ms=full_ms, rss=rss, summaries=model.summaries))
                     progress(f"turn {n}: {rows[-1]}")
         finally:
             await store.close()
@@ -248,7 +279,7 @@ async def through_temporal(turns: int, budget: int, seed: int) -> None:
             worker = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=env,
                                       stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT,
                                       start_new_session=True)
-            rows: list[dict[str, Any]] = []
+            rows: list[TemporalRow] = []
             try:
                 client = await Client.connect(server.address, data_converter=pydantic_data_converter)
                 settings = Settings.from_env(env)
@@ -260,9 +291,9 @@ async def through_temporal(turns: int, budget: int, seed: int) -> None:
                     await handle.result()
                     walls.append((time.perf_counter() - started) * 1000)
                     if n in CHECKPOINTS or n == turns:
-                        rows.append({"turn": n, "tokens": statistics.median(tokens[-WINDOW:]),
-                                     "wall_ms": statistics.median(walls[-WINDOW:]), "rss": rss_mib(worker.pid),
-                                     "summaries": summaries[0]})
+                        rows.append(TemporalRow(turn=n, tokens=statistics.median(tokens[-WINDOW:]),
+                                                wall_ms=statistics.median(walls[-WINDOW:]),
+                                                rss=rss_mib(worker.pid), summaries=summaries[0]))
                         progress(f"turn {n}: {rows[-1]}")
             finally:
                 os.killpg(worker.pid, signal.SIGTERM)
