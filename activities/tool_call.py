@@ -30,7 +30,8 @@ class ToolCallActivity:
         call = inp.call
         async with heartbeating():
             # The workflow asks first; this holds should a run's settings know less than this worker.
-            unapproved = not inp.approved and self._registry.needs_approval(call.name, self._settings.confirm_tools)
+            unapproved = (not inp.approved and call.name in self._settings.tools
+                          and self._registry.needs_approval(call.name, self._settings.confirm_tools))
             try:
                 first = unapproved or await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
             except StoreUnavailable as err:
