@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from turnkeeper.activities.providers import ModelProvider
-from turnkeeper.activities.providers.base import SummaryRequest
+from turnkeeper.activities.providers.base import SummaryRequest, ensure_tool_call_ids
 from turnkeeper.activities.store import SessionStore, StoredRow, Summary
 from turnkeeper.config import Settings
-from turnkeeper.models import ChatMessage, ToolSpec
+from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 BYTES_PER_TOKEN = 4
 ROW_TOKENS = 4
@@ -186,6 +186,18 @@ class ContextBuilder:
         assistant = (summary.assistant_rows if summary else 0) + sum(r.message.role == "assistant" for r in rows)
         return Context(messages=compose(summary, rows), tokens=self._size(summary, sizes, tools_cost),
                        call_index=assistant, summary=summary, rows=len(rows), summaries_made=made)
+
+    async def unique_call_ids(self, chat_id: str, reply: ModelReply, context: Context) -> ModelReply:
+        """Tool call ids are the store's keys. A provider makes them unique against what
+        it was sent; one that a folded row used (a server that reuses ids) is replaced too."""
+        if not reply.tool_calls:
+            return reply
+        used = await self._store.answered_call_ids(chat_id, [c.id for c in reply.tool_calls])
+        if not used:
+            return reply
+        folded = ChatMessage(role="assistant", tool_calls=[ToolCall(id=i, name="") for i in used])
+        calls = ensure_tool_call_ids(reply.tool_calls, [folded, *context.messages], call_index=context.call_index)
+        return reply.model_copy(update={"tool_calls": calls})
 
     @staticmethod
     def _size(summary: Summary | None, sizes: list[int], tools: int) -> int:

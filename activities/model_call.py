@@ -58,6 +58,7 @@ class ModelCallActivity:
             except ProviderError as err:
                 raise _model_failed(err) from None
             try:
+                reply = await self._context.unique_call_ids(inp.chat_id, reply, context)
                 await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
                                                    final=reply.is_final and inp.closes_turn)
             except StoreUnavailable as err:

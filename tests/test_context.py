@@ -199,6 +199,35 @@ def test_a_fold_never_splits_a_call_from_its_result(rows: list[StoredRow], keep:
     assert [r for chunk in fold_chunks(rows[:cut], 500) for r in chunk] == rows[:cut]
 
 
+async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteStore, tmp_path: Path) -> None:
+    """Tool call ids key the tool rows: a server that reuses an id the context no
+    longer shows (it was folded) must not have its result dropped as a duplicate."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper import activity_io as io
+    from turnkeeper.activities.model_call import ModelCallActivity
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.config import Settings
+
+    class Reuser(Summariser):
+        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
+                           call_index: int) -> ModelReply:
+            return ModelReply(tool_calls=[ToolCall(id="t1-0", name="read_file", arguments="{}")])
+
+    for n in range(1, 15):
+        await add_turn(store, n, tool_results=1 if n == 1 else 0)
+    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path, context_tokens=800), store,
+                              Reuser(), default_registry())
+    await store.begin_turn(CHAT, "run-15", ["m15"])
+    result = await ActivityEnvironment().run(model.model_call, io.ModelCallInput(
+        chat_id=CHAT, turn=15, step=0, new_messages=[UserMessage(message_id="m15", text="again")]))
+    assert (await store.context_rows(CHAT)).summary is not None  # turn 1 was folded
+    (call,) = result.reply.tool_calls
+    assert call.id != "t1-0" and call.id.startswith("call_")
+    history = await store.history(CHAT)
+    assert history[-1].tool_calls == [call]
+
+
 def test_rows_cost_their_json(tmp_path: Path) -> None:
     m = ChatMessage(role="user", content="x" * 400)
     assert row_tokens(m) == -(-len(json.dumps({"role": "user", "content": "x" * 400}, separators=(",", ":"))) // 4) + 4

@@ -299,6 +299,15 @@ async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: 
     assert (await store.context_rows("other")).summary is None
 
 
+async def test_answered_call_ids_are_those_with_a_tool_row(store: SessionStore) -> None:
+    turn = await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t"),
+                                                                       ToolCall(id="b", name="t")]), final=False)
+    await store.record_tool_result(CHAT, turn, "b", "t", "ok", "done")
+    assert await store.answered_call_ids(CHAT, ["x", "b", "a", "b"]) == ["b"]
+    assert await store.answered_call_ids("other", ["b"]) == [] and await store.answered_call_ids(CHAT, []) == []
+
+
 async def test_a_corrupt_row_after_the_summary_is_named_one_before_it_is_not_read(
         store: SessionStore, backend: Backend) -> None:
     turn = await start_turn(store, "run-1", "m1", "m2")

@@ -243,6 +243,10 @@ class SessionStore(ABC):
     async def add_summary(self, chat_id: str, summary: Summary) -> Summary:
         """Keep a summary unless one covering the same rows exists; the one kept."""
 
+    @abstractmethod
+    async def answered_call_ids(self, chat_id: str, tool_call_ids: list[str]) -> list[str]:
+        """Those of `tool_call_ids` the chat has a tool row for (indexed), in the order offered."""
+
     # -- events ----------------------------------------------------------------
     @abstractmethod
     async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:

@@ -354,6 +354,18 @@ class SQLStore(SessionStore):
                                      chat.chat_id, summary.upto_id)
         return codec.decode_summary(chat.chat_id, row)
 
+    async def answered_call_ids(self, chat_id: str, tool_call_ids: list[str]) -> list[str]:
+        wanted = list(dict.fromkeys(tool_call_ids))
+        if not wanted:
+            return []
+
+        async def read(tx: Transaction) -> list[str]:
+            rows = await tx.fetchall(f"SELECT tool_call_id FROM messages WHERE chat_id = ? AND tool_call_id"
+                                     f" {tx.IN_TEXTS}", chat_id, tx.texts(wanted))
+            found = {r["tool_call_id"] for r in rows}
+            return [i for i in wanted if i in found]
+        return await self._run_read(read, snapshot=False)
+
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
         await self._write(chat_id, self._append_events_tx, list(events), keys)
