@@ -10,6 +10,9 @@ history), so a replay holds the same calls.
 """
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
@@ -34,11 +37,26 @@ def split_for_approval(calls: list[ToolCall], confirm_tools: list[str]) -> tuple
 
 
 class Approvals(TurnGate):
-    """Needs `_settings`, `_approvals` (the patch flag) and `_held` from the workflow."""
+    """Needs `_settings`, `_approvals` (the patch flag), `_held` and the tool step from the workflow."""
 
     _settings: io.TurnSettings
     _approvals: bool
     _held: list[ToolCall]
+    _tool_step: Callable[[list[ToolCall], bool], Awaitable[Reason | None | Literal["ended"]]]
+
+    async def _run_approved(self, held: list[ToolCall]) -> bool:
+        """Wait for the user's approval of `held`, then run them. True when the turn
+        goes on to its next model call; False when it ended (Dismiss denied them,
+        Stop or a newer message ended it) or a tool of theirs was lost and its gate
+        ended the turn."""
+        self._held = held
+        self._show_waiting()
+        if await self._gate(Reason.APPROVAL_REQUIRED) != "continue":
+            return False
+        lost = await self._tool_step(self._release(), True)
+        if lost == "ended":
+            return False
+        return lost is None or await self._gate(lost) == "continue"
 
     def _hold(self, calls: list[ToolCall]) -> tuple[list[ToolCall], list[ToolCall]]:
         """Split the model's calls; the held ones are the turn's to answer from now on."""

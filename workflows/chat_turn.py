@@ -230,12 +230,11 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
         self._state.turn = start.turn
         self._state.recovery_id = start.recovery_id
         self._state.attempts = start.attempts
-        if start.reason == Reason.APPROVAL_REQUIRED and start.approvals:
-            goes_on = await self._run_approved(start.approvals)  # the handed-on gate's calls wait again
-        else:
-            goes_on = await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail) == "continue"
-            if goes_on and start.approvals:  # held behind that gate
-                goes_on = await self._run_approved(start.approvals)
+        asks = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)  # a handed-on approval gate
+        goes_on = asks or await self._gate(start.reason, can_continue=start.can_continue,
+                                           detail=start.detail) == "continue"
+        if goes_on and start.approvals:
+            goes_on = await self._run_approved(start.approvals)
         if goes_on:
             await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
 
@@ -271,10 +270,8 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
                     self._upsert_search_attributes()  # the model activity closed the turn
                 return
             free, held = self._hold(reply.tool_calls)
-            try:
-                lost = await self._run_tools(free) if free else None
-            except _Cancelled:
-                await self._end_by_user()
+            lost = await self._tool_step(free) if free else None
+            if lost == "ended":
                 return
             step += 1
             if lost is not None and await self._gate(lost) != "continue":
@@ -333,21 +330,13 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
                     final=result.reply.is_final and not resuming))
             return result.reply
 
-    async def _run_approved(self, held: list[ToolCall]) -> bool:
-        """Wait for the user's approval of `held`, then run them. True when the turn
-        goes on to its next model call; False when it ended (Dismiss denied them,
-        Stop or a newer message ended it) or waits no more (a tool was lost and its
-        gate ended the turn)."""
-        self._held = held
-        self._show_waiting()
-        if await self._gate(Reason.APPROVAL_REQUIRED) != "continue":
-            return False
+    async def _tool_step(self, calls: list[ToolCall], approved: bool = False) -> Reason | None | Literal["ended"]:
+        """`_run_tools`; "ended" when Stop, Dismiss or a newer message ended the turn meanwhile."""
         try:
-            lost = await self._run_tools(self._release(), approved=True)
+            return await self._run_tools(calls, approved)
         except _Cancelled:
             await self._end_by_user()
-            return False
-        return lost is None or await self._gate(lost) == "continue"
+            return "ended"
 
     async def _run_tools(self, calls: list[ToolCall], approved: bool = False) -> Reason | None:
         """Run the model's tool calls in parallel; the reason to stop, if any was lost.
