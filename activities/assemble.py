@@ -19,7 +19,8 @@ def build_activities(settings: Settings, store: SessionStore, provider: ModelPro
                      registry: ToolRegistry) -> list[Callable[..., Any]]:
     model = ModelCallActivity(settings, store, provider, registry)
     tools = ToolCallActivity(settings, store, registry)
-    writes = StoreActivities(settings, store)
+    # Which tools ask first reaches each turn with its settings (recorded in its history).
+    writes = StoreActivities(settings, store, registry.confirm_names(settings.tools, settings.confirm_tools))
     reconciler = Reconciler(settings, store)
     quiet = QuietPasses(settings)
     return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,

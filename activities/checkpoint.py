@@ -308,6 +308,8 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
                  for c in s.result.reply.tool_calls}
     uncertain = [inp.call.id for inp, step in tool_steps.values()
                  if step.result is None and not step.never_started]
+    # Calls a handed-on approval gate held were never scheduled before it either.
+    held = {c.id for c in run.start.recovery.approvals} if run.start and run.start.recovery else set()
     # Calls of the transcript without a tool row get one, saying what is known.
     answered = _answered(rows)
     unanswered: list[UnansweredCall] = []
@@ -318,7 +320,8 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
         if found is not None:
             started = not found[1].never_started
         else:
-            started = call_id not in made_here  # asked for here but never scheduled: it did not run
+            # Asked for here (or held for approval) but never scheduled: it did not run.
+            started = call_id not in made_here and call_id not in held
         unanswered.append(UnansweredCall(call_id, call.name, started=started))
 
     if uncertain:
@@ -329,6 +332,10 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
         # never a more permissive one.
         reason, can_continue = run.start.recovery.reason, run.start.recovery.can_continue
         detail = "a recovery run ended before its gate was decided"
+        if reason == Reason.APPROVAL_REQUIRED:
+            # Its waiting calls were never scheduled and are answered as not run: the
+            # model, continued, sees that and may ask again.
+            reason, detail = Reason.RESTART_REQUIRES_CONFIRMATION, "a run ended while calls waited for approval"
     else:
         reason, can_continue = Reason.RESTART_REQUIRES_CONFIRMATION, True
         detail = "only the user message and completed steps remain"

@@ -1,25 +1,29 @@
-"""The model activity: commit the new user rows, load the committed history from
-the store, call the provider (streaming its text to the chat's draft), record
-the assistant row. The history never passes through the workflow, so workflow
-histories stay small, whatever the answer's length."""
+"""The model activity: commit the new user rows, build the context from the store
+(the chat's summary and its latest rows, folding older ones as the budget needs:
+activities/context.py), call the provider (streaming its text to the chat's
+draft), record the assistant row. The history never passes through the
+workflow, so workflow histories stay small."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from typing import TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from turnkeeper import activity_io as io
 from turnkeeper import metrics
+from turnkeeper.activities.context import ContextBuilder, context_budget
 from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
-from turnkeeper.models import ModelReply
+
+T = TypeVar("T")
 
 
 class ModelCallActivity:
@@ -29,42 +33,44 @@ class ModelCallActivity:
         self._store = store
         self._provider = provider
         self._registry = registry
+        self._context = ContextBuilder(store, provider, context_budget(settings, provider), guard=_unless_shutdown)
 
     @activity.defn(name=io.MODEL_CALL)
     async def model_call(self, inp: io.ModelCallInput) -> io.ModelCallResult:
         async with heartbeating():
+            tools = self._registry.specs(self._settings.tools)
             try:
                 if inp.answer_lost_calls:
                     await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
                 committed: list[str] = []
                 if inp.new_messages:
                     committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)
-                history = await self._store.history(inp.chat_id)
+                context = await self._context.build(inp.chat_id, tools)
             except CorruptRowError as err:
                 # Retrying reads the same row: the user sees it named, and can Dismiss.
                 raise ApplicationError(f"the chat's stored transcript cannot be read: {err}",
                                        type=io.CHECKPOINT_INVALID_ERROR, non_retryable=True) from None
             except StoreUnavailable as err:
-                # Nothing was asked of the provider yet: the workflow waits and calls again.
+                # No answer was asked of the provider yet (a summary made is kept or made
+                # again): the workflow waits and calls again.
                 raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
-            call_index = sum(1 for m in history if m.role == "assistant")
-            tools = self._registry.specs(self._settings.tools)
+            except ProviderError as err:
+                raise _model_failed(err) from None  # summarising the older rows failed
             started = time.monotonic()
             try:
                 if self._settings.stream:
                     async with DraftWriter(self._store, inp.chat_id, inp.turn, inp.step) as draft:
-                        reply = await _unless_shutdown(
-                            self._provider.complete(history, tools, call_index=call_index, on_text=draft))
+                        reply = await _unless_shutdown(self._provider.complete(
+                            context.messages, tools, call_index=context.call_index, on_text=draft))
                 else:
-                    reply = await _unless_shutdown(self._provider.complete(history, tools, call_index=call_index))
+                    reply = await _unless_shutdown(self._provider.complete(context.messages, tools,
+                                                                           call_index=context.call_index))
             except ProviderError as err:
                 metrics.model_call_took(activity.metric_meter(), time.monotonic() - started)
-                # The provider's own retries are spent: the user decides what happens next.
-                kind = "transient" if err.retryable else "permanent"
-                raise ApplicationError(f"model provider failed ({kind}): {err}",
-                                       type=io.MODEL_FAILED_ERROR, non_retryable=True) from None
+                raise _model_failed(err) from None
             metrics.model_call_took(activity.metric_meter(), time.monotonic() - started)
             try:
+                reply = await self._context.unique_call_ids(inp.chat_id, reply, context)
                 await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
                                                    final=reply.is_final and inp.closes_turn)
             except StoreUnavailable as err:
@@ -74,7 +80,14 @@ class ModelCallActivity:
             return io.ModelCallResult(reply=reply, committed_ids=committed)
 
 
-async def _unless_shutdown(call: "asyncio.Future[ModelReply] | object") -> ModelReply:
+def _model_failed(err: ProviderError) -> ApplicationError:
+    # The provider's own retries are spent: the user decides what happens next.
+    kind = "transient" if err.retryable else "permanent"
+    return ApplicationError(f"model provider failed ({kind}): {err}", type=io.MODEL_FAILED_ERROR,
+                            non_retryable=True)
+
+
+async def _unless_shutdown(call: "asyncio.Future[T] | object") -> T:
     """Run the provider call, abandoning it if the worker shuts down: nothing
     happened outside yet, so the workflow can give the call to the next worker."""
     task = asyncio.ensure_future(call)  # type: ignore[arg-type]

@@ -11,9 +11,10 @@ from turnkeeper.models import OPEN_STATUSES
 
 
 class StoreActivities:
-    def __init__(self, settings: Settings, store: SessionStore) -> None:
+    def __init__(self, settings: Settings, store: SessionStore, confirm_tools: list[str] | None = None) -> None:
         self._settings = settings
         self._store = store
+        self._confirm_tools = list(confirm_tools if confirm_tools is not None else settings.confirm_tools)
 
     @activity.defn(name=io.BEGIN_TURN)
     async def begin_turn(self, inp: io.BeginTurnInput) -> io.BeginTurnResult:
@@ -41,7 +42,7 @@ class StoreActivities:
         return io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
                                model_timeout_s=s.model_timeout,
                                tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
-                               heartbeat_timeout_s=s.heartbeat_timeout)
+                               heartbeat_timeout_s=s.heartbeat_timeout, confirm_tools=self._confirm_tools)
 
     @activity.defn(name=io.RECORD_TOOL_RESULT)
     async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:

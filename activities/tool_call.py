@@ -25,6 +25,7 @@ NOT_RUN_AGAIN = "not_run_again"
 STORE_UNAVAILABLE = "store_unavailable"
 CANCELLED = "cancelled"
 FAILED = "failed"
+NOT_APPROVED_TEXT = "Error: this tool runs only once the user has approved the call; it did not run."
 
 
 class ToolCallActivity:
@@ -56,12 +57,17 @@ class ToolCallActivity:
         """The call's result, and its outcome for the metric."""
         call = inp.call
         async with heartbeating():
+            # The workflow asks first; this holds should a run's settings know less than this worker.
+            unapproved = (not inp.approved and call.name in self._settings.tools
+                          and self._registry.needs_approval(call.name, self._settings.confirm_tools))
             try:
-                first = await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
+                first = unapproved or await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
             except StoreUnavailable as err:
                 # Not recorded, so not run: the workflow runs the call once the store is back.
                 raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
-            if not first:
+            if unapproved:
+                status, content = "error", NOT_APPROVED_TEXT
+            elif not first:
                 status, content = "error", ALREADY_STARTED_TEXT
                 outcome = NOT_RUN_AGAIN
             else:

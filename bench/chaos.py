@@ -5,6 +5,7 @@ checker of turnkeeper's invariants.
     .venv/bin/python bench/chaos.py [--turns 500] [--kills 50] [--workers 3] [--chats N]
                                     [--seed S] [--json] [--keep] [--no-replay]
                                     [--stall-kills P] [--bursts N] [--outages N] [--lenient-model]
+                                    [--confirm P] [--p-approve P]
 
 What runs (everything real, nothing mocked but the model):
 
@@ -20,7 +21,9 @@ What runs (everything real, nothing mocked but the model):
   without its tool result (--lenient-model answers those instead);
 - the tool: `bench/chaos_tools.py` `ledger_write`, which appends
   `start <idempotency key>` and `done <idempotency key>` to a ledger (O_APPEND,
-  fsync) before and after it acts;
+  fsync) before and after it acts; a share of the calls (--confirm) go to
+  `ledger_confirm`, the same tool registered `confirm=True`: the turn waits at
+  an approval gate (`approval_required`) before such a call is scheduled;
 - per chat, a user (bench/chaos_users.py) who sends a message, sends follow-ups
   at random moments while the turn runs (some immediately retried with the same
   message id, some older ids retried later), presses Continue, Dismiss (by
@@ -42,7 +45,9 @@ What runs (everything real, nothing mocked but the model):
 - a gate driver that lists `TurnStatus='awaiting_user'` chats, queries `state`
   and answers each gate with the `continue_turn` (when `can_continue`) or
   `dismiss_turn` update and the current recovery id, sometimes probing first
-  with a made-up id (which must be refused as stale).
+  with a made-up id (which must be refused as stale); an approval gate it
+  approves or denies at random (--p-approve), and users press Continue and
+  Dismiss at it at random moments like at any gate.
 
 When the target number of turns has closed and the kills, bursts and outages
 are done, killing stops, users stop sending, every remaining gate is answered
@@ -69,6 +74,10 @@ probe message, and the runs still running are looked at twice. The checker
    recorded history replays against today's `ChatTurn`;
 5. every transcript is balanced: one tool row per tool call, no orphan tool
    row (a provider refuses anything else);
+5a. no tool that asks first ran without its user's approval: every
+   `ledger_confirm` activity in any history was scheduled as approved, every
+   ledger start of it belongs to such an activity, and no call answered
+   `denied by the user` (or not run for want of approval) has a ledger start;
 6. every action answered in time: each update returned or was rejected, each
    signal and signal-with-start was accepted by the server, within 5 s
    (latencies reported: max and p99);
@@ -121,6 +130,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
 from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are this module's API
     CLOSED_TURN,
+    CONFIRM_TOOL,
     TASK_QUEUE,
     TOOL,
     TOOL_MODULE,
@@ -172,7 +182,7 @@ class Chaos(Users):
         self.gates_answered: Counter[str] = Counter()
         self.gate_rejections: Counter[str] = Counter()
         self.stale_probes: Counter[str] = Counter()
-        self.answered_gates: set[tuple[str, str]] = set()
+        self.answered_gates: set[tuple[str, ...]] = set()
         self.send_errors: Counter[str] = Counter()
         self.outage_looks: Counter[str] = Counter()  # state queries during outages, and how many showed it
         self.stops = 0
@@ -235,7 +245,7 @@ class Chaos(Users):
                         "OPENAI_BASE_URL": fake.base_url,
                         "OPENAI_API_KEY": "chaos",
                         "TURNKEEPER_TOOL_MODULES": TOOL_MODULE,
-                        "TURNKEEPER_TOOLS": TOOL,
+                        "TURNKEEPER_TOOLS": f"{TOOL},{CONFIRM_TOOL}",
                         "TURNKEEPER_RECONCILE_EVERY": str(cfg.reconcile_every),
                         "TURNKEEPER_SHUTDOWN_GRACE": "5",
                         "CHAOS_LEDGER": str(self.ledger),
@@ -574,6 +584,10 @@ def main() -> None:
     parser.add_argument("--lenient-model", action="store_true",
                         help="answer requests with unanswered tool calls instead of refusing them (400) as OpenAI does")
     parser.add_argument("--max-minutes", type=float, default=25.0, help="cap on the chaos phase (default 25)")
+    parser.add_argument("--confirm", type=float, default=ChaosConfig.confirm,
+                        help=f"share of tool calls to the tool that asks first (default {ChaosConfig.confirm})")
+    parser.add_argument("--p-approve", type=float, default=ChaosConfig.p_approve,
+                        help=f"chance the gate driver approves an approval gate (default {ChaosConfig.p_approve})")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = ChaosConfig(turns=args.turns, kills=args.kills, workers=args.workers,
@@ -581,7 +595,7 @@ def main() -> None:
                       replay=not args.no_replay, stall_kills=args.stall_kills, bursts=args.bursts,
                       outages=args.outages, idle_after_s=args.idle_after,
                       strict_protocol=not args.lenient_model, workdir=args.workdir, keep=args.keep,
-                      max_chaos_s=args.max_minutes * 60,
+                      max_chaos_s=args.max_minutes * 60, confirm=args.confirm, p_approve=args.p_approve,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
     code = 0
     try:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 
 TOOL = "ledger_write"
+CONFIRM_TOOL = "ledger_confirm"  # asks first: runs only once its user approved the call
 TOOL_MODULE = "bench.chaos_tools"
 TASK_QUEUE = "chaos"
 WORKER_READY_LINE = "worker serving task queue"
@@ -45,6 +46,7 @@ class ChaosConfig:
     slow_model: float = 0.05         # P(a slow model call: 1-3 s)
     provider_errors: float = 0.02    # P(a 429, retried by the OpenAI client)
     strict_protocol: bool = True     # answer 400 like OpenAI when a tool call has no tool result
+    confirm: float = 0.25            # P(a tool call is of the tool that asks first)
     # the users
     followup: float = 0.12           # P(a follow-up) per check while a turn runs (every 0.3-0.8 s)
     max_followups: int = 3           # follow-ups per turn at most
@@ -66,6 +68,7 @@ class ChaosConfig:
     outage_s: tuple[float, float] = (3.0, 12.0)       # how long each holds the lock
     # the gate driver
     p_continue: float = 0.6          # P(Continue) when can_continue, else Dismiss
+    p_approve: float = 0.6           # at an approval gate: P(Approve), else Deny
     stale_probe: float = 0.1         # P(first trying a stale recovery id, which must be refused)
     gate_think_max_s: float = 1.5    # the user looks at the gate this long: uniform 0..this
     # the killer
@@ -133,6 +136,7 @@ class Report:
     probes: dict[str, Any] = field(default_factory=dict)
     messages: dict[str, int] = field(default_factory=dict)
     tools: dict[str, int] = field(default_factory=dict)
+    approvals: dict[str, int] = field(default_factory=dict)  # the tool that asks first: scheduled, denied
     model_requests: int = 0
     model_answers: dict[str, int] = field(default_factory=dict)
     runs_by_status: dict[str, int] = field(default_factory=dict)
@@ -202,6 +206,7 @@ class Report:
             f"{t.get('cut_off_by_kills', 0)} cut off by a kill, "
             f"{t.get('cut_off', 0) - t.get('cut_off_by_kills', 0)} cancelled (Stop, superseded, dismissed); "
             f"{t.get('recorded_not_acted', 0)} recorded but killed before acting",
+            f"asking first       {kv(self.approvals)}",
             f"model requests     {self.model_requests} ({kv(self.model_answers)})",
             f"workflow runs      {kv(self.runs_by_status)}; {self.workflow_task_timeouts} workflow "
             f"task timeouts; {self.replayed_histories} histories replayed",

@@ -17,10 +17,11 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, Report
+from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report
 from bench.chaos_infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
+from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT
 
 if TYPE_CHECKING:
     from bench.chaos import Chaos
@@ -40,6 +41,8 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
     "nondeterminism_errors": ("nondeterminism_in_history", "workflow_task_failures", "worker_log_lines",
                               "replay_failures"),
     "unbalanced_transcripts": ("unbalanced_transcripts", "tool_rows_apart_from_their_call"),
+    "tools_run_without_approval": ("confirm_tool_scheduled_unapproved", "confirm_tool_started_unscheduled",
+                                   "denied_call_ran"),
     "actions_not_answered_in_time": ("actions_answered_late", "actions_unanswered"),
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
@@ -84,6 +87,7 @@ class Checker:
         self._actions()
         self._probes_and_idle_runs()
         histories = await self._runs_and_histories()
+        self._approvals()
         self._why_late(histories)
         await self._nondeterminism(histories)
         report.invariants = {name: sum(self.det[k] for k in keys) for name, keys in INVARIANTS.items()}
@@ -167,10 +171,13 @@ class Checker:
         h, report = self.h, self.report
         starts: dict[str, list[str]] = defaultdict(list)
         dones: Counter[str] = Counter()
+        self.confirm_starts: dict[str, str] = {}  # tool call id -> its ledger start, of the tool that asks first
         for line in h.ledger.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[0] == "start":
                 starts[parts[1]].append(line)
+                if f"tool={CONFIRM_TOOL}" in parts:
+                    self.confirm_starts[parts[1].rsplit("/", 1)[-1]] = line
             elif len(parts) >= 2 and parts[0] == "done":
                 dones[parts[1]] += 1
         for key, lines in starts.items():
@@ -392,6 +399,7 @@ class Checker:
     # -- workflow runs and their histories ----------------------------------------------------------
     async def _runs_and_histories(self) -> list[WorkflowHistory]:
         h, report = self.h, self.report
+        self.approved_calls: set[str] = set()
         runs = [wf async for wf in h.client.list_workflows("WorkflowType='ChatTurn'")]
         report.runs_by_status = dict(Counter(wf.status.name.lower() if wf.status else "?" for wf in runs))
         for wf in runs:
@@ -445,10 +453,19 @@ class Checker:
                     a = ev.activity_task_scheduled_event_attributes
                     if a.activity_type.name == io.TOOL_CALL and a.input.payloads:
                         try:
-                            call_id = json.loads(a.input.payloads[0].data)["call"]["id"]
+                            scheduled_input = json.loads(a.input.payloads[0].data)
+                            call_id = scheduled_input["call"]["id"]
                         except (ValueError, KeyError, TypeError):
                             continue
-                        scheduled[call_id].append(f"{hist.workflow_id}/{hist.run_id}#{ev.event_id}")
+                        where = f"{hist.workflow_id}/{hist.run_id}#{ev.event_id}"
+                        scheduled[call_id].append(where)
+                        if scheduled_input["call"].get("name") == CONFIRM_TOOL:
+                            if scheduled_input.get("approved") is True:
+                                self.approved_calls.add(call_id)
+                            else:
+                                self.fail("confirm_tool_scheduled_unapproved",
+                                          f"{CONFIRM_TOOL} call {call_id} scheduled without approval: {where}",
+                                          hist.workflow_id.removeprefix("chat-"))
         for hist in histories:
             if hist.run_id in running:
                 self._save_history(hist)  # still running after the probes: why, is for its history to tell
@@ -459,6 +476,32 @@ class Checker:
             if len(where) > 1:
                 self.fail("tool_calls_scheduled_twice", f"tool call {call_id} scheduled {len(where)} times: {where}")
         return histories
+
+    # -- 5a. tools that ask first ------------------------------------------------------------------------
+    def _approvals(self) -> None:
+        """A start of the tool that asks first belongs to an approved activity; a call
+        answered as denied (or as not run for want of approval) never started."""
+        for call_id, line in self.confirm_starts.items():
+            if call_id not in self.approved_calls:
+                self.fail("confirm_tool_started_unscheduled",
+                          f"{CONFIRM_TOOL} started without an approved activity in any history: {line}",
+                          line.split()[1].split("/")[0])
+        denied = unapproved = 0
+        for m in self.messages:
+            if m["role"] != "tool":
+                continue
+            content = json.loads(m["body"]).get("content")
+            if content not in (DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT):
+                continue
+            denied += content == DENIED_TOOL_TEXT
+            unapproved += content == UNAPPROVED_TOOL_TEXT
+            if m["tool_call_id"] in self.confirm_starts:
+                self.fail("denied_call_ran", f"call {m['tool_call_id']} of chat {m['chat_id']} answered "
+                          f"{content!r} but the ledger shows it ran: {self.confirm_starts[m['tool_call_id']]}",
+                          m["chat_id"])
+        self.report.approvals = {"approved_calls_scheduled": len(self.approved_calls),
+                                 "approved_calls_started": len(self.confirm_starts),
+                                 "denied_rows": denied, "not_run_rows": unapproved}
 
     # -- 4. non-determinism -----------------------------------------------------------------------------
     async def _nondeterminism(self, histories: list[WorkflowHistory]) -> None:

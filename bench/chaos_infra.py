@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_base import TOOL, ChaosConfig
+from bench.chaos_base import CONFIRM_TOOL, TOOL, ChaosConfig
+from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION
+
+SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
 from turnkeeper.dev_server import is_healthy, start_dev_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +103,11 @@ class ChaosModel:
         with self.lock:
             self.requests += 1
             r = self.rng
+            if is_summary_request(request):
+                # A long chat's older turns folded (bursts make chats long): a model answers in words.
+                self.counts["summary"] += 1
+                return {"text": f"summary {self.counts['summary']}: the user sent numbered messages and bursts",
+                        "delay": round(r.uniform(0, cfg.model_delay_max_s), 3)}
             if cfg.strict_protocol and unanswered:
                 # What api.openai.com answers to such a request (a permanent error).
                 self.counts["protocol_violation"] += 1
@@ -115,13 +123,22 @@ class ChaosModel:
                 last_role == "tool" and rounds < cfg.max_rounds and r.random() < cfg.second_round)
             if wants_tools:
                 n = 2 if r.random() < cfg.parallel_tools else 1
-                calls = [{"name": TOOL, "arguments": {"note": f"n{r.randrange(10 ** 6)}",
+                calls = [{"name": CONFIRM_TOOL if r.random() < cfg.confirm else TOOL,
+                          "arguments": {"note": f"n{r.randrange(10 ** 6)}",
                                                       "seconds": round(r.uniform(0, cfg.tool_max_s), 2)}}
                          for _ in range(n)]
                 self.counts[f"tool_calls_{n}"] += 1
                 return {"tool_calls": calls, "delay": round(delay, 3)}
             self.counts["text"] += 1
             return {"text": f"done after {rounds} tool round(s)", "delay": round(delay, 3)}
+
+
+def is_summary_request(request: dict[str, Any]) -> bool:
+    """The model activity asks the model to summarise a chat's older rows (no tools)."""
+    messages = request.get("messages") or []
+    first = messages[0] if messages else {}
+    return (not request.get("tools") and first.get("role") == "system"
+            and str(first.get("content", "")).startswith(SUMMARY_LEAD))
 
 
 def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:

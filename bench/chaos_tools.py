@@ -2,14 +2,17 @@
 leaves a trace in a ledger file before and after it acts, so that the harness
 can count executions across worker processes, SIGKILLs included.
 
-    TURNKEEPER_TOOL_MODULES=bench.chaos_tools TURNKEEPER_TOOLS=ledger_write CHAOS_LEDGER=/path/ledger.txt
+    TURNKEEPER_TOOL_MODULES=bench.chaos_tools TURNKEEPER_TOOLS=ledger_write,ledger_confirm CHAOS_LEDGER=/path/ledger.txt
+
+`ledger_confirm` is the same side effect from a tool that asks first
+(`confirm=True`): a call runs only once its user approved it; its lines name it.
 
 Each line is written with one `write(2)` on an `O_APPEND` descriptor and
 fsynced, so concurrent workers never interleave lines and a line written
 before a SIGKILL is on disk:
 
-    start <idempotency key> pid=<worker pid> t=<unix time>
-    done <idempotency key> pid=<worker pid> t=<unix time>
+    start <idempotency key> pid=<worker pid> t=<unix time> [tool=ledger_confirm]
+    done <idempotency key> pid=<worker pid> t=<unix time> [tool=ledger_confirm]
 """
 from __future__ import annotations
 
@@ -34,11 +37,24 @@ def append_line(path: Path, line: str) -> None:
         os.close(fd)
 
 
+async def _act(note: str, seconds: float, ctx: ToolContext, mark: str = "") -> str:
+    ledger = _ledger(ctx)
+    append_line(ledger, f"start {ctx.idempotency_key} pid={os.getpid()} t={time.time():.3f}{mark}")
+    await asyncio.sleep(max(0.0, min(float(seconds), 30.0)))
+    append_line(ledger, f"done {ctx.idempotency_key} pid={os.getpid()} t={time.time():.3f}{mark}")
+    return f"noted {note!r}"
+
+
 @tool(effect="write")
 async def ledger_write(note: str, seconds: float, ctx: ToolContext) -> str:
     """Record a note in the ledger; takes `seconds` to act."""
-    ledger = _ledger(ctx)
-    append_line(ledger, f"start {ctx.idempotency_key} pid={os.getpid()} t={time.time():.3f}")
-    await asyncio.sleep(max(0.0, min(float(seconds), 30.0)))
-    append_line(ledger, f"done {ctx.idempotency_key} pid={os.getpid()} t={time.time():.3f}")
-    return f"noted {note!r}"
+    return await _act(note, seconds, ctx)
+
+
+@tool(effect="write", confirm=True)
+async def ledger_confirm(note: str, seconds: float, ctx: ToolContext) -> str:
+    """Record a note in the ledger once the user approves; takes `seconds` to act."""
+    return await _act(note, seconds, ctx, mark=f" tool={CONFIRM_TOOL}")
+
+
+CONFIRM_TOOL = ledger_confirm.__name__

@@ -41,6 +41,13 @@ async def query_state(client: Any, chat_id: str, timeout: float = 20.0) -> dict[
     return await asyncio.wait_for(handle.query("state", result_type=dict), timeout)
 
 
+def gate_key(chat_id: str, state: dict[str, Any]) -> tuple[str, ...]:
+    """One gate: a turn keeps its recovery id at every gate it opens, so the id alone
+    does not tell an answered approval gate from the next gate of the same turn."""
+    return (chat_id, str(state.get("recovery_id")), str(state.get("reason")), str(state.get("attempts")),
+            *sorted(str(a.get("id")) for a in state.get("approvals") or []))
+
+
 def tool_running(state: dict[str, Any]) -> bool:
     return any(c.get("status") == "running" for c in state.get("tool_calls") or [])
 
@@ -72,7 +79,7 @@ class Users:
     probe_summary: dict[str, Any]
     probe_failures: dict[str, str]
     burst_log: list[dict[str, Any]]
-    answered_gates: set[tuple[str, str]]
+    answered_gates: set[tuple[str, ...]]
     gates_answered: Counter[str]
     gate_rejections: Counter[str]
     stale_probes: Counter[str]
@@ -382,19 +389,21 @@ class Users:
         if state.get("status") != "awaiting_user" or not recovery_id:
             return
         chat.saw(recovery_id)
-        if (chat_id, recovery_id) in self.answered_gates:
+        key = gate_key(chat_id, state)
+        if key in self.answered_gates:
             return  # visibility lags behind: this gate was answered already
         await asyncio.sleep(self.rng.uniform(0, cfg.gate_think_max_s))
         if self._rand() < cfg.stale_probe:
             outcome = await self._recovery_action(chat, self.rng.choice(["continue", "dismiss"]), state, "gate",
                                                   "made-up", f"stale-{uuid.uuid4().hex[:8]}")
             self.stale_probes["ACCEPTED" if outcome == "accepted" else outcome] += 1
-        p_continue = 1.0 if self.probing else cfg.p_continue
+        asks = state.get("reason") == "approval_required"  # Continue approves the calls, Dismiss denies them
+        p_continue = 1.0 if self.probing else cfg.p_approve if asks else cfg.p_continue
         verb = "continue" if state.get("can_continue", True) and self._rand() < p_continue else "dismiss"
         outcome = await self._recovery_action(chat, verb, state, "gate", "current", recovery_id)
         if outcome == "accepted":
-            self.gates_answered[verb] += 1
-            self.answered_gates.add((chat_id, recovery_id))
+            self.gates_answered[("approve" if verb == "continue" else "deny") if asks else verb] += 1
+            self.answered_gates.add(key)
         elif outcome == "no answer":
             self.gate_rejections["timeout"] += 1
 

@@ -28,3 +28,12 @@ async def slow_write(path: str, content: str, seconds: float, ctx: ToolContext) 
     (ctx.workspace / path).write_text(content)
     _append(ctx, f"done {ctx.idempotency_key}")
     return f"wrote {path}"
+
+
+@tool(effect="write", confirm=True)
+async def guarded_write(path: str, content: str, ctx: ToolContext) -> str:
+    """Write a file once the user has approved the call; the ledger records the run."""
+    _append(ctx, f"start {ctx.idempotency_key}")
+    (ctx.workspace / path).write_text(content)
+    _append(ctx, f"done {ctx.idempotency_key}")
+    return f"wrote {path}"

@@ -402,3 +402,26 @@ async def test_status_over_http_and_over_grpc_agree(stack: Stack) -> None:
         r = await status(address, unknown)
         assert r.returncode == 1 and "nothing was ever sent to it" in r.stderr, (way, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+async def test_send_waits_for_approval_and_continue_approves(stack: Stack) -> None:
+    """A tool that asks first: `send` ends at the gate (exit 3) listing the call,
+    `status` lists it, `continue --wait` approves and follows the turn to its answer."""
+    stack.env_extra["TURNKEEPER_CONFIRM_TOOLS"] = "write_file"
+    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                  {"text": "wrote a.txt"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    sent = await tk(stack, "send", chat, "please write a.txt")
+    assert sent.returncode == 3, sent.stderr
+    assert f"chat {chat}, turn 1: awaiting_user (approval_required)" in sent.stdout
+    assert 'write_file {"path": "a.txt", "content": "hi"}' in sent.stdout
+    assert f"turnkeeper continue {chat}   # approve" in sent.stdout
+    assert not (stack.ws / "a.txt").exists()
+    status = await tk(stack, "status", chat)
+    assert f"[key {chat}/1/call_0_0]" in status.stdout and "tool write_file [call_0_0]: pending" in status.stdout
+
+    approved = await tk(stack, "continue", chat, "--wait")
+    assert approved.returncode == 0, approved.stderr
+    assert approved.stdout.splitlines()[-3:] == ["  -> write_file started", "  <- write_file done", "wrote a.txt"]
+    assert (stack.ws / "a.txt").read_text() == "hi"

@@ -214,6 +214,17 @@ def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate() -> None:
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
 
 
+def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve() -> None:
+    """Its waiting calls were never scheduled: the reconciler answers them as not run."""
+    raw = _recorded()
+    start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
+        turn=1, reason=Reason.APPROVAL_REQUIRED, approvals=[ToolCall(id="call_0_0", name="write_file")]))
+    _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
+    verdict = checkpoint.judge_history(_events(raw, through=7), [USER, ASK_0])
+    assert (verdict.reason, verdict.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
+    assert verdict.unanswered == (UnansweredCall("call_0_0", "write_file", started=False),)
+
+
 def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
     raw = json.loads((HISTORIES / "first-release" / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
     messages = checkpoint.acknowledged(_events(raw))

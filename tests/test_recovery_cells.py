@@ -1,7 +1,8 @@
 """Every cell of the recovery table on a real dev server: a turn is brought to a
 status, one input arrives, and then (a) the input was answered within 2 s, (b) the
 turn did what `workflows.recovery.decide` says, and (c) the chat answers its next
-message and its run closes. The crash inputs (a lost step, a shutdown, a run
+message and its run closes. The approval gate (`awaiting_user/approval_required`,
+a tool that asks first) is a column of its own. The crash inputs (a lost step, a shutdown, a run
 that ended abnormally) have their own tests in test_recovery.py and
 test_reconciler.py; the store outage in test_no_wedge.py."""
 from __future__ import annotations
@@ -24,13 +25,18 @@ ANSWER_WITHIN_S = 2.0
 FAIL = {"status": 400, "message": "provider says no"}
 SLOW = {"text": "a slow answer", "delay": 2.5}
 
-# How each status is reached: the model's first answers, then the steps below.
-REACH: dict[TurnStatus, list[dict[str, Any]]] = {
-    TurnStatus.RUNNING: [SLOW],
-    TurnStatus.AWAITING_USER: [FAIL],
-    TurnStatus.RESUMING: [FAIL, SLOW],
-    TurnStatus.COMPLETED: [{"text": "done"}],
-    TurnStatus.RECOVERED: [FAIL],
+# The model asks for a tool that must be approved first (TURNKEEPER_CONFIRM_TOOLS below).
+ASK = {"tool_calls": [{"name": "write_file", "arguments": {"path": "asked.txt", "content": "approved"}}]}
+Column = tuple[TurnStatus, Reason | None]
+APPROVAL: Column = (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED)
+# How each column is reached: the model's first answers, then the steps below.
+REACH: dict[Column, list[dict[str, Any]]] = {
+    (TurnStatus.RUNNING, None): [SLOW],
+    (TurnStatus.AWAITING_USER, None): [FAIL],
+    APPROVAL: [ASK],
+    (TurnStatus.RESUMING, None): [FAIL, SLOW],
+    (TurnStatus.COMPLETED, None): [{"text": "done"}],
+    (TurnStatus.RECOVERED, None): [FAIL],
 }
 # (input, form, stale id?)
 ACTIONS = [
@@ -39,15 +45,23 @@ ACTIONS = [
     ("dismiss", "update", False), ("dismiss", "signal", False), ("dismiss", "signal", True),
     ("stop", "signal", False),
 ]
-CELLS = [(status, *action) for status in REACH for action in ACTIONS]
+CELLS = [(column, *action) for column in REACH for action in ACTIONS]
+
+
+def _label(column: Column) -> str:
+    status, reason = column
+    return status.value + (f"-{reason.value}" if reason else "")
 
 
 def _ok(request: dict[str, Any]) -> dict[str, Any]:
     return {"text": "ok"}
 
 
-async def _reach(stack: Stack, chat: str, status: TurnStatus) -> TurnState:
+async def _reach(stack: Stack, chat: str, column: Column) -> TurnState:
+    status, reason = column
     await stack.send(chat, "hello")
+    if reason == Reason.APPROVAL_REQUIRED:
+        return await stack.wait_state(chat, lambda s: s.reason == Reason.APPROVAL_REQUIRED)
     if status == TurnStatus.RUNNING:
         return await stack.wait_state(chat, lambda s: s.turn == 1)
     if status == TurnStatus.COMPLETED:
@@ -99,19 +113,21 @@ async def _until_turn(stack: Stack, chat: str, turn: int, want: tuple[TurnStatus
     raise AssertionError(f"turn {turn} of {chat}: wanted {want}, last {got}")
 
 
-def _expected(status: TurnStatus, name: str, stale: bool, can_continue: bool) -> Effect:
-    return decide(status, Input(name), id_matches=not stale, can_continue=can_continue).effect
+def _expected(column: Column, name: str, stale: bool, can_continue: bool) -> Effect:
+    status, reason = column
+    return decide(status, Input(name), id_matches=not stale, can_continue=can_continue, reason=reason).effect
 
 
-@pytest.mark.parametrize(("status", "name", "form", "stale"), CELLS,
-                         ids=[f"{s.value}-{n}-{f}{'-stale' if st else ''}" for s, n, f, st in CELLS])
-async def test_cell(stack: Stack, status: TurnStatus, name: str, form: str, stale: bool) -> None:
-    with FakeChatServer(REACH[status], responder=_ok) as server:
+@pytest.mark.parametrize(("column", "name", "form", "stale"), CELLS,
+                         ids=[f"{_label(c)}-{n}-{f}{'-stale' if st else ''}" for c, n, f, st in CELLS])
+async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: bool) -> None:
+    status = column[0]
+    with FakeChatServer(REACH[column], responder=_ok) as server:
         stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k"})
+                                "OPENAI_API_KEY": "k", "TURNKEEPER_CONFIRM_TOOLS": "write_file"})
         await stack.start_worker()
         chat = stack.chat()
-        reached = await _reach(stack, chat, status)
+        reached = await _reach(stack, chat, column)
         handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
         before = await _turn_status(stack, chat, 1)
 
@@ -119,7 +135,7 @@ async def test_cell(stack: Stack, status: TurnStatus, name: str, form: str, stal
         answer = await _act(stack, chat, name, form, "stale-id" if stale else reached.recovery_id)
         assert time.monotonic() - started < ANSWER_WITHIN_S, f"{name} {form} answered after {time.monotonic() - started:.2f} s"
 
-        effect = _expected(status, name, stale, reached.can_continue)
+        effect = _expected(column, name, stale, reached.can_continue)
         if form == "update" and effect == Effect.REFUSE:
             assert answer != "accepted", answer
         closed = status in (TurnStatus.COMPLETED, TurnStatus.RECOVERED)
@@ -129,7 +145,9 @@ async def test_cell(stack: Stack, status: TurnStatus, name: str, form: str, stal
                 assert await _turn_status(stack, chat, 1) == before
         elif effect == Effect.RESUME:
             await _until_turn(stack, chat, 1, (TurnStatus.RECOVERED, Reason.CONTINUED))
-        elif effect in (Effect.DISMISS, Effect.CANCEL_AND_DISMISS):
+        elif effect == Effect.APPROVE:
+            await _until_turn(stack, chat, 1, (TurnStatus.COMPLETED, None))
+        elif effect in (Effect.DISMISS, Effect.CANCEL_AND_DISMISS, Effect.DENY):
             await _until_turn(stack, chat, 1, (TurnStatus.RECOVERED, Reason.DISMISSED))
         elif effect == Effect.STOP:
             await _until_turn(stack, chat, 1, (TurnStatus.RECOVERED, Reason.STOPPED))
@@ -154,3 +172,6 @@ async def test_cell(stack: Stack, status: TurnStatus, name: str, form: str, stal
             assert time.monotonic() < deadline, f"the probe was not answered: {rows}"
             await asyncio.sleep(0.1)
         assert ids.count("probe") == 1
+        # The asked-for tool ran once if the user approved it, and never otherwise.
+        written = (stack.ws / "asked.txt").exists()
+        assert written == (effect == Effect.APPROVE), f"{effect}: the tool {'ran' if written else 'did not run'}"

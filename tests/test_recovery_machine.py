@@ -21,7 +21,7 @@ RECOVERED_REASONS = {Reason.ANSWER_RESTORED, Reason.CONTINUED, Reason.COMMITTED,
                      Reason.STOPPED, Reason.SUPERSEDED}
 # The statuses Dismiss with the current id must always be accepted in.
 DISMISSABLE = {TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.FAILED}
-ENDINGS = {Effect.DISMISS, Effect.CANCEL_AND_DISMISS, Effect.STOP, Effect.SUPERSEDE, Effect.JUDGE}
+ENDINGS = {Effect.DISMISS, Effect.CANCEL_AND_DISMISS, Effect.DENY, Effect.STOP, Effect.SUPERSEDE, Effect.JUDGE}
 
 
 class Chat(RuleBasedStateMachine):
@@ -34,11 +34,27 @@ class Chat(RuleBasedStateMachine):
         self.first_id: str | None = None  # the turn's first recovery id
         self.attempts_seen = 0
         self.ended: dict[int, tuple[TurnStatus, Reason | None]] = {}
+        # Tool calls that must be approved first: waiting, run (once), or never run.
+        self.calls_made = 0
+        self.waiting: list[str] = []
+        self.before_approval: TurnStatus | None = None
+        self.ran: list[str] = []
+        self.approved: set[str] = set()
+        self.not_run: set[str] = set()
 
     # -- helpers -------------------------------------------------------------
     def _new_id(self) -> str:
         self.ids_drawn += 1
         return f"rec-{self.ids_drawn}"
+
+    def _at_approval(self) -> bool:
+        return self.state.status == TurnStatus.AWAITING_USER and self.state.reason == Reason.APPROVAL_REQUIRED
+
+    def _drop_waiting(self) -> None:
+        """The turn ended, or its run was judged by the reconciler: waiting calls never run."""
+        self.not_run.update(self.waiting)
+        self.waiting = []
+        self.before_approval = None
 
     def _next_turn(self) -> None:
         assert self.state.status not in OPEN_STATUSES
@@ -51,7 +67,15 @@ class Chat(RuleBasedStateMachine):
         ending = recovery.ending_of(outcome.effect)
         if outcome.effect == Effect.RESUME:
             recovery.accept_continue(self.state)
+        elif outcome.effect == Effect.APPROVE:
+            recovery.accept_continue(self.state)
+            assert self.state.status == self.before_approval  # the turn goes on as it was
+            self.approved.update(self.waiting)
+            self.ran.extend(self.waiting)  # once each
+            self.waiting = []
+            self.before_approval = None
         elif ending is not None:
+            self._drop_waiting()
             recovery.end_recovered(self.state, ending)
             if outcome.effect == Effect.SUPERSEDE:
                 self._next_turn()
@@ -73,12 +97,28 @@ class Chat(RuleBasedStateMachine):
         given = "not-the-id" if stale else self.state.recovery_id
         why = recovery.refusal(self.state, action, given)  # type: ignore[arg-type]
         outcome = decide(self.state.status, Input(action), can_continue=self.state.can_continue,
+                         reason=self.state.reason,
                          id_matches=bool(self.state.recovery_id) and given == self.state.recovery_id)
         assert (why is None) == outcome.accepted
         if not outcome.accepted:
             assert self.state == before
             return
         self._apply(outcome)
+
+    @rule(free=st.integers(0, 2), held=st.integers(1, 2))
+    def model_asks_for_approval(self, free: int, held: int) -> None:
+        """The model's answer names tools that must be approved first (and maybe others)."""
+        if decide(self.state.status, Input.APPROVAL_NEEDED).effect != Effect.ASK_APPROVAL:
+            return
+        self.calls_made += free
+        self.ran.extend(f"free-{self.calls_made - i}" for i in range(free))  # they need no approval
+        self.before_approval = self.state.status
+        self.waiting = [f"call-{self.calls_made + i}" for i in range(held)]
+        self.calls_made += held
+        attempts = self.state.attempts
+        recovery.open_gate(self.state, Reason.APPROVAL_REQUIRED, self._new_id())
+        assert (self.state.status, self.state.reason) == (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED)
+        assert self.state.can_continue and self.state.attempts == attempts
 
     @rule()
     def stop(self) -> None:
@@ -100,6 +140,7 @@ class Chat(RuleBasedStateMachine):
         """The reconciler's pass over a dead run: a gate again, or a closing verdict."""
         if decide(self.state.status, Input.RUN_ENDED).effect != Effect.JUDGE:
             return
+        self._drop_waiting()  # a dead run's waiting calls were never scheduled
         if verdict in (Reason.ANSWER_RESTORED, Reason.COMMITTED):
             recovery.end_recovered(self.state, verdict)
         else:
@@ -108,6 +149,7 @@ class Chat(RuleBasedStateMachine):
     @rule()
     def recovering_fails(self) -> None:
         if decide(self.state.status, Input.RUN_ENDED).effect == Effect.JUDGE:
+            self._drop_waiting()
             if not self.state.recovery_id:
                 self.state.recovery_id = self._new_id()
             recovery.mark_failed(self.state)
@@ -139,7 +181,8 @@ class Chat(RuleBasedStateMachine):
     @invariant()
     def every_status_has_a_way_out(self) -> None:
         if self.state.status in OPEN_STATUSES | {TurnStatus.FAILED}:
-            ways = {decide(self.state.status, i, can_continue=self.state.can_continue).effect for i in Input}
+            ways = {decide(self.state.status, i, can_continue=self.state.can_continue,
+                           reason=self.state.reason).effect for i in Input}
             assert ways & ENDINGS, self.state.status
         # and a closed chat always takes its next message
         if self.state.status in TERMINAL | {TurnStatus.FAILED}:
@@ -149,7 +192,9 @@ class Chat(RuleBasedStateMachine):
     def statuses_are_well_formed(self) -> None:
         s = self.state
         if s.status == TurnStatus.AWAITING_USER:
-            assert s.recovery_id and s.reason in GATE_REASONS + [Reason.LOOP_GUARD]
+            assert s.recovery_id and s.reason in GATE_REASONS + [Reason.LOOP_GUARD, Reason.APPROVAL_REQUIRED]
+        if s.reason == Reason.APPROVAL_REQUIRED:
+            assert s.status == TurnStatus.AWAITING_USER and s.can_continue and self.waiting
         if s.status == TurnStatus.RESUMING:
             assert s.reason == Reason.USER_CONFIRMED and s.attempts >= 1 and s.recovery_id
         if s.status == TurnStatus.COMPLETED:
@@ -158,6 +203,17 @@ class Chat(RuleBasedStateMachine):
             assert s.reason in RECOVERED_REASONS
         if s.status == TurnStatus.FAILED:
             assert not s.can_continue
+
+    @invariant()
+    def a_tool_that_asks_first_runs_only_once_approved(self) -> None:
+        held = [c for c in self.ran if c.startswith("call-")]
+        assert set(held) <= self.approved
+        assert len(held) == len(set(held))  # once
+        assert not self.approved & self.not_run
+        if self.waiting:  # waiting holds nothing but a gate that can say yes
+            assert self._at_approval()
+            assert recovery.refusal(self.state, "continue", self.state.recovery_id) is None
+            assert recovery.refusal(self.state, "dismiss", self.state.recovery_id) is None
 
     @invariant()
     def terminal_statuses_stay_terminal(self) -> None:
@@ -175,9 +231,11 @@ def test_every_cell_has_exactly_one_outcome(status: TurnStatus) -> None:
     for input in Input:
         for id_matches in (True, False):
             for can_continue in (True, False):
-                outcome = decide(status, input, id_matches=id_matches, can_continue=can_continue)
-                assert isinstance(outcome.effect, Effect)
-                assert (outcome.refusal is not None) == (outcome.effect == Effect.REFUSE)
+                for reason in (None, Reason.APPROVAL_REQUIRED):
+                    outcome = decide(status, input, id_matches=id_matches, can_continue=can_continue,
+                                     reason=reason)
+                    assert isinstance(outcome.effect, Effect)
+                    assert (outcome.refusal is not None) == (outcome.effect == Effect.REFUSE)
 
 
 def test_the_readme_shows_the_table() -> None:

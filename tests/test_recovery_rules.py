@@ -73,3 +73,31 @@ def test_a_turn_without_a_gate_finishes_completed() -> None:
     state = TurnState(chat_id="c", turn=1)
     recovery.finish(state)
     assert (state.status, state.reason) == (TurnStatus.COMPLETED, None)
+
+
+def test_an_approval_gate_is_no_loss_and_goes_on_as_the_turn_was() -> None:
+    running = TurnState(chat_id="c", turn=1)
+    recovery.open_gate(running, Reason.APPROVAL_REQUIRED, GATE_ID, can_continue=False)
+    assert (running.status, running.reason, running.can_continue) == (
+        TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED, True)
+    assert recovery.after_decision(running, "continue").status == TurnStatus.RUNNING
+    recovery.accept_continue(running)
+    assert (running.status, running.reason, running.attempts) == (TurnStatus.RUNNING, None, 0)
+
+    # A continued turn that asks keeps its reason (no loop guard), and resumes once approved.
+    resuming = gated()
+    recovery.accept_continue(resuming)
+    recovery.open_gate(resuming, Reason.APPROVAL_REQUIRED, "other-id")
+    assert resuming.reason == Reason.APPROVAL_REQUIRED and resuming.recovery_id == GATE_ID
+    recovery.accept_continue(resuming)
+    assert (resuming.status, resuming.reason, resuming.attempts) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+
+
+def test_deny_ends_the_turn_dismissed() -> None:
+    state = TurnState(chat_id="c", turn=1)
+    recovery.open_gate(state, Reason.APPROVAL_REQUIRED, GATE_ID)
+    outcome = recovery.decide(state.status, recovery.Input.DISMISS, reason=state.reason)
+    assert outcome.effect == recovery.Effect.DENY and recovery.ending_of(outcome.effect) == Reason.DISMISSED
+    after = recovery.after_decision(state, "dismiss")
+    assert (after.status, after.reason, after.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
+    assert recovery.refusal(state, "continue", "stale-id") == "recovery id 'stale-id' is stale"

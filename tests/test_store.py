@@ -31,7 +31,9 @@ from turnkeeper.activities.store import (
     TurnUpdate,
     open_store,
 )
+from turnkeeper.activities.store import StoredRow, Summary
 from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
+from turnkeeper.activities.store.schema import SCHEMA_VERSION
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     ChatMessage,
@@ -206,7 +208,7 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
     await s.close()
     await s.close()  # closing twice is harmless
 
-    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
+    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
     if isinstance(backend, SQLiteBackend):
         assert await backend.fetchval("PRAGMA journal_mode") == "wal"
 
@@ -249,24 +251,78 @@ async def test_an_sqlite_store_made_without_the_open_turns_index_gains_it(tmp_pa
         await store.close()
 
 
-async def test_a_version_1_store_gains_the_drafts_table(backend: Backend) -> None:
-    """Stores made before streaming (schema version 1) have no drafts table: opening
-    one creates it and records version 2, with every row kept."""
+async def test_a_version_1_store_is_migrated_and_keeps_its_rows(backend: Backend) -> None:
+    """Version 2 added the drafts table, `summaries` and the `messages_chat_row` index:
+    a store made at version 1 gains them when a newer worker opens it, and keeps what
+    it holds."""
     older = backend.new_store()
     await older.open()
-    await older.begin_turn(CHAT, "run-1", ["m1"])
+    turn = await start_turn(older, "run-1", "m1")
     await older.close()
     await backend.execute("DROP TABLE drafts")
+    await backend.execute("DROP TABLE summaries")
+    await backend.execute("DROP INDEX messages_chat_row")
     await backend.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
 
     store = backend.new_store()
     await store.open()
     try:
-        assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
+        assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
+        assert await _has_index(backend, "messages_chat_row")
+        assert [m.content for m in await store.history(CHAT)] == ["text of m1"]
+        kept = await store.add_summary(CHAT, Summary(upto_id=1, text="s", tokens=1, assistant_rows=0))
+        assert kept.text == "s" and (await store.context_rows(CHAT)).summary == kept
+        assert turn == 1
         assert await store.write_draft(CHAT, 1, 0, "streamed") == 1
-        assert [(t.chat_id, t.turn) for t in await store.open_turns()] == [(CHAT, 1)]
     finally:
         await store.close()
+
+
+async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: SessionStore) -> None:
+    turn = await start_turn(store, "run-1", "m1", "m2")
+    await store.record_assistant(CHAT, turn, 0, ModelReply(text="answer"), final=True)
+    loaded = await store.context_rows(CHAT)
+    assert loaded.summary is None
+    assert [(r.turn, r.message.role, r.message.content) for r in loaded.rows] == [
+        (1, "user", "text of m1"), (1, "user", "text of m2"), (1, "assistant", "answer")]
+    ids = [r.id for r in loaded.rows]
+    assert ids == sorted(ids)
+
+    first = Summary(upto_id=ids[0], text="m1 was said", tokens=3, assistant_rows=0)
+    assert await store.add_summary(CHAT, first) == first
+    # Made again (a model call run again after a loss): the first one stays.
+    assert await store.add_summary(CHAT, first.model_copy(update={"text": "other"})) == first
+    second = Summary(upto_id=ids[1], text="m1 and m2 were said", tokens=5, assistant_rows=0)
+    await store.add_summary(CHAT, second)
+    loaded = await store.context_rows(CHAT)
+    assert loaded.summary == second
+    assert loaded.rows == [StoredRow(id=ids[2], turn=1, message=ChatMessage(role="assistant", content="answer"))]
+    # The transcript itself is never shortened, and other chats see nothing of it.
+    assert [m.content for m in await store.history(CHAT)] == ["text of m1", "text of m2", "answer"]
+    assert (await store.context_rows("other")).summary is None
+
+
+async def test_answered_call_ids_are_those_with_a_tool_row(store: SessionStore) -> None:
+    turn = await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t"),
+                                                                       ToolCall(id="b", name="t")]), final=False)
+    await store.record_tool_result(CHAT, turn, "b", "t", "ok", "done")
+    assert await store.answered_call_ids(CHAT, ["x", "b", "a", "b"]) == ["b"]
+    assert await store.answered_call_ids("other", ["b"]) == [] and await store.answered_call_ids(CHAT, []) == []
+
+
+async def test_a_corrupt_row_after_the_summary_is_named_one_before_it_is_not_read(
+        store: SessionStore, backend: Backend) -> None:
+    turn = await start_turn(store, "run-1", "m1", "m2")
+    ids = [r.id for r in (await store.context_rows(CHAT)).rows]
+    await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[1])
+    with pytest.raises(CorruptRowError, match=f"message row id={ids[1]}"):
+        await store.context_rows(CHAT)
+    await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[0])
+    await backend.execute("UPDATE messages SET body = ? WHERE id = ?", '{"role":"user","content":"fixed"}', ids[1])
+    await store.add_summary(CHAT, Summary(upto_id=ids[0], text="s", tokens=1, assistant_rows=0))
+    assert [r.message.content for r in (await store.context_rows(CHAT)).rows] == ["fixed"]
+    assert turn == 1
 
 
 async def test_calls_before_open_raise_store_error(backend: Backend) -> None:
@@ -879,13 +935,13 @@ async def test_pg_several_stores_create_the_schema_at_once(pg: PostgresBackend) 
     try:
         await asyncio.gather(*(s.open() for s in stores))
         assert await pg.fetchval("SELECT count(*) FROM meta") == 1
-        assert await pg.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == "2"
+        assert await pg.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
         await asyncio.gather(*(s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in stores))
         assert [e.seq for e in await stores[0].events(CHAT)] == [1, 2, 3, 4, 5]
         tables = await pg.fetchval(
             "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables"
             " WHERE table_schema = ?", pg.schema)
-        assert tables == ["drafts", "event_keys", "events", "messages", "meta", "tool_runs", "turns"]
+        assert tables == ["drafts", "event_keys", "events", "messages", "meta", "summaries", "tool_runs", "turns"]
     finally:
         await asyncio.gather(*(s.close() for s in stores))
 

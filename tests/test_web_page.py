@@ -149,6 +149,42 @@ async def test_continue_after_a_killed_worker_and_a_stale_tab(stack: Stack, brow
         await page.close()
 
 
+async def test_a_tool_that_asks_first_is_approved_or_denied(stack: Stack, browser: Browser) -> None:
+    stack.env_extra["TURNKEEPER_CONFIRM_TOOLS"] = "write_file"
+    ask = {"tool_calls": [{"name": "write_file", "arguments": {"path": "p.txt", "content": "yes"}}]}
+    stack.script([ask, {"text": "written"}, ask])
+    await stack.start_worker()
+    chat = stack.chat("approve")
+    with serving(stack.settings()) as web:
+        page = await browser.new_page()
+        await page.goto(f"{web.url}/chats/{chat}")
+        box = page.get_by_role("textbox", name="Message")
+        await box.fill("write p.txt")
+        await box.press("Enter")
+        status = page.get_by_role("status")
+        await expect(status).to_contain_text("awaiting_user (approval_required)")
+        await expect(page.get_by_role("list", name="Waiting for your approval")).to_contain_text(
+            'write_file({"path": "p.txt", "content": "yes"})')
+        await expect(page.get_by_role("button", name="Continue")).to_be_hidden()
+        await snap(page, "page-approval")
+        await page.get_by_role("button", name="Approve").click()
+        await expect(page.locator("#thread")).to_contain_text("written")
+        await expect(status).to_contain_text("completed")
+        assert (stack.ws / "p.txt").read_text() == "yes"
+
+        (stack.ws / "p.txt").unlink()
+        await box.fill("write p.txt again")
+        await box.press("Enter")
+        await expect(status).to_contain_text("awaiting_user (approval_required)")
+        await page.get_by_role("button", name="Deny").click()
+        await expect(status).to_contain_text("recovered (dismissed)")
+        await expect(page.locator("#thread")).to_contain_text("denied by the user")
+        await expect(page.get_by_role("button", name="Dismiss")).to_be_hidden()
+        assert not (stack.ws / "p.txt").exists()
+        await snap(page, "page-denied")
+        await page.close()
+
+
 async def test_stop_while_a_tool_runs(stack: Stack, browser: Browser) -> None:
     stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
                             "TK_LEDGER": str(stack.dir / "ledger.txt")})

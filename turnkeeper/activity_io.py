@@ -44,6 +44,8 @@ class TurnSettings(BaseModel):
     tool_timeout_s: int = 600
     resume_window_s: int = 60
     heartbeat_timeout_s: int = 3
+    confirm_tools: list[str] = Field(default_factory=list)
+    """Tools whose calls wait for the user's approval before they are scheduled."""
 
 
 class BeginTurnInput(BaseModel):
@@ -101,6 +103,8 @@ class ToolCallInput(BaseModel):
     chat_id: str
     turn: int
     call: ToolCall
+    approved: bool = False
+    """The user approved this call at its gate; a tool that asks first runs only then."""
 
     @property
     def idempotency_key(self) -> str:

@@ -5,7 +5,7 @@ import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from turnkeeper.models import ChatMessage, Event, TurnState, TurnStatus
+from turnkeeper.models import ChatMessage, Event, Reason, TurnState, TurnStatus
 
 if TYPE_CHECKING:
     from turnkeeper.replay import ReplayReport
@@ -26,7 +26,13 @@ def describe_gate(state: TurnState) -> str:
     if state.store_unavailable:
         lines.append("the session store does not answer: the turn waits for it and goes on, in order, "
                      "when it is back (see the worker's log)")
-    if state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
+    if state.status == TurnStatus.AWAITING_USER and state.reason == Reason.APPROVAL_REQUIRED:
+        lines.append("the model asks to run, once you approve:")
+        lines.extend(f"  {a.name} {a.arguments}   [key {a.idempotency_key}]" for a in state.approvals)
+        lines.append(f"recovery id: {state.recovery_id}")
+        lines.append(f"  turnkeeper continue {state.chat_id}   # approve: the calls above run, once")
+        lines.append(f"  turnkeeper dismiss {state.chat_id}    # deny: none of them runs, and the turn ends")
+    elif state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
         lines.append(f"recovery id: {state.recovery_id}")
         if state.can_continue:
             lines.append(f"  turnkeeper continue {state.chat_id}   # run the model again from the saved "

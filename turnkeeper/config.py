@@ -19,6 +19,8 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_MODEL",
     "TURNKEEPER_TOOLS",
     "TURNKEEPER_TOOL_MODULES",
+    "TURNKEEPER_CONFIRM_TOOLS",
+    "TURNKEEPER_CONTEXT_TOKENS",
     "TURNKEEPER_WORKSPACE",
     "TURNKEEPER_RESUME_WINDOW",
     "TURNKEEPER_RECONCILE_EVERY",
@@ -156,6 +158,17 @@ def import_from_working_directory() -> None:
         sys.path.append(cwd)
 
 
+# Below this a summary, its instruction and a turn hardly fit: a value that small is a mistake.
+MIN_CONTEXT_TOKENS = 512
+
+
+def _context_tokens(value: int) -> int:
+    if 0 < value < MIN_CONTEXT_TOKENS:
+        raise ConfigError(f"TURNKEEPER_CONTEXT_TOKENS must be 0 (the model's window) or at least "
+                          f"{MIN_CONTEXT_TOKENS}, got {value}")
+    return value
+
+
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = env.get(name)
     if raw is None:
@@ -173,6 +186,10 @@ class Settings:
     model: str = "demo"
     tools: tuple[str, ...] = DEFAULT_TOOLS
     tool_modules: tuple[str, ...] = ()
+    # Tools whose calls wait for the user's approval, besides those registered `confirm=True`.
+    confirm_tools: tuple[str, ...] = ()
+    # Tokens of context a model call may send; 0: the model's window less the answer's room.
+    context_tokens: int = 0
     workspace: Path = Path("workspace")
     resume_window: int = 60
     reconcile_every: int = 60
@@ -229,6 +246,8 @@ class Settings:
             model=env.get("TURNKEEPER_MODEL") or "demo",
             tools=_list(env, "TURNKEEPER_TOOLS", DEFAULT_TOOLS),
             tool_modules=_list(env, "TURNKEEPER_TOOL_MODULES", ()),
+            confirm_tools=_list(env, "TURNKEEPER_CONFIRM_TOOLS", ()),
+            context_tokens=_context_tokens(_int(env, "TURNKEEPER_CONTEXT_TOKENS", 0, minimum=0)),
             workspace=workspace.absolute(),
             resume_window=_int(env, "TURNKEEPER_RESUME_WINDOW", 60, minimum=1),
             reconcile_every=_int(env, "TURNKEEPER_RECONCILE_EVERY", 60, minimum=1),

@@ -26,6 +26,10 @@ INTERRUPTED_TURN_TEXT = "Error: the turn was interrupted before a response was g
 SUPERSEDED_TEXT = "The interrupted turn was superseded by a newer message."
 DISMISSED_TEXT = "The interrupted turn was dismissed."
 STOPPED_TEXT = "The turn was stopped by the user."
+# A tool call that needed the user's approval and did not get it (Deny at its gate).
+DENIED_TOOL_TEXT = "denied by the user"
+# One that waited for approval when the turn ended otherwise (Stop, a newer message, a Dismiss elsewhere).
+UNAPPROVED_TOOL_TEXT = "Error: the tool did not run: it waited for the user's approval and the turn ended first."
 
 # --- search attributes (contract): Keyword, upserted on every transition --------
 # Their typed keys are in turnkeeper.search_attributes: the names alone keep the
@@ -80,6 +84,8 @@ class Reason(str, Enum):
     STOPPED = "stopped"
     SUPERSEDED = "superseded"
     RECOVERY_FAILED = "recovery_failed"
+    APPROVAL_REQUIRED = "approval_required"
+    """Not a loss: the model asked for a tool that must be approved before it runs."""
 
 
 class ToolCallStatus(str, Enum):
@@ -130,6 +136,8 @@ class RecoveryStart(LazyModel):
     """The gate's id when a waiting run hands itself on (continue-as-new): kept."""
     attempts: int = 0
     detail: str | None = None
+    approvals: list[ToolCall] = Field(default_factory=list)
+    """Tool calls that waited for the user's approval when a gate handed itself on."""
 
 
 class ChatTurnInput(LazyModel):
@@ -156,9 +164,10 @@ class ToolCall(LazyModel):
 
 
 class ChatMessage(LazyModel):
-    """One committed transcript row, in the shape `history --json` prints (contract)."""
+    """One committed transcript row, in the shape `history --json` prints (contract).
+    `system` is never stored: a model call sees the chat's summary in such a row."""
 
-    role: Literal["user", "assistant", "tool"]
+    role: Literal["user", "assistant", "tool", "system"]
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -197,6 +206,16 @@ class ToolCallView(LazyModel):
     status: ToolCallStatus
 
 
+class ApprovalRequest(LazyModel):
+    """A tool call waiting for the user's approval (`approval_required`), as `state` lists it."""
+
+    id: str
+    name: str
+    arguments: str
+    idempotency_key: str
+    """`<chat_id>/<turn>/<tool call id>`, the key the tool gets when it runs."""
+
+
 class TurnState(LazyModel):
     chat_id: str
     turn: int = 0
@@ -211,6 +230,8 @@ class TurnState(LazyModel):
     """Why the gate opened, in the words of what failed (a provider's error, a bad row)."""
     store_unavailable: bool = False
     """The session store does not answer: the turn waits and goes on when it returns."""
+    approvals: list[ApprovalRequest] = Field(default_factory=list)
+    """With `approval_required`: the calls that run once the user approves (Continue)."""
 
 
 # --- event log (contract: the store's per-chat ordered log) ------------------------

@@ -43,10 +43,11 @@ with workflow.unsafe.imports_passed_through():
     )
     from turnkeeper.workflows import recovery
     from turnkeeper.workflows.activity_calls import error_type, failure_text, start_model_call, start_tool_call
-    from turnkeeper.workflows.gate import TurnGate
+    from turnkeeper.workflows.approval import Approvals
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.workflows.intake import MessageIntake
     from turnkeeper.workflows.patches import (
+        APPROVALS,
         COMPLETE_MACHINE,
         RECOVERY_MACHINE,
         REFUSE_UNDECODABLE,
@@ -81,7 +82,7 @@ class _Interrupted(Exception):
 
 
 @workflow.defn(name="ChatTurn")
-class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
+class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
     @workflow.init
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
@@ -103,6 +104,8 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         self._signals_at_wait_points = self._machine or (
             self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS))
         self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
+        self._approvals = self._signals_at_wait_points and workflow.patched(APPROVALS)
+        self._held: list[ToolCall] = []  # calls waiting for the user's approval
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None
         self._idle_refusals: asyncio.Task[None] | None = None
@@ -243,7 +246,12 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
         self._state.turn = start.turn
         self._state.recovery_id = start.recovery_id
         self._state.attempts = start.attempts
-        if await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail) == "continue":
+        asks = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)  # a handed-on approval gate
+        goes_on = asks or await self._gate(start.reason, can_continue=start.can_continue,
+                                           detail=start.detail) == "continue"
+        if goes_on and start.approvals:
+            goes_on = await self._run_approved(start.approvals)
+        if goes_on:
             await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
 
     async def _turn_loop(self, step: int, batch: list[UserMessage]) -> None:
@@ -277,13 +285,14 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
                 else:
                     self._upsert_search_attributes()  # the model activity closed the turn
                 return
-            try:
-                lost = await self._run_tools(reply.tool_calls)
-            except _Cancelled:
-                await self._end_by_user()
+            free, held = self._hold(reply.tool_calls)
+            lost = await self._tool_step(free) if free else None
+            if lost == "ended":
                 return
             step += 1
             if lost is not None and await self._gate(lost) != "continue":
+                return
+            if held and not await self._run_approved(held):
                 return
             self._inbox.in_flight = self._inbox.take()
 
@@ -337,18 +346,31 @@ class ChatTurn(TurnGate, MessageIntake, ToolOutcomes):
                     final=result.reply.is_final and not resuming))
             return result.reply
 
-    async def _run_tools(self, calls: list[ToolCall]) -> Reason | None:
+    async def _tool_step(self, calls: list[ToolCall], approved: bool = False) -> Reason | None | Literal["ended"]:
+        """`_run_tools`; "ended" when Stop, Dismiss or a newer message ended the turn meanwhile."""
+        try:
+            return await self._run_tools(calls, approved)
+        except _Cancelled:
+            await self._end_by_user()
+            return "ended"
+
+    async def _run_tools(self, calls: list[ToolCall], approved: bool = False) -> Reason | None:
         """Run the model's tool calls in parallel; the reason to stop, if any was lost.
         Raises `_Cancelled` after Stop, Dismiss or a superseding message, once every
         call has either finished or been marked interrupted. A call refused for a
         store outage before it acted runs again once the store is back."""
-        views = [ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls]
-        self._state.tool_calls.extend(views)
+        shown = {v.id: v for v in self._state.tool_calls}  # approved calls showed as pending
+        views = [shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING)
+                 for c in calls]
+        self._state.tool_calls.extend(v for v in views if v.id not in shown)
+        for view in views:
+            view.status = ToolCallStatus.RUNNING
         todo = list(zip(calls, views))
         lost: list[Reason | None] = []
         while True:
             handles = [start_tool_call(io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn,
-                                                        call=call), self._settings) for call, _ in todo]
+                                                        call=call, approved=approved), self._settings)
+                       for call, _ in todo]
             for handle, (_, view) in zip(handles, todo):
                 handle.add_done_callback(lambda h, v=view: show_result(h, v))
             cancelled = await self._settle(handles)

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         Reason,
         RecoveryAction,
         RecoveryStart,
+        ToolCall,
         TurnState,
     )
     from turnkeeper.workflows import recovery
@@ -56,6 +57,7 @@ class TurnGate(TurnPersistence):
     _signalled: list[tuple[recovery.Action, str | None]]
     _before_turn: bool
     _count_gate: bool = True  # false for the first gate of a run that continues one
+    _held: list[ToolCall]  # calls waiting for approval: a gate handed on keeps them
     state: Callable[[], TurnState]  # the workflow's `state` query
 
     async def _interrupt_stands(self) -> bool:
@@ -147,7 +149,8 @@ class TurnGate(TurnPersistence):
         assert s.reason is not None  # a gate always has one
         workflow.continue_as_new(ChatTurnInput(chat_id=s.chat_id, pending=self._inbox.waiting, recovery=RecoveryStart(
             turn=s.turn, reason=s.reason, can_continue=s.can_continue, recovery_id=s.recovery_id,
-            attempts=s.attempts, detail=s.detail)), task_timeout=TURN_TASK_TIMEOUT)
+            attempts=s.attempts, detail=s.detail, approvals=list(self._held))),
+            task_timeout=TURN_TASK_TIMEOUT)
 
     def _refusal(self, action: recovery.Action, recovery_id: str | None) -> str | None:
         """As `recovery.refusal`, and a gate already decided in this task waits no more."""

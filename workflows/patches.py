@@ -43,3 +43,8 @@ RECOVERY_MACHINE = "recovery-machine-2"
 # `Reconcile` runs that have it delete earlier quiet passes (an activity after the
 # pass) and set `ReconcileOutcome` as they end. Asked in the first activation.
 QUIET_PASSES = "reconcile-quiet-passes"
+# Asked in the first activation too. Runs that have it hold the model's calls of a
+# tool that asks first (`confirm`, TURNKEEPER_CONFIRM_TOOLS) at an approval gate
+# (`approval_required`) before their activities are scheduled; earlier runs never
+# knew such tools (their tool activity refuses an unapproved call of one instead).
+APPROVALS = "tools-ask-first"

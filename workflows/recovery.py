@@ -2,7 +2,7 @@
 
 `decide` is the table; the workflow, the reconciler, the store activities and the
 CLI ask it what an input does and never pick a status themselves. The mutators
-below it (`open_gate`, `accept_continue`, `finish`, `end_recovered`) are the only
+below it (`open_gate`, `accept_continue`, `approve`, `finish`, `end_recovered`) are the only
 code that writes a status. Pure: no I/O, no Temporal calls, safe in workflow code.
 `TABLE` renders the whole table for the README; tests/test_recovery_machine.py
 drives it with Hypothesis.
@@ -37,6 +37,8 @@ class Input(str, Enum):
     RECONCILE = "reconcile_pass"
     """A reconcile pass while the turn's run is alive."""
     STORE_OUTAGE = "store_outage"
+    APPROVAL_NEEDED = "tool_needs_approval"
+    """The model asked for a tool that must be approved before it runs (`confirm`)."""
 
 
 class Effect(str, Enum):
@@ -51,6 +53,9 @@ class Effect(str, Enum):
     RESCHEDULE = "reschedule"
     JUDGE = "judge"
     WAIT_FOR_STORE = "wait_for_store"
+    ASK_APPROVAL = "ask_approval"
+    APPROVE = "approve"
+    DENY = "deny"
     REFUSE = "refuse"
     NOTHING = "nothing"
 
@@ -68,6 +73,12 @@ EFFECT_TEXT: dict[Effect, str] = {
     Effect.RESCHEDULE: "a model call goes to the next worker; a running tool may finish in the grace",
     Effect.JUDGE: "the reconciler judges what the run left: a gate, `answer_restored` or `committed`",
     Effect.WAIT_FOR_STORE: "waits, `store_unavailable` in `state`, and goes on when the store returns",
+    Effect.ASK_APPROVAL: ("`awaiting_user/approval_required`: the calls that need no approval run first, then "
+                          "the turn waits for the rest"),
+    Effect.APPROVE: ("the waiting calls run, once; the turn goes on as it was (`running`, "
+                     "or `resuming` after a Continue)"),
+    Effect.DENY: ("each waiting call gets `denied by the user`, no tool runs; ends `recovered/dismissed`, "
+                  "pending follow-ups become user rows, no model work"),
     Effect.REFUSE: "refused, nothing changes",
     Effect.NOTHING: "nothing",
 }
@@ -88,9 +99,12 @@ _AWAITING, _RESUMING, _RUNNING, _FAILED = (
     TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.RUNNING, TurnStatus.FAILED)
 
 
-def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_continue: bool = True) -> Outcome:
+def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_continue: bool = True,
+           reason: Reason | None = None) -> Outcome:
     """What `input` does to a turn in `status`. `id_matches`: Continue or Dismiss
-    carries the turn's current recovery id; `can_continue`: the turn's flag."""
+    carries the turn's current recovery id; `can_continue`: the turn's flag;
+    `reason`: the turn's reason (an approval gate is `awaiting_user/approval_required`)."""
+    asks_approval = status == _AWAITING and reason == Reason.APPROVAL_REQUIRED
     if input == Input.USER_MESSAGE:
         if status == _RUNNING:
             return Outcome(Effect.JOIN)
@@ -100,6 +114,8 @@ def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_con
     if input in (Input.CONTINUE, Input.DISMISS):
         if not id_matches:
             return Outcome(Effect.REFUSE, "stale")
+        if asks_approval:
+            return Outcome(Effect.APPROVE if input == Input.CONTINUE else Effect.DENY)
         if input == Input.DISMISS:
             # Possible for the current id whatever the saved state is.
             if status == _RESUMING:
@@ -123,12 +139,15 @@ def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_con
         return Outcome(Effect.JUDGE) if status in OPEN_STATUSES else Outcome(Effect.NOTHING)
     if input == Input.STORE_OUTAGE:
         return Outcome(Effect.WAIT_FOR_STORE) if status in OPEN_STATUSES else Outcome(Effect.NOTHING)
+    if input == Input.APPROVAL_NEEDED:
+        # Only a turn that runs asks the model; its answer may name such a tool.
+        return Outcome(Effect.ASK_APPROVAL) if status in (_RUNNING, _RESUMING) else Outcome(Effect.NOTHING)
     return Outcome(Effect.NOTHING)  # RECONCILE: a live run is left alone, a closed turn too
 
 
 def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | None:
     """Why `action` with `recovery_id` must be refused now, or None to accept it."""
-    outcome = decide(state.status, Input(action), can_continue=state.can_continue,
+    outcome = decide(state.status, Input(action), can_continue=state.can_continue, reason=state.reason,
                      id_matches=bool(state.recovery_id) and recovery_id == state.recovery_id)
     if outcome.refusal == "stale":
         return f"recovery id {recovery_id!r} is stale"
@@ -142,8 +161,11 @@ def open_gate(state: TurnState, reason: Reason, new_id: str, can_continue: bool 
     """An interruption: the turn waits for its user. A step lost while resuming
     is a loop: never retried by itself, the user decides again. A reason that
     rules Continue out says more than `loop_guard`, and is kept. The recovery id
-    is minted at the turn's first gate and kept until the turn ends."""
-    if state.status == _RESUMING and can_continue:
+    is minted at the turn's first gate and kept until the turn ends. An approval
+    gate is no loss: it keeps its reason, and Continue is always possible there."""
+    if reason == Reason.APPROVAL_REQUIRED:
+        can_continue = True
+    elif state.status == _RESUMING and can_continue:
         reason = Reason.LOOP_GUARD
     state.status = _AWAITING
     state.reason = reason
@@ -153,9 +175,24 @@ def open_gate(state: TurnState, reason: Reason, new_id: str, can_continue: bool 
 
 
 def accept_continue(state: TurnState) -> None:
+    if state.status == _AWAITING and state.reason == Reason.APPROVAL_REQUIRED:
+        approve(state)
+        return
     state.status = _RESUMING
     state.reason = Reason.USER_CONFIRMED
     state.attempts += 1
+
+
+def approve(state: TurnState) -> None:
+    """Continue at an approval gate: the turn goes on as it was before it asked. A
+    turn is resuming from its first accepted Continue on (attempts >= 1) until it ends."""
+    if state.attempts:
+        state.status = _RESUMING
+        state.reason = Reason.USER_CONFIRMED
+    else:
+        state.status = _RUNNING
+        state.reason = None
+    state.approvals = []
 
 
 def after_decision(state: TurnState, action: Action) -> TurnState:
@@ -168,6 +205,7 @@ def after_decision(state: TurnState, action: Action) -> TurnState:
     else:
         end_recovered(after, Reason.DISMISSED)
         after.pending_followups = []  # committed as user rows, not answered
+        after.approvals = []  # denied
     return after
 
 
@@ -184,6 +222,7 @@ def finish(state: TurnState) -> None:
 def end_recovered(state: TurnState, reason: Reason) -> None:
     state.status = TurnStatus.RECOVERED
     state.reason = reason
+    state.approvals = []
 
 
 def mark_failed(state: TurnState) -> None:
@@ -196,27 +235,35 @@ def mark_failed(state: TurnState) -> None:
 def ending_of(effect: Effect) -> Reason | None:
     """The `recovered` reason a closing effect ends the turn with."""
     return {Effect.SUPERSEDE: Reason.SUPERSEDED, Effect.DISMISS: Reason.DISMISSED,
-            Effect.CANCEL_AND_DISMISS: Reason.DISMISSED, Effect.STOP: Reason.STOPPED}.get(effect)
+            Effect.CANCEL_AND_DISMISS: Reason.DISMISSED, Effect.DENY: Reason.DISMISSED,
+            Effect.STOP: Reason.STOPPED}.get(effect)
 
 
 # -- the table, as the README shows it ---------------------------------------------
 
 STATUSES: tuple[TurnStatus, ...] = (_RUNNING, _AWAITING, _RESUMING, TurnStatus.COMPLETED,
                                     TurnStatus.RECOVERED, _FAILED)
+# The table's columns: every status, and the approval gate beside the other gates.
+COLUMNS: tuple[tuple[TurnStatus, Reason | None], ...] = (
+    (_RUNNING, None), (_AWAITING, None), (_AWAITING, Reason.APPROVAL_REQUIRED), (_RESUMING, None),
+    (TurnStatus.COMPLETED, None), (TurnStatus.RECOVERED, None), (_FAILED, None))
 
 
 def table() -> str:
     """The whole machine as a Markdown table: one row per input, one column per status."""
-    def cell(status: TurnStatus, input: Input) -> str:
-        outcome = decide(status, input, can_continue=status != _FAILED)
+    def cell(status: TurnStatus, reason: Reason | None, input: Input) -> str:
+        outcome = decide(status, input, can_continue=status != _FAILED, reason=reason)
         if outcome.effect == Effect.REFUSE:
             return f"refused: `{outcome.refusal}`"
         return EFFECT_TEXT[outcome.effect]
 
-    lines = ["| input | " + " | ".join(f"`{s.value}`" for s in STATUSES) + " |",
-             "| --- |" + " --- |" * len(STATUSES)]
+    def header(status: TurnStatus, reason: Reason | None) -> str:
+        return f"`{status.value}`" + (f" (`{reason.value}`)" if reason else "")
+
+    lines = ["| input | " + " | ".join(header(s, r) for s, r in COLUMNS) + " |",
+             "| --- |" + " --- |" * len(COLUMNS)]
     for input in Input:
-        lines.append(f"| `{input.value}` | " + " | ".join(cell(s, input) for s in STATUSES) + " |")
+        lines.append(f"| `{input.value}` | " + " | ".join(cell(s, r, input) for s, r in COLUMNS) + " |")
     lines.append("")
     lines.append("Continue or Dismiss with any other id than the turn's current one: refused, `stale`. "
                  "Continue where `can_continue` is false: refused, `context is unavailable`.")

@@ -13,6 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 ACCEPTED_SPECS = "'demo', 'scripted:<path to a JSON file>' or 'openai:<model>'"
@@ -52,6 +54,48 @@ TextSink = Callable[[str], None]
 """Takes each piece of the answer's text as the model produces it."""
 
 
+# A model's context window in tokens when its provider knows no better, and the room
+# kept for its answer: the context a call sends is the one less the other by default.
+DEFAULT_CONTEXT_WINDOW = 128_000
+DEFAULT_ANSWER_TOKENS = 4_096
+# `call_index` of a summary call: it answers no turn, and numbers no tool call.
+SUMMARY_CALL = -1
+
+SUMMARY_INSTRUCTION = (
+    "You keep the memory of a long conversation between a user and an assistant that uses tools. "
+    "Summarise the conversation below for the assistant's own later use: what the user wants, the facts, "
+    "names, numbers and decisions, what the tools did and found, and what is still open. "
+    "Write plain prose, at most {words} words. Do not address the user.")
+
+
+class SummaryRequest(BaseModel):
+    """Older transcript rows to fold into a summary, with the summary they follow."""
+
+    earlier: str | None = None
+    """The summary of what came before these rows, if any."""
+    rows: list[ChatMessage]
+    max_tokens: int
+
+
+def summary_transcript(request: SummaryRequest) -> str:
+    """The rows as plain text: any model reads it, whatever its tool-call format."""
+    lines = [f"Summary so far: {request.earlier}"] if request.earlier else []
+    for m in request.rows:
+        if m.role == "tool":
+            lines.append(f"tool {m.name or ''} result: {m.content or ''}")
+            continue
+        if m.content:
+            lines.append(f"{m.role}: {m.content}")
+        lines.extend(f"{m.role} calls {c.name}({c.arguments})" for c in m.tool_calls or [])
+    return "\n".join(lines)
+
+
+def summary_prompt(request: SummaryRequest) -> list[ChatMessage]:
+    words = max(20, request.max_tokens * 3 // 4)
+    return [ChatMessage(role="system", content=SUMMARY_INSTRUCTION.format(words=words)),
+            ChatMessage(role="user", content=summary_transcript(request))]
+
+
 class ModelProvider(ABC):
     """One model behind one method. `call_index` is the number of assistant rows
     already in `history`; providers that invent tool call ids derive them from it.
@@ -59,12 +103,22 @@ class ModelProvider(ABC):
     pieces add up to `ModelReply.text`); the reply it returns is the truth."""
 
     name: str
+    context_window: int = DEFAULT_CONTEXT_WINDOW
+    answer_tokens: int = DEFAULT_ANSWER_TOKENS
 
     @abstractmethod
     async def complete(
         self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
         on_text: TextSink | None = None,
     ) -> ModelReply: ...
+
+    async def summarise(self, request: SummaryRequest) -> str:
+        """Fold older rows into a summary: one call of this model, without tools."""
+        reply = await self.complete(summary_prompt(request), [], call_index=SUMMARY_CALL)
+        text = (reply.text or "").strip()
+        if not text:
+            raise PermanentProviderError("the model's summary of the earlier conversation came back empty")
+        return text
 
     async def aclose(self) -> None:
         """Release resources (HTTP clients); the default has none."""
@@ -88,6 +142,15 @@ async def stream_words(reply: ModelReply, on_text: TextSink | None, delay_s: flo
                 await asyncio.sleep(delay_s)
             on_text(piece)
     return reply
+
+
+def listed_summary(request: SummaryRequest) -> str:
+    """An offline model's summary: the summary so far, then the start of each row."""
+    parts = [request.earlier] if request.earlier else []
+    for m in request.rows:
+        text = (m.content or " ".join(f"{c.name}({c.arguments})" for c in m.tool_calls or [])).strip()
+        parts.append(f"{m.role}: {' '.join(text.split())[:60]}")
+    return "; ".join(parts)
 
 
 def fallback_tool_call_id(call_index: int, i: int) -> str:

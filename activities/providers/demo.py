@@ -13,7 +13,14 @@ from __future__ import annotations
 import json
 import re
 
-from turnkeeper.activities.providers.base import ModelProvider, TextSink, fallback_tool_call_id, stream_words
+from turnkeeper.activities.providers.base import (
+    ModelProvider,
+    SummaryRequest,
+    TextSink,
+    fallback_tool_call_id,
+    listed_summary,
+    stream_words,
+)
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 HINT = 'Try "write notes.txt: hello", "read notes.txt" or "list".'
@@ -63,6 +70,9 @@ class DemoProvider(ModelProvider):
 
     def __init__(self, word_delay_s: float = WORD_DELAY_S) -> None:
         self.word_delay_s = word_delay_s
+
+    async def summarise(self, request: SummaryRequest) -> str:
+        return listed_summary(request)
 
     async def complete(
         self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,

@@ -16,6 +16,7 @@ from typing import Any
 import openai
 
 from turnkeeper.activities.providers.base import (
+    DEFAULT_CONTEXT_WINDOW,
     PLACEHOLDER_API_KEY,
     ModelProvider,
     PermanentProviderError,
@@ -28,6 +29,14 @@ from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# Context windows of some well-known models, by name prefix (longest first); any
+# other model counts as DEFAULT_CONTEXT_WINDOW: set TURNKEEPER_CONTEXT_TOKENS for one with less.
+KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
+    ("gpt-3.5-turbo", 16_385), ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000))
+
+
+def context_window_of(model: str) -> int:
+    return next((n for prefix, n in KNOWN_WINDOWS if model.startswith(prefix)), DEFAULT_CONTEXT_WINDOW)
 
 
 def to_openai_messages(history: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -204,6 +213,7 @@ class OpenAIChatProvider(ModelProvider):
         max_retries: int = 2,
     ) -> None:
         self.model = model
+        self.context_window = context_window_of(model)
         self.timeout = timeout
         # Kept only to scrub it from error text; never logged or put in a message.
         self._secret = api_key if api_key and api_key != PLACEHOLDER_API_KEY else None

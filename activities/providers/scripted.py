@@ -1,7 +1,8 @@
 """A model that plays back a fixed list of answers: for tests and reproducible demos.
 
 Item N answers the model call made when the history already holds N assistant
-rows, so a retried or resumed turn gets the same answer again.
+rows, so a retried or resumed turn gets the same answer again. A summary of
+older rows uses no item: it lists the start of each row.
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from typing import Any
 from turnkeeper.activities.providers.base import (
     ModelProvider,
     PermanentProviderError,
+    SummaryRequest,
     TextSink,
     fallback_tool_call_id,
+    listed_summary,
     stream_words,
 )
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
@@ -65,6 +68,9 @@ class ScriptedProvider(ModelProvider):
 
     def __init__(self, items: Sequence[dict[str, Any]]) -> None:
         self.items = validate_script(list(items))
+
+    async def summarise(self, request: SummaryRequest) -> str:
+        return listed_summary(request)
 
     async def complete(
         self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,

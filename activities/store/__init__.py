@@ -9,11 +9,14 @@ from turnkeeper.activities.store.base import (
     INTERRUPTED_TURN_TEXT,
     SUPERSEDED_TEXT,
     BeginTurn,
+    ContextRows,
     CorruptRowError,
     Draft,
     SessionStore,
+    StoredRow,
     StoreError,
     StoreUnavailable,
+    Summary,
     TurnUpdate,
 )
 from turnkeeper.activities.store.sqlite import SQLiteStore
@@ -27,6 +30,7 @@ __all__ = [
     "INTERRUPTED_TURN_TEXT",
     "SUPERSEDED_TEXT",
     "BeginTurn",
+    "ContextRows",
     "CorruptRowError",
     "Draft",
     "PostgresStore",
@@ -34,6 +38,8 @@ __all__ = [
     "SessionStore",
     "StoreError",
     "StoreUnavailable",
+    "StoredRow",
+    "Summary",
     "TurnUpdate",
     "open_store",
 ]

@@ -95,6 +95,34 @@ class Draft(LazyModel):
     """The step's reply is in the transcript: nothing to show."""
 
 
+class Summary(LazyModel):
+    """What the model made of a chat's older rows: it stands in for every message row
+    with id <= `upto_id` in what later model calls see. Made once, kept like any row;
+    the transcript itself is never shortened."""
+
+    upto_id: int
+    text: str
+    tokens: int
+    """Its size as the context counts it (bytes / 4)."""
+    assistant_rows: int
+    """Assistant rows among those it covers: model calls go on numbering from there."""
+
+
+class StoredRow(LazyModel):
+    """A transcript row with its place: `id` orders the transcript, `turn` groups it."""
+
+    id: int
+    turn: int
+    message: ChatMessage
+
+
+class ContextRows(LazyModel):
+    """What a model call loads: the latest summary and the rows after it, read together."""
+
+    summary: Summary | None = None
+    rows: list[StoredRow] = Field(default_factory=list)
+
+
 class TurnRef(LazyModel):
     """An open turn as the reconciler lists it."""
 
@@ -249,6 +277,21 @@ class SessionStore(ABC):
         once the notifications stop). Returns how to stop, or None where the
         backend has no push (SQLite: readers poll)."""
         return None
+
+    # -- what a model call sees --------------------------------------------------
+    @abstractmethod
+    async def context_rows(self, chat_id: str) -> ContextRows:
+        """The chat's latest summary and the transcript rows after it, in order, in one
+        snapshot (all rows when there is no summary): a model call reads this much
+        whatever the chat's length. `CorruptRowError` as `history`."""
+
+    @abstractmethod
+    async def add_summary(self, chat_id: str, summary: Summary) -> Summary:
+        """Keep a summary unless one covering the same rows exists; the one kept."""
+
+    @abstractmethod
+    async def answered_call_ids(self, chat_id: str, tool_call_ids: list[str]) -> list[str]:
+        """Those of `tool_call_ids` the chat has a tool row for (indexed), in the order offered."""
 
     # -- events ----------------------------------------------------------------
     @abstractmethod

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from turnkeeper.activities.store.base import CorruptRowError, Draft
+from turnkeeper.activities.store.base import CorruptRowError, Draft, StoredRow, Summary
 from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
@@ -44,6 +44,21 @@ def decode_message(chat_id: str, row: Row) -> ChatMessage:
     except (TypeError, ValueError) as exc:  # JSONDecodeError and ValidationError are ValueErrors
         raise CorruptRowError(
             f"chat {chat_id!r}: message row id={row['id']} does not decode: {short_error(exc)}"
+        ) from exc
+
+
+def decode_stored_row(chat_id: str, row: Row) -> StoredRow:
+    """A message row with its id and turn (columns id, turn, body)."""
+    return StoredRow(id=int(row["id"]), turn=int(row["turn"]), message=decode_message(chat_id, row))
+
+
+def decode_summary(chat_id: str, row: Row) -> Summary:
+    try:
+        return Summary(upto_id=row["upto_id"], text=row["text"], tokens=row["tokens"],
+                       assistant_rows=row["assistant_rows"])
+    except (TypeError, ValueError) as exc:
+        raise CorruptRowError(
+            f"chat {chat_id!r}: summary row upto_id={row['upto_id']} does not decode: {short_error(exc)}"
         ) from exc
 
 

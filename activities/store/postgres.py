@@ -206,7 +206,7 @@ class PostgresStore(SQLStore):
                     raw = await conn.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
                 if stored_version(self.display_url, raw) == SCHEMA_VERSION:
                     return  # current: no DDL, no locks on the tables
-                # Every statement is IF NOT EXISTS: what an older version lacks is created.
+                # All IF NOT EXISTS: they create the tables, or add what an older version lacked.
                 for statement in _SCHEMA:
                     await conn.execute(statement)
                 await conn.execute(

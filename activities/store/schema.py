@@ -7,8 +7,10 @@ from collections.abc import Mapping
 from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
 
-# 2: the drafts table (streaming answers). Every statement is IF NOT EXISTS, so
-# running them all again migrates any older version.
+# 1: the first layout. 2: the drafts table (streaming answers), `summaries` and
+# the `messages_chat_row` index (a model call reads a chat's summary and the rows
+# after it). Every statement below is IF NOT EXISTS, so running them brings any
+# older version up to date.
 SCHEMA_VERSION = 2
 
 
@@ -123,6 +125,23 @@ _TABLES: tuple[str, ...] = (
     """,
     """
     CREATE INDEX IF NOT EXISTS drafts_version ON drafts (version)
+    """,
+    # Version 2. A model call reads the rows after a summary: by (chat_id, id).
+    """
+    CREATE INDEX IF NOT EXISTS messages_chat_row ON messages (chat_id, id)
+    """,
+    # What the model made of a chat's older rows (id <= upto_id), for later model
+    # calls; `history` never reads it.
+    """
+    CREATE TABLE IF NOT EXISTS summaries (
+        chat_id        {text}      NOT NULL,
+        upto_id        {bigint}    NOT NULL,
+        text           {text}      NOT NULL,
+        tokens         {integer}   NOT NULL,
+        assistant_rows {integer}   NOT NULL,
+        created_at     {timestamp} NOT NULL,
+        PRIMARY KEY (chat_id, upto_id)
+    )
     """,
     """
     CREATE TABLE IF NOT EXISTS tool_runs (

@@ -135,10 +135,13 @@ class SQLiteStore(SQLStore):
         for statement in _SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if stored_version(str(self.path), None if row is None else row["value"]) != SCHEMA_VERSION:
-            # The statements above created what an older version lacked.
-            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
-                         " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(SCHEMA_VERSION),))
+        version = stored_version(str(self.path), None if row is None else row["value"])
+        if version is None:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif version < SCHEMA_VERSION:
+            # The statements above, all IF NOT EXISTS, have added what the older version lacked.
+            log.info("SQLite store %s: schema migrated from version %d to %d", self.path, version, SCHEMA_VERSION)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _close_sync(self) -> None:
         if self._conn is not None:

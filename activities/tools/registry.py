@@ -91,6 +91,8 @@ class RegisteredTool:
     params: tuple[tuple[str, str], ...]
     ctx_params: tuple[str, ...]
     parameters_schema: dict[str, Any]
+    confirm: bool = False
+    """Never run on the model's word alone: the turn waits for the user's approval first."""
 
     @property
     def spec(self) -> ToolSpec:
@@ -111,8 +113,9 @@ class ToolRegistry:
         name: str | None = None,
         description: str | None = None,
         effect: EffectLike = EffectClass.WRITE,
+        confirm: bool = False,
     ) -> RegisteredTool:
-        entry = _build(fn, name=name, description=description, effect=effect)
+        entry = _build(fn, name=name, description=description, effect=effect, confirm=confirm)
         existing = self._tools.get(entry.name)
         if existing is not None and _origin(existing.fn) != _origin(fn):
             # Same origin means the module was reloaded; anything else is a clash.
@@ -125,7 +128,8 @@ class ToolRegistry:
 
     @overload
     def tool(
-        self, *, name: str | None = None, description: str | None = None, effect: EffectLike = EffectClass.WRITE
+        self, *, name: str | None = None, description: str | None = None, effect: EffectLike = EffectClass.WRITE,
+        confirm: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -136,11 +140,12 @@ class ToolRegistry:
         name: str | None = None,
         description: str | None = None,
         effect: EffectLike = EffectClass.WRITE,
+        confirm: bool = False,
     ) -> F | Callable[[F], F]:
         """Decorator registering into this registry; returns the function unchanged."""
 
         def decorate(f: F) -> F:
-            self.register(f, name=name, description=description, effect=effect)
+            self.register(f, name=name, description=description, effect=effect, confirm=confirm)
             return f
 
         return decorate(fn) if fn is not None else decorate
@@ -152,6 +157,16 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def needs_approval(self, name: str, confirm_tools: Collection[str] = ()) -> bool:
+        """Whether a call of `name` waits for the user's approval: registered with
+        `confirm=True`, or named in `confirm_tools` (TURNKEEPER_CONFIRM_TOOLS)."""
+        entry = self._tools.get(name)
+        return name in confirm_tools or (entry is not None and entry.confirm)
+
+    def confirm_names(self, enabled: Iterable[str], confirm_tools: Collection[str] = ()) -> list[str]:
+        """The tools of `enabled` whose calls wait for approval, and `confirm_tools`, sorted."""
+        return sorted(set(confirm_tools) | {n for n in enabled if self.needs_approval(n)})
 
     def specs(self, enabled: Iterable[str]) -> list[ToolSpec]:
         """Specs of the enabled tools, in `enabled` order; unknown names are skipped."""
@@ -234,6 +249,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: EffectLike = EffectClass.WRITE,
+    confirm: bool = False,
     registry: ToolRegistry | None = None,
 ) -> Callable[[F], F]: ...
 
@@ -245,15 +261,17 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     effect: EffectLike = EffectClass.WRITE,
+    confirm: bool = False,
     registry: ToolRegistry | None = None,
 ) -> F | Callable[[F], F]:
     """Register a function as a tool (bare `@tool` or `@tool(...)`); returns it unchanged.
 
     Defaults: name = function name, description = first docstring paragraph,
-    effect = write (never assumed safe to repeat). Registers into the default
+    effect = write (never assumed safe to repeat), confirm = False (`True`: a call
+    waits for the user's approval before it runs). Registers into the default
     registry unless `registry` is given.
     """
-    decorate = (registry or _DEFAULT).tool(name=name, description=description, effect=effect)
+    decorate = (registry or _DEFAULT).tool(name=name, description=description, effect=effect, confirm=confirm)
     return decorate(fn) if fn is not None else decorate
 
 
@@ -331,7 +349,8 @@ def _first_paragraph(fn: Callable[..., Any]) -> str:
 
 
 def _build(
-    fn: Callable[..., Any], *, name: str | None, description: str | None, effect: EffectLike
+    fn: Callable[..., Any], *, name: str | None, description: str | None, effect: EffectLike,
+    confirm: bool = False,
 ) -> RegisteredTool:
     tool_name = name or getattr(fn, "__name__", "")
     if not _NAME_RE.match(tool_name):
@@ -369,6 +388,7 @@ def _build(
         params=tuple(params),
         ctx_params=tuple(ctx_params),
         parameters_schema=schema,
+        confirm=confirm,
     )
 
 

@@ -13,6 +13,7 @@ const REASONS = {
   checkpoint_invalid: "This turn's saved context is damaged, so it cannot be continued.",
   checkpoint_unknown: "This turn's saved context cannot be read, so it cannot be continued.",
   recovery_failed: "Recovering this turn failed.",
+  approval_required: "The assistant asks to run a tool that needs your approval first. Approve runs it once; Deny answers it as denied and ends the turn.",
 };
 const STATUS_WORDS = {
   running: "working", resuming: "continuing", awaiting_user: "waiting for you",
@@ -156,6 +157,14 @@ function renderState(state) {
     $("notice-detail").hidden = !state.detail;
     $("continue").hidden = !state.can_continue;
   }
+  // An approval gate's two answers say what they do: the calls run, or they never do.
+  const asks = state.status === "awaiting_user" && state.reason === "approval_required";
+  $("continue").textContent = asks ? "Approve" : "Continue";
+  $("dismiss").textContent = asks ? "Deny" : "Dismiss";
+  const calls = $("notice-calls");
+  calls.replaceChildren();
+  for (const a of asks ? state.approvals || [] : []) calls.append(el("li", null, `${a.name}(${a.arguments})`));
+  calls.hidden = !asks;
   $("stop").hidden = !(["running", "resuming"].includes(state.status) && state.turn > 0);
   // The state's tool calls are the truth for its turn; events refine it between reads.
   working.clear();
@@ -241,6 +250,7 @@ async function send() {
 async function decide(action) {
   if (!shown || !shown.recovery_id) return;
   const buttons = [$("continue"), $("dismiss")];
+  const label = $(action).textContent;
   buttons.forEach((b) => { b.disabled = true; });
   try {
     const res = await call("POST", `${chatPath}/${action}`, { recovery_id: shown.recovery_id });
@@ -251,7 +261,7 @@ async function decide(action) {
       // e.g. another tab acted first: say so, then show what is true now.
       const why = (res.data && res.data.detail) || `HTTP ${res.status}`;
       const hint = res.status === 409 ? " The turn changed meanwhile (another tab or the CLI may have acted first); it is shown as it is now." : "";
-      showRefusal(`${action === "continue" ? "Continue" : "Dismiss"} was refused: ${why}.${hint}`);
+      showRefusal(`${label} was refused: ${why}.${hint}`);
     }
     refreshSoon();
   } finally {
