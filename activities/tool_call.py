@@ -22,6 +22,7 @@ ALREADY_STARTED_TEXT = ("Error: this tool call was started before and may have a
 # The `outcome` label of turnkeeper_tool_calls_total: `done` and `error` are the
 # tool's; the rest are calls the tool never finished or never saw.
 NOT_RUN_AGAIN = "not_run_again"
+NOT_APPROVED = "not_approved"
 STORE_UNAVAILABLE = "store_unavailable"
 CANCELLED = "cancelled"
 FAILED = "failed"
@@ -67,6 +68,7 @@ class ToolCallActivity:
                 raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             if unapproved:
                 status, content = "error", NOT_APPROVED_TEXT
+                outcome = NOT_APPROVED
             elif not first:
                 status, content = "error", ALREADY_STARTED_TEXT
                 outcome = NOT_RUN_AGAIN

@@ -2,15 +2,16 @@
 break turns already running fails here, not in production.
 
 Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py
-tests/test_recovery.py tests/test_approval.py` (every run of each test's chats is written to tests/histories/);
-keep the older ones in a subfolder: turns started by an earlier release must still replay
-(`complete-machine/`: recorded before the `act-at-wait-points` patch and single-batch
-activations; `three-markers/`: before `recovery-machine-2` stood for the three patch
-markers that runs recorded until then). Runs of `test_a_gate_whose_history_grows_long_hands_itself_on` (recorded with
-a patched limit) and of the run that fails on purpose are not kept.
-The top level's runs of tests/test_approval.py were recorded with the `tools-ask-first`
-patch (an approval gate in each): they fail here if that gate is removed; the other
-top-level runs were recorded before it and replay without its marker.
+tests/test_recovery.py tests/test_no_wedge.py tests/test_approval.py` (every run of each
+test's chats is written to tests/histories/); keep the older ones in a subfolder: turns
+started by an earlier release must still replay (`complete-machine/`: recorded before the
+`act-at-wait-points` patch and single-batch activations; `three-markers/`: before
+`recovery-machine-2` stood for the three patch markers that runs recorded until then;
+`machine-2/`: before `recovery-machine-3` stood for that one and `tools-ask-first`; its
+runs of tests/test_approval.py, with an approval gate in each, fail here if the
+`tools-ask-first` gate is removed). Runs of
+`test_a_gate_whose_history_grows_long_hands_itself_on` (recorded with a patched limit) and
+of the run that fails on purpose are not kept.
 `before-unreadable-signals/` holds runs recorded before unreadable signal payloads were
 refused, two of them (`unreadable_*`) fed such payloads on purpose: they fail here if a
 `workflow.patched` gate in `ChatTurn` is removed.

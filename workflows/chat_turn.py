@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         APPROVALS,
         COMPLETE_MACHINE,
         RECOVERY_MACHINE,
+        RECOVERY_MACHINE_3,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -98,13 +99,14 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
         self._store_wait_s = STORE_WAIT_FIRST_S
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine = workflow.patched(RECOVERY_MACHINE)
+        self._machine_3 = workflow.patched(RECOVERY_MACHINE_3)
+        self._machine = self._machine_3 or workflow.patched(RECOVERY_MACHINE)
         self._complete = self._machine or workflow.patched(COMPLETE_MACHINE)
         self._at_wait_points = self._machine or (self._complete and workflow.patched(WAIT_POINTS))
         self._signals_at_wait_points = self._machine or (
             self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS))
         self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
-        self._approvals = self._signals_at_wait_points and workflow.patched(APPROVALS)
+        self._approvals = self._machine_3 or (self._signals_at_wait_points and workflow.patched(APPROVALS))
         self._held: list[ToolCall] = []  # calls waiting for the user's approval
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None

@@ -48,3 +48,6 @@ QUIET_PASSES = "reconcile-quiet-passes"
 # (`approval_required`) before their activities are scheduled; earlier runs never
 # knew such tools (their tool activity refuses an unapproved call of one instead).
 APPROVALS = "tools-ask-first"
+# What new runs ask instead of RECOVERY_MACHINE and APPROVALS: one marker (one
+# TemporalChangeVersion upsert) for both. Runs recorded with either replay as they ran.
+RECOVERY_MACHINE_3 = "recovery-machine-3"
