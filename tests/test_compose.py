@@ -195,7 +195,8 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             arg, kind = node.args[0], "str"  # env.get("NAME")
-        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers") and len(node.args) > 1:
+        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_keys") \
+                and len(node.args) > 1:
             arg, kind = node.args[1], func.id  # _int(env, "NAME", ...)
         else:
             continue
@@ -204,7 +205,8 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
     assert set(read) == set(config.ENV_VARS)
     assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
     # And each one matters: set alone, it changes the settings.
-    value = {"str": "value-x", "_int": "4242", "_list": "a_tool", "_bool": "on", "_pollers": "12"}
+    value = {"str": "value-x", "_int": "4242", "_list": "a_tool", "_bool": "on", "_pollers": "12",
+             "_keys": "k1:" + "A" * 43 + "="}
     defaults = Settings.from_env({})
     for name, kind in read.items():
         assert Settings.from_env({name: value[kind]}) != defaults, f"{name} changes nothing"
