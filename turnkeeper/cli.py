@@ -99,9 +99,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"turnkeeper: {err}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as err:
-        # The store is imported lazily, so is its error class: once something failed.
+        # The store and the codec are imported lazily, so are their error classes: once something failed.
         from turnkeeper.activities.store.base import StoreError
+        from turnkeeper.encryption import DecryptionError
 
+        if isinstance(err, DecryptionError):  # it names the key id, never any content
+            print(f"turnkeeper: {err}", file=sys.stderr)
+            return EXIT_REFUSED
         if not isinstance(err, StoreError):
             raise
         # e.g. a row that does not decode, named in the message
