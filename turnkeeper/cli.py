@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "TEMPORAL_ADDRESS is unset)")
     sub.add_parser("web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, "
                    "default 127.0.0.1:8000)")
+    sub.add_parser("codec-server", help="decrypt and encrypt payloads for the Temporal UI and "
+                   "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)")
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat")
     s.add_argument("text")
@@ -91,6 +93,11 @@ def run(argv: Sequence[str] | None = None) -> int:
             from turnkeeper.web.server import WebConfig, serve
 
             return serve(settings, WebConfig.from_env())
+        if args.command == "codec-server":
+            from turnkeeper.codec_server import CodecConfig
+            from turnkeeper.codec_server import serve as serve_codec
+
+            return serve_codec(settings, CodecConfig.from_env(settings))
         return asyncio.run(args.func(args, settings))
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
