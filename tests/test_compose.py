@@ -262,6 +262,25 @@ def test_worker_is_built_from_the_dockerfile(services: dict[str, dict[str, Any]]
     assert (ROOT / context / dockerfile).resolve() == DOCKERFILE
 
 
+def test_the_ui_decodes_through_the_codec_server(services: dict[str, dict[str, Any]]) -> None:
+    """codec-server is the worker's image running `turnkeeper codec-server` with the
+    workers' keys, published on loopback where the UI's page looks for it, and it
+    lets that page's origin in."""
+    from turnkeeper.codec_server import CodecConfig
+
+    codec, worker = services["codec-server"], services["worker"]
+    assert codec["command"] == ["turnkeeper", "codec-server"] and codec["build"] == worker["build"]
+    keys = "TURNKEEPER_ENCRYPTION_KEYS"
+    assert codec["environment"][keys] == worker["environment"][keys]  # the same variable, as written
+    env = environment(codec)
+    config = CodecConfig.from_env(Settings.from_env(env), env)  # ConfigError if a default does not parse
+    assert [str(p) for p in codec["ports"]] == [f"127.0.0.1:{config.port}:{config.port}"]
+    endpoint = urlsplit(environment(services["temporal-ui"])["TEMPORAL_CODEC_ENDPOINT"])
+    assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "127.0.0.1", config.port)
+    ui_port = next(host for host, container in _port_pairs(services["temporal-ui"]) if container == "8080")
+    assert {f"http://localhost:{ui_port}", f"http://127.0.0.1:{ui_port}"} <= set(config.origins)
+
+
 # -- the Dockerfile -------------------------------------------------------------------------
 
 
