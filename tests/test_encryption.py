@@ -198,8 +198,9 @@ def test_cryptography_is_imported_only_when_keys_are_set() -> None:
 
 
 class CodecServer:
-    def __init__(self, tmp: Path, keys_raw: str, token: str | None = None, **env: str) -> None:
-        self.port = free_port()
+    def __init__(self, tmp: Path, keys_raw: str, token: str | None = None, port: int | None = None,
+                 **env: str) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.log = tmp / f"codec-{self.port}.log"
