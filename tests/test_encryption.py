@@ -32,6 +32,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from tests.support import Stack, until
+from tests.web_support import request, serving
 from turnkeeper import client as tk
 from turnkeeper.activities import checkpoint
 from turnkeeper.activities.reconciler import _readable
@@ -534,6 +535,7 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
         codec.stop()
     for part, needle in canary.items():
         assert any(found_in_json(s, needle) for s in decoded), f"{part} not shown through the codec server"
+        assert needle not in codec.log.read_text(errors="replace"), f"{part} in the codec server's log"
 
 
 async def _status(stack: Stack, chat: str, keys_raw: str) -> subprocess.CompletedProcess[str]:
@@ -574,8 +576,9 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
         encrypted: Stack, server: Server, caplog: pytest.LogCaptureFixture) -> None:
     """Workers lose key k1 while a turn written under it waits at its gate: its
     workflow task fails on every try with one log line naming k1 (no traceback),
-    the run stays open, `status` says why and shows the store's record, and once
-    a worker holds k1 again the turn goes on with the message sent meanwhile."""
+    the run stays open, `status` and the web API say why (`status` showing the
+    store's record), and once a worker holds k1 again the turn goes on with the
+    message sent meanwhile."""
     stack = encrypted
     stack.script([{"error": "the provider is down"}, {"text": "back again"}])
     chat = stack.chat("rotated")
@@ -596,6 +599,10 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
         assert "the worker cannot read the run's history: cannot decrypt a payload: it is encrypted under " \
                "key id 'k1', which TURNKEEPER_ENCRYPTION_KEYS does not list here (it lists 'k2')" in r.stderr
         assert "awaiting_user (model_failed)" in r.stdout and "Traceback" not in r.stderr
+        with serving(stack.settings(TURNKEEPER_ENCRYPTION_KEYS=KEYS_2)) as web:  # the web API says so too
+            answer = await request(web, "GET", f"/api/chats/{chat}")
+        assert answer.status == 503 and "the worker cannot read the run's history" in answer.data["detail"]
+        assert "key id 'k1'" in answer.data["detail"]
         # A follow-up sent now is durable; the run cannot take it until k1 is back.
         await tk.send_message(rotated.client, stack.settings(), chat, tk.new_message("are you there?",
                                                                                       stack.settings()))
