@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.async_api import async_playwright
 
-from tests.support import ROOT, Stack
+from tests.support import ROOT
 from tests.test_encryption import KEYS_1, CodecServer, free_port
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
@@ -49,9 +49,7 @@ async def test_the_dev_servers_ui_shows_payloads_decrypted(tmp_path: Path) -> No
         stop = asyncio.Event()
         worker = asyncio.create_task(run_worker(settings, client=client, stop=stop))
         try:
-            stack = Stack(client, "", tmp_path)
-            stack.task_queue = settings.task_queue
-            chat = stack.chat("ui")
+            chat = f"ui-{uuid.uuid4().hex[:8]}"
             handle = await tk.send_message(client, settings, chat, tk.new_message("hello", settings))
             assert (await handle.result()).status == TurnStatus.COMPLETED
         finally:
@@ -61,7 +59,8 @@ async def test_the_dev_servers_ui_shows_payloads_decrypted(tmp_path: Path) -> No
         raw = await client.get_workflow_handle(handle.id).fetch_history()
         assert not any(answer.encode() in e.SerializeToString() for e in raw.events)
 
-        codec = CodecServer(tmp_path, KEYS_1, port=codec_port, TURNKEEPER_DEV_UI_PORT=str(ui_port)).wait()
+        codec = CodecServer(tmp_path, KEYS_1, port=codec_port, TURNKEEPER_DEV_UI_PORT=str(ui_port))
+        codec.wait()
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:

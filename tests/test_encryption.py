@@ -216,13 +216,13 @@ class CodecServer:
 
     def wait(self) -> CodecServer:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
+        while time.monotonic() < deadline and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 return self
             time.sleep(0.1)
-        raise AssertionError(f"the codec server did not listen: {self.log.read_text()}")
+        self.stop()  # not left running by a test that fails here
+        raise AssertionError(f"the codec server did not listen on {self.port}: {self.log.read_text()}")
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -254,7 +254,9 @@ def codec_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Co
     tmp = tmp_path_factory.mktemp("codec")
     servers = (CodecServer(tmp, KEYS_2_1, token="codec-token"), CodecServer(tmp, KEYS_2_1))
     try:
-        yield tuple(s.wait() for s in servers)  # type: ignore[misc]
+        for s in servers:
+            s.wait()
+        yield servers
     finally:
         for s in servers:
             s.stop()
@@ -527,8 +529,9 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
         assert needle not in worker_log, f"{part} in the worker's log"
         assert needle not in server.log.read_text(errors="replace"), f"{part} in the server's log"
 
-    codec = CodecServer(stack.dir, KEYS_1, token="show-token").wait()
+    codec = CodecServer(stack.dir, KEYS_1, token="show-token")
     try:
+        codec.wait()
         decoded = [await temporal_show(server, workflow_id, run_id, "--codec-endpoint", codec.url,
                                        "--codec-auth", "Bearer show-token") for run_id in runs]
     finally:
