@@ -14,11 +14,13 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
-# The page runs next to the worker (it waits for the dev server the worker starts);
-# Ctrl-C stops both, and the page stops whenever the worker does.
+# The page runs next to the worker (it waits for the dev server the worker starts),
+# and with TURNKEEPER_ENCRYPTION_KEYS set the codec server for the dev server's UI;
+# Ctrl-C stops them all, and they stop whenever the worker does.
 worker: setup
-	@$(BIN)/turnkeeper web & web=$$!; \
-	trap 'kill $$web 2>/dev/null; wait $$web 2>/dev/null' EXIT; \
+	@$(BIN)/turnkeeper web & web=$$!; codec=; \
+	if [ -n "$$TURNKEEPER_ENCRYPTION_KEYS" ]; then $(BIN)/turnkeeper codec-server & codec=$$!; fi; \
+	trap 'kill $$web $$codec 2>/dev/null; wait $$web $$codec 2>/dev/null' EXIT; \
 	trap 'exit 130' INT TERM; \
 	$(BIN)/python worker.py
 

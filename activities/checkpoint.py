@@ -35,6 +35,7 @@ from turnkeeper.models import (
 M = TypeVar("M", bound=BaseModel)
 
 JSON_ENCODING = b"json/plain"
+ENCRYPTED_ENCODING = b"binary/encrypted"  # turnkeeper.encryption.ENCODING
 USER_MESSAGE_SIGNAL = "user_message"
 # Assistant rows the system writes when it closes a turn: never a model's answer.
 _CLOSING_TEXTS = frozenset({SUPERSEDED_TEXT, DISMISSED_TEXT, STOPPED_TEXT, INTERRUPTED_TURN_TEXT})
@@ -160,6 +161,10 @@ def _decode(payloads: Payloads, model: type[M], what: str) -> M:
         raise _Undecodable(f"{what}: {len(payloads.payloads)} payloads, expected 1")
     payload = payloads.payloads[0]
     encoding = payload.metadata.get("encoding", b"")
+    if encoding == ENCRYPTED_ENCODING:  # the reconciler decrypts what its keys can
+        key_id = payload.metadata.get("encryption-key-id", b"").decode(errors="replace")
+        raise _Undecodable(f"{what}: encrypted under key id {key_id!r}, which TURNKEEPER_ENCRYPTION_KEYS "
+                           "does not list")
     if encoding != JSON_ENCODING:
         raise _Undecodable(f"{what}: payload encoding {encoding.decode(errors='replace')!r}")
     try:
@@ -188,6 +193,20 @@ class _Run:
 
     def acknowledged(self) -> tuple[UserMessage, ...]:
         return tuple(self.messages.values())
+
+
+def payloads_read(event: HistoryEvent) -> Payloads | None:
+    """The payloads of `event` that `_read` decodes: what the reconciler decrypts first."""
+    kind = event.event_type
+    if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+        return event.workflow_execution_started_event_attributes.input
+    if kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+        return event.workflow_execution_signaled_event_attributes.input
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        return event.activity_task_scheduled_event_attributes.input
+    if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+        return event.activity_task_completed_event_attributes.result
+    return None
 
 
 def _read(events: Iterable[HistoryEvent]) -> _Run:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from temporalio import activity
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -26,6 +28,7 @@ from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreErro
 from turnkeeper.activities.store.base import TurnRef
 from turnkeeper.client import WORKFLOW_TYPE, workflow_id
 from turnkeeper.config import Settings
+from turnkeeper.encryption import DecryptionError
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     OPEN_STATUSES,
@@ -56,6 +59,26 @@ Untouched = Literal["healthy", "settled", "busy"]
 # Infrastructure trouble, not a bad chat: the next pass tries the chat again.
 _TRANSIENT_RPC = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED,
                             RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.ABORTED, RPCStatusCode.CANCELLED})
+
+
+async def _readable(events: Sequence[HistoryEvent], client: Client) -> Sequence[HistoryEvent]:
+    """A fetched history holds payloads as stored (encrypted under TURNKEEPER_ENCRYPTION_KEYS):
+    decode those the checkpoint reads with the client's codec. One that does not decrypt
+    stays as it is, and the verdict names its key id."""
+    codec = client.data_converter.payload_codec
+    if codec is None:
+        return events
+    for event in events:
+        payloads = checkpoint.payloads_read(event)
+        if payloads is None or not payloads.payloads:
+            continue
+        try:
+            decoded = await codec.decode(payloads.payloads)
+        except DecryptionError:
+            continue
+        del payloads.payloads[:]
+        payloads.payloads.extend(decoded)
+    return events
 
 
 class Reconciler:
@@ -113,7 +136,7 @@ class Reconciler:
         events = None
         if described is not None:
             try:
-                events = (await handle.fetch_history()).events
+                events = await _readable((await handle.fetch_history()).events, client)
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
@@ -188,7 +211,8 @@ class Reconciler:
         return handed
 
     async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
-        events = (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events
+        events = await _readable(
+            (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client)
         lost = await self._uncommitted(chat_id, checkpoint.acknowledged(events))
         if lost:
             # A run that holds the chat now may have them already (handed on by an earlier pass).

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support import Stack
+from turnkeeper.client import data_converter
+from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
 from turnkeeper.search_attributes import SEARCH_ATTRIBUTE_KEYS
 
@@ -31,7 +32,7 @@ _HTTP_PORT = _free_port()
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),  # never downloads
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(Settings()),  # as every client of ours: plain payloads
         search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
         dev_server_log_level="error",
         dev_server_extra_args=["--http-port", str(_HTTP_PORT)],

@@ -27,7 +27,9 @@ HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "turnkeeper.activities.tools",
          "turnkeeper.activities.providers", "turnkeeper.activities.model_call",
          "turnkeeper.activities.tool_call", "turnkeeper.activities.store.postgres", "temporalio.worker",
          "turnkeeper.workflows.chat_turn", "turnkeeper.workflows.reconcile", "turnkeeper.worker",
-         "turnkeeper.web", "starlette", "uvicorn")
+         "turnkeeper.web", "starlette", "uvicorn", "turnkeeper.codec_server",
+         # Payload encryption: only when TURNKEEPER_ENCRYPTION_KEYS is set (it is not here).
+         "cryptography")
 # Not needed by the commands that only read the session store. (`temporalio.service`
 # is: `import temporalio` imports it for the SDK's version, and the models need
 # `temporalio.common`.)

@@ -196,7 +196,8 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             arg, kind = node.args[0], "str"  # env.get("NAME")
-        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_address") and len(node.args) > 1:
+        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_address", "_keys") \
+                and len(node.args) > 1:
             arg, kind = node.args[1], func.id  # _int(env, "NAME", ...)
         else:
             continue
@@ -206,7 +207,7 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
     assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
     # And each one matters: set alone, it changes the settings.
     value = {"str": "value-x", "_int": "4242", "_list": "a_tool", "_bool": "on", "_pollers": "12",
-             "_address": "127.0.0.1:4242"}
+             "_address": "127.0.0.1:4242", "_keys": "k1:" + "A" * 43 + "="}
     defaults = Settings.from_env({})
     for name, kind in read.items():
         # A switch matters if either setting of it does (it is on by default, or off).
@@ -263,6 +264,25 @@ def test_worker_is_built_from_the_dockerfile(services: dict[str, dict[str, Any]]
         build.get("context", "."), build.get("dockerfile", "Dockerfile"))
     assert (ROOT / context).resolve() == ROOT
     assert (ROOT / context / dockerfile).resolve() == DOCKERFILE
+
+
+def test_the_ui_decodes_through_the_codec_server(services: dict[str, dict[str, Any]]) -> None:
+    """codec-server is the worker's image running `turnkeeper codec-server` with the
+    workers' keys, published on loopback where the UI's page looks for it, and it
+    lets that page's origin in."""
+    from turnkeeper.codec_server import CodecConfig
+
+    codec, worker = services["codec-server"], services["worker"]
+    assert codec["command"] == ["turnkeeper", "codec-server"] and codec["build"] == worker["build"]
+    keys = "TURNKEEPER_ENCRYPTION_KEYS"
+    assert codec["environment"][keys] == worker["environment"][keys]  # the same variable, as written
+    env = environment(codec)
+    config = CodecConfig.from_env(Settings.from_env(env), env)  # ConfigError if a default does not parse
+    assert [str(p) for p in codec["ports"]] == [f"127.0.0.1:{config.port}:{config.port}"]
+    endpoint = urlsplit(environment(services["temporal-ui"])["TEMPORAL_CODEC_ENDPOINT"])
+    assert (endpoint.scheme, endpoint.hostname, endpoint.port) == ("http", "127.0.0.1", config.port)
+    ui_port = next(host for host, container in _port_pairs(services["temporal-ui"]) if container == "8080")
+    assert {f"http://localhost:{ui_port}", f"http://127.0.0.1:{ui_port}"} <= set(config.origins)
 
 
 # -- the Dockerfile -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import time
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from tests.support import Stack
 from turnkeeper import client as tk
@@ -52,7 +51,7 @@ async def test_embedded_dev_server_outlives_a_killed_worker(stack: Stack) -> Non
         # WAL (SQLITE_PRAGMAS): without it every server transaction waits for fsyncs.
         with contextlib.closing(sqlite3.connect(db)) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        client = await Client.connect(address, data_converter=pydantic_data_converter)
+        client = await Client.connect(address, data_converter=tk.data_converter(settings))
         chat = stack.chat()
         handle = await tk.send_message(client, settings, chat, tk.new_message("a", settings))
         assert (await handle.result()).turn == 1

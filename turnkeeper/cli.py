@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "TEMPORAL_ADDRESS is unset)")
     sub.add_parser("web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, "
                    "default 127.0.0.1:8000)")
+    sub.add_parser("codec-server", help="decrypt and encrypt payloads for the Temporal UI and "
+                   "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)")
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat")
     s.add_argument("text")
@@ -115,6 +117,11 @@ def run(argv: Sequence[str] | None = None) -> int:
             from turnkeeper.web.server import WebConfig, serve
 
             return serve(settings, WebConfig.from_env())
+        if args.command == "codec-server":
+            from turnkeeper.codec_server import CodecConfig
+            from turnkeeper.codec_server import serve as serve_codec
+
+            return serve_codec(settings, CodecConfig.from_env(settings))
         return asyncio.run(args.func(args, settings))
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
@@ -123,9 +130,13 @@ def run(argv: Sequence[str] | None = None) -> int:
         print(f"turnkeeper: {err}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as err:
-        # The store is imported lazily, so is its error class: once something failed.
+        # The store and the codec are imported lazily, so are their error classes: once something failed.
         from turnkeeper.activities.store.base import StoreError
+        from turnkeeper.encryption import DecryptionError
 
+        if isinstance(err, DecryptionError):  # it names the key id, never any content
+            print(f"turnkeeper: {err}", file=sys.stderr)
+            return EXIT_REFUSED
         if not isinstance(err, StoreError):
             raise
         # e.g. a row that does not decode, named in the message

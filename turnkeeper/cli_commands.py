@@ -21,6 +21,7 @@ from turnkeeper.cli_common import (
     QUERY_TIMEOUT,
     NoWorker,
     Refused,
+    Undecryptable,
     connect_client,
     no_chat,
     no_worker,
@@ -436,10 +437,11 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
     later = ""
     try:
         state = await query_state(client, args.chat)
-    except NoWorker:
+    except NoWorker as err:
         # A signal is durable: the run acts on it once a worker serves it again.
         state = await _stored_turn(settings, args.chat)
-        later = " (no worker is serving it now: the turn stops when one starts)"
+        later = (f" ({err}: the turn stops once a worker can read it)" if isinstance(err, Undecryptable)
+                 else " (no worker is serving it now: the turn stops when one starts)")
     if state.status not in OPEN_STATUSES or not state.turn:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     try:

@@ -51,11 +51,27 @@ class NoWorker(Refused):
     """No worker answered the `state` query: the run's state is out of reach."""
 
 
+class Undecryptable(NoWorker):
+    """The run's history, or the state, holds a payload that cannot be decrypted
+    (its key is not in TURNKEEPER_ENCRYPTION_KEYS, of the worker or of this command):
+    as when no worker answers, the state is out of reach until the key is back."""
+
+
 async def query_state(client: Client, chat_id: str) -> TurnState:
+    from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError, RPCStatusCode
+
+    from turnkeeper.encryption import DecryptionError, names_decryption_error
 
     try:
         return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)
+    except DecryptionError as err:  # the answer came, under a key this command lacks
+        raise Undecryptable(f"chat {chat_id!r}: the worker's answer is unreadable here ({err})") from None
+    except WorkflowQueryFailedError as err:
+        if names_decryption_error(err.message):  # the worker could not replay the run
+            raise Undecryptable(f"chat {chat_id!r}: the worker cannot read the run's history: {err.message}") \
+                from None
+        raise
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise Refused(no_chat(chat_id)) from None

@@ -26,6 +26,7 @@ from turnkeeper.models import (
 
 if TYPE_CHECKING:
     from temporalio.client import Client, WorkflowHandle
+    from temporalio.converter import DataConverter
 
 log = logging.getLogger("turnkeeper.client")
 
@@ -40,27 +41,34 @@ def workflow_id(chat_id: str) -> str:
     return f"chat-{chat_id}"
 
 
+def data_converter(settings: Settings) -> DataConverter:
+    """The one data converter of every client of ours (worker, CLI, web, reconciler):
+    pydantic, encrypted under TURNKEEPER_ENCRYPTION_KEYS when set."""
+    from turnkeeper.encryption import data_converter as converter
+
+    return converter(settings.encryption_keys)
+
+
 async def connect(settings: Settings, *, start_dev_server: bool = False) -> Client:
     """With TEMPORAL_ADDRESS set, connect through `temporalio.envconfig` (namespace,
     TLS and API key come from the TEMPORAL_* variables or a config profile);
     otherwise use the embedded dev server, starting it when asked."""
     from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
 
+    converter = data_converter(settings)
     if settings.temporal_address:
         from temporalio.envconfig import ClientConfig
 
         config: dict[str, Any] = dict(ClientConfig.load_client_connect_config())
         config["target_host"] = settings.temporal_address
         config.setdefault("namespace", settings.namespace)
-        return await Client.connect(**config, data_converter=pydantic_data_converter)
+        return await Client.connect(**config, data_converter=converter)
     address = f"127.0.0.1:{settings.dev_server_port}"
     if start_dev_server:
         from turnkeeper.dev_server import ensure_dev_server
 
         address = await ensure_dev_server(settings)
-    return await Client.connect(address, namespace=settings.namespace,
-                                data_converter=pydantic_data_converter)
+    return await Client.connect(address, namespace=settings.namespace, data_converter=converter)
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:

@@ -1,7 +1,10 @@
 """Configuration from the environment (worker and CLI only, never workflow code)."""
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,14 +44,17 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_DEV_HTTP_PORT",
     "TURNKEEPER_METRICS_ADDRESS",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "TURNKEEPER_ENCRYPTION_KEYS",
+    "TURNKEEPER_CODEC_ADDRESS",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
 )
 """Every variable `Settings.from_env` reads (a test keeps the two in step)."""
 
 DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT",
-                                        "TURNKEEPER_DEV_HTTP_PORT")
-"""Only used when TEMPORAL_ADDRESS is unset (the embedded dev server)."""
+                                        "TURNKEEPER_DEV_HTTP_PORT", "TURNKEEPER_CODEC_ADDRESS")
+"""Only used by the worker when TEMPORAL_ADDRESS is unset (the embedded dev server and
+its UI's codec endpoint); `turnkeeper codec-server` also listens on TURNKEEPER_CODEC_ADDRESS."""
 
 CLI_ONLY_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_TEMPORAL_HTTP_ADDRESS",)
 """Read by the CLI's commands, never by a worker."""
@@ -169,6 +175,47 @@ def _context_tokens(value: int) -> int:
     return value
 
 
+@dataclass(frozen=True)
+class EncryptionKey:
+    key_id: str
+    # repr=False: settings get logged; key material must never be.
+    secret: bytes = field(repr=False)
+
+
+KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+KEY_BYTES = 32  # AES-256
+NEW_KEY_HINT = "make one with: openssl rand -base64 32"
+
+
+def _keys(env: dict[str, str], name: str) -> tuple[EncryptionKey, ...]:
+    """`keyid:base64key[,...]`; the first encrypts, all decrypt. Errors name the
+    entry and its key id, never the key material."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return ()
+    keys: list[EncryptionKey] = []
+    for n, entry in enumerate(raw.split(","), start=1):
+        if not entry.strip():
+            continue  # a trailing comma
+        key_id, sep, encoded = (part.strip() for part in entry.strip().partition(":"))
+        if not sep or not key_id or not encoded:
+            raise ConfigError(f"{name}: entry {n} is not keyid:base64-key (entries are separated by commas)")
+        if not KEY_ID.fullmatch(key_id):
+            raise ConfigError(f"{name}: entry {n}: a key id is 1-64 characters of A-Z a-z 0-9 . _ -")
+        try:
+            # Standard or URL-safe alphabet, padding required.
+            secret = base64.b64decode(encoded.replace("-", "+").replace("_", "/"), validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"{name}: key {key_id!r} is not valid base64; {NEW_KEY_HINT}") from None
+        if len(secret) != KEY_BYTES:
+            raise ConfigError(f"{name}: key {key_id!r} is {len(secret)} bytes; AES-256 needs {KEY_BYTES} "
+                              f"({NEW_KEY_HINT})")
+        if any(k.key_id == key_id for k in keys):
+            raise ConfigError(f"{name}: key id {key_id!r} is listed twice")
+        keys.append(EncryptionKey(key_id, secret))
+    return tuple(keys)
+
+
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = env.get(name)
     if raw is None:
@@ -228,6 +275,10 @@ class Settings:
     metrics_address: str | None = None
     # OTLP/HTTP collector for traces; None: off.
     otlp_endpoint: str | None = None
+    # Empty: payloads in plain text. The first key encrypts, every key decrypts.
+    encryption_keys: tuple[EncryptionKey, ...] = field(default=(), repr=False)
+    # `turnkeeper codec-server`, and the embedded dev server's UI's codec endpoint.
+    codec_address: str = "127.0.0.1:8081"
     openai_base_url: str | None = None
     # repr=False: settings get logged; the key must never be.
     openai_api_key: str | None = field(default=None, repr=False)
@@ -271,6 +322,8 @@ class Settings:
             dev_http_port=_int(env, "TURNKEEPER_DEV_HTTP_PORT", 7243, minimum=1),
             metrics_address=_address(env, "TURNKEEPER_METRICS_ADDRESS"),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None,
+            encryption_keys=_keys(env, "TURNKEEPER_ENCRYPTION_KEYS"),
+            codec_address=(env.get("TURNKEEPER_CODEC_ADDRESS") or "").strip() or "127.0.0.1:8081",
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
             openai_api_key=env.get("OPENAI_API_KEY") or None,
         )

@@ -84,11 +84,12 @@ def server_settings(dynamic_config: Mapping[str, object] | None = None,
 def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int | None = None,
                       http_port: int | None = None, namespace: str | None = None,
                       dynamic_config: Mapping[str, object] | None = None,
-                      cli_defaults: bool = False) -> list[str]:
+                      cli_defaults: bool = False, ui_codec_endpoint: str | None = None) -> list[str]:
     """The `temporal server start-dev` command line of the embedded server: on-disk
     SQLite with `SQLITE_PRAGMAS`, turnkeeper's search attributes registered,
     `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI, no
-    `http_port` the CLI's own choice of a free one;
+    `http_port` the CLI's own choice of a free one; `ui_codec_endpoint` is where
+    the UI's page has payloads decoded (`turnkeeper codec-server`);
     `cli_defaults` leaves out `SQLITE_PRAGMAS` and `DYNAMIC_CONFIG`. The
     benchmarks start theirs with this too."""
     cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
@@ -96,6 +97,8 @@ def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int 
     cmd += ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
     if http_port is not None:
         cmd += ["--http-port", str(http_port)]
+    if ui_port is not None and ui_codec_endpoint:
+        cmd += ["--ui-codec-endpoint", ui_codec_endpoint]
     if namespace is not None:
         cmd += ["--namespace", namespace]
     pragmas, config = server_settings(dynamic_config, cli_defaults)
@@ -108,12 +111,24 @@ def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int 
     return cmd
 
 
+def codec_endpoint(settings: Settings) -> str | None:
+    """The UI's codec endpoint when payloads are encrypted: `turnkeeper codec-server`
+    at TURNKEEPER_CODEC_ADDRESS, as the user's browser reaches it."""
+    if not settings.encryption_keys:
+        return None
+    from turnkeeper.codec_server import parse_address, url_of
+
+    return url_of(*parse_address(settings.codec_address)).rstrip("/")
+
+
 async def is_healthy(address: str, timeout: float = 2.0) -> bool:
-    from temporalio.client import Client  # imported here: importing this module stays light
+    # A bare service client (imported here: importing this module stays light): a
+    # health check carries no payloads, so it needs no data converter.
+    from temporalio.service import ConnectConfig, ServiceClient
 
     try:
-        client = await asyncio.wait_for(Client.connect(address), timeout)
-        return await asyncio.wait_for(client.service_client.check_health(), timeout)
+        service = await asyncio.wait_for(ServiceClient.connect(ConnectConfig(target_host=address)), timeout)
+        return await asyncio.wait_for(service.check_health(), timeout)
     except Exception:  # noqa: BLE001 — any failure means "not serving here"
         return False
 
@@ -121,13 +136,16 @@ async def is_healthy(address: str, timeout: float = 2.0) -> bool:
 async def ensure_dev_server(settings: Settings) -> str:
     """Reuse a healthy server on the dev port, or start one; return its address."""
     address = f"127.0.0.1:{settings.dev_server_port}"
+    codec = codec_endpoint(settings)
     if await is_healthy(address):
-        log.info("reusing the Temporal dev server at %s", address)
+        log.info("reusing the Temporal dev server at %s%s", address,
+                 f" (its UI decodes payloads through {codec} only if it was started with them encrypted)"
+                 if codec else "")
         return address
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     cmd = start_dev_command(settings.dev_server_port, settings.data_dir / "temporal.db", log_level="warn",
                             ui_port=settings.dev_ui_port, http_port=settings.dev_http_port,
-                            namespace=settings.namespace)
+                            namespace=settings.namespace, ui_codec_endpoint=codec)
     log_path = settings.data_dir / "temporal-server.log"
     with open(log_path, "ab") as out:
         logged_before = out.tell()  # the log is appended to: show only this start's lines
@@ -146,8 +164,10 @@ async def ensure_dev_server(settings: Settings) -> str:
             raise DevServerError(f"the Temporal dev server exited at start (code {proc.returncode}); "
                                  f"see {log_path}:\n{tail}{hint}")
         if await is_healthy(address):
-            log.info("started the Temporal dev server at %s (UI http://127.0.0.1:%d, pid %d)",
-                     address, settings.dev_ui_port, proc.pid)
+            log.info("started the Temporal dev server at %s (UI http://127.0.0.1:%d%s, pid %d)",
+                     address, settings.dev_ui_port,
+                     f", decoding payloads through `turnkeeper codec-server` at {codec}" if codec else "",
+                     proc.pid)
             return address
         await asyncio.sleep(0.3)
     raise DevServerError(f"the Temporal dev server did not become healthy at {address} "

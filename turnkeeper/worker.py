@@ -27,6 +27,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from turnkeeper import telemetry
+from turnkeeper import worker_logs
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
@@ -143,6 +144,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
     telemetry.check_tracing(settings)
+    worker_logs.install(encrypted=bool(settings.encryption_keys))
     try:
         provider = load_provider(settings.model, env=settings.provider_env())
     except ValueError as err:
@@ -204,10 +206,13 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    # Names and paths only: keys and URLs with credentials are never logged.
-    log.info("worker serving task queue %r (model %s, tools %s, workspace %s, store %s, event loop %s)",
-             settings.task_queue, settings.model, ",".join(settings.tools), settings.workspace,
-             type(store).__name__, type(asyncio.get_running_loop()).__module__.split(".")[0])
+    # Names, paths and key ids only: keys and URLs with credentials are never logged.
+    key_ids = [k.key_id for k in settings.encryption_keys]
+    payloads = (f"encrypted under key {key_ids[0]!r}, decrypted with {','.join(key_ids)}" if key_ids
+                else "plain")
+    log.info("worker serving task queue %r (model %s, tools %s, workspace %s, store %s, event loop %s, "
+             "payloads %s)", settings.task_queue, settings.model, ",".join(settings.tools), settings.workspace,
+             type(store).__name__, type(asyncio.get_running_loop()).__module__.split(".")[0], payloads)
     try:
         async with worker:
             await stop.wait()

@@ -84,10 +84,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
+    from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError
 
     from turnkeeper.activities.store.base import CorruptRowError, StoreError, StoreUnavailable
+    from turnkeeper.encryption import DecryptionError, names_decryption_error
 
+    # A key missing here or on the worker (TURNKEEPER_ENCRYPTION_KEYS): the words name its id, no content.
+    if isinstance(exc, DecryptionError):
+        return JSONResponse({"detail": f"the web process: {exc}"}, status_code=503)
+    if isinstance(exc, WorkflowQueryFailedError) and names_decryption_error(exc.message):
+        return JSONResponse({"detail": f"the worker cannot read the run's history: {exc.message}"},
+                            status_code=503)
     if isinstance(exc, RPCError):
         return JSONResponse({"detail": f"Temporal: {exc.message}"}, status_code=503)
     if isinstance(exc, StoreUnavailable):

@@ -41,11 +41,11 @@ class WebConfig:
         return f"http://{host}:{self.port}/"
 
 
-def parse_address(raw: str) -> tuple[str, int]:
+def parse_address(raw: str, name: str = "TURNKEEPER_WEB_ADDRESS", example: str = DEFAULT_ADDRESS) -> tuple[str, int]:
     """`host:port` or `[ipv6]:port`."""
     host, sep, port = raw.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"TURNKEEPER_WEB_ADDRESS must be host:port (e.g. {DEFAULT_ADDRESS}), got {raw!r}")
+        raise ConfigError(f"{name} must be host:port (e.g. {example}), got {raw!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)

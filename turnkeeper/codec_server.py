@@ -1,0 +1,263 @@
+"""`turnkeeper codec-server`: Temporal's remote codec protocol over HTTP, so the
+Temporal UI and `temporal --codec-endpoint` show encrypted payloads decrypted.
+
+    POST /encode, POST /decode   body {"payloads": [{"metadata": {k: base64}, "data": base64}]}
+                                 (Payloads in protobuf's JSON form), answered in the same shape
+
+Keys are TURNKEEPER_ENCRYPTION_KEYS, as the workers have them; without keys
+payloads pass through, as they are stored. A payload that does not decrypt comes
+back as it was, with the reason in its metadata (`decode-error`), so one old
+payload does not hide a whole history. The `X-Namespace` header is accepted and
+not used: the keys are the same in every namespace.
+
+Who may call: browsers only from TURNKEEPER_CODEC_CORS_ORIGIN (the Temporal UI's
+origin; preflights answered); with TURNKEEPER_CODEC_TOKEN set, every call needs
+`Authorization: Bearer <token>`; without one, only requests addressed to
+127.0.0.1 or localhost are served (a page cannot reach it by DNS rebinding).
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from turnkeeper.config import ConfigError, Settings
+from turnkeeper.web.server import LOG_LEVELS, MAX_HEAD_BYTES, SHUTDOWN_GRACE_S, is_loopback
+from turnkeeper.web.server import parse_address as _parse_address
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+DEFAULT_ADDRESS = "127.0.0.1:8081"
+# A page of history holds many payloads, each up to Temporal's 2 MB (a third more as base64).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+ALLOWED_HEADERS = "Authorization, Content-Type, X-Namespace"
+PREFLIGHT_MAX_AGE_S = 600
+DECODE_ERROR_METADATA = "decode-error"
+
+
+def parse_address(raw: str) -> tuple[str, int]:
+    return _parse_address(raw, "TURNKEEPER_CODEC_ADDRESS", DEFAULT_ADDRESS)
+
+
+def url_of(host: str, port: int) -> str:
+    """Where a browser on this machine reaches `host:port` (a wildcard address means here)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/"
+
+
+def default_origins(settings: Settings) -> tuple[str, ...]:
+    """The embedded dev server's UI, as the browser may name it."""
+    return (f"http://localhost:{settings.dev_ui_port}", f"http://127.0.0.1:{settings.dev_ui_port}")
+
+
+def parse_origins(raw: str) -> tuple[str, ...]:
+    origins = []
+    for entry in (x.strip() for x in raw.split(",")):
+        if not entry:
+            continue
+        parts = urlsplit(entry)
+        if entry == "*" or parts.scheme not in ("http", "https") or not parts.netloc \
+                or parts.path.strip("/") or parts.query or parts.fragment:
+            raise ConfigError("TURNKEEPER_CODEC_CORS_ORIGIN must list origins such as http://localhost:8233 "
+                              f"(scheme://host[:port], comma-separated; no wildcard), got {entry!r}")
+        origins.append(f"{parts.scheme}://{parts.netloc}".lower())
+    if not origins:
+        raise ConfigError("TURNKEEPER_CODEC_CORS_ORIGIN lists no origin")
+    return tuple(origins)
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    host: str = "127.0.0.1"
+    port: int = 8081
+    origins: tuple[str, ...] = ("http://localhost:8233", "http://127.0.0.1:8233")
+    # repr=False: configurations get logged; the token must never be.
+    token: str | None = field(default=None, repr=False)
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> CodecConfig:
+        env = os.environ if env is None else env
+        host, port = parse_address(settings.codec_address)
+        raw_origins = env.get("TURNKEEPER_CODEC_CORS_ORIGIN", "").strip()
+        origins = parse_origins(raw_origins) if raw_origins else default_origins(settings)
+        level = (env.get("TURNKEEPER_LOG_LEVEL") or "info").strip().lower()
+        level = {"warn": "warning"}.get(level, level)
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"TURNKEEPER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+        return cls(host=host, port=port, origins=origins, token=env.get("TURNKEEPER_CODEC_TOKEN") or None,
+                   log_level=level)
+
+    @property
+    def url(self) -> str:
+        return url_of(self.host, self.port)
+
+
+def _host_name(host_header: str) -> str:
+    if host_header.startswith("["):
+        return host_header[1:].partition("]")[0]
+    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
+
+
+class Guard:
+    """ASGI middleware: CORS for the configured origins only, the token, and no
+    service to a page that reached a tokenless server by another name."""
+
+    def __init__(self, app: ASGIApp, config: CodecConfig) -> None:
+        self.app = app
+        self.config = config
+
+    def _cors(self, origin: str | None) -> list[tuple[bytes, bytes]]:
+        assert origin is not None
+        return [(b"access-control-allow-origin", origin.encode()), (b"access-control-allow-credentials", b"true"),
+                (b"vary", b"Origin")]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        from starlette.datastructures import Headers
+        from starlette.responses import JSONResponse, Response
+
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        allowed = origin is not None and origin.lower() in self.config.origins
+        early: Response | None = None
+        if origin is not None and not allowed:
+            # No CORS headers: the browser keeps the answer from the page.
+            early = JSONResponse({"detail": f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"},
+                                 status_code=403)
+        elif self.config.token is None and not is_loopback(_host_name(headers.get("host", ""))):
+            early = JSONResponse({"detail": "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or "
+                                            "localhost are served"}, status_code=403)
+        elif scope["method"] == "OPTIONS":
+            # A preflight carries no credentials: answered before the token check.
+            early = Response(status_code=204, headers={"Allow": "POST, OPTIONS"})
+            if allowed:
+                early.raw_headers.extend([
+                    (b"access-control-allow-methods", b"POST, OPTIONS"),
+                    (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
+                    (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())])
+        elif self.config.token is not None and not _authorized(headers.get("authorization", ""),
+                                                               self.config.token):
+            early = JSONResponse({"detail": "a token is required: send Authorization: Bearer <token>"},
+                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if early is not None:
+            if allowed:
+                early.raw_headers.extend(self._cors(origin))  # the UI may read why
+            await early(scope, receive, send)
+            return
+
+        async def send_with_cors(message: Any) -> None:
+            if message["type"] == "http.response.start" and allowed:
+                message["headers"] = list(message.get("headers", [])) + self._cors(origin)
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+def _authorized(header: str, token: str) -> bool:
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+class BadRequest(Exception):
+    pass
+
+
+async def _read_payloads(request: Any) -> Any:
+    from google.protobuf.json_format import ParseDict, ParseError
+    from temporalio.api.common.v1 import Payloads
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("the body is not JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("payloads", []), list):
+        raise BadRequest('the body must be {"payloads": [...]}')
+    try:
+        # Only the payloads: whatever else a caller adds is not ours to read.
+        return ParseDict({"payloads": data.get("payloads", [])}, Payloads())
+    except ParseError as err:
+        # Its words name a field and the problem, not the data.
+        raise BadRequest(f"not Temporal payloads: {str(err).splitlines()[0][:200]}") from None
+
+
+def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
+    from google.protobuf.json_format import MessageToDict
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+    from temporalio.api.common.v1 import Payloads
+
+    from turnkeeper.encryption import DecryptionError, payload_codec
+
+    codec = payload_codec(settings.encryption_keys)
+
+    def answer(payloads: list[Any]) -> Response:
+        return JSONResponse(MessageToDict(Payloads(payloads=payloads)) or {"payloads": []})
+
+    async def encode(request: Request) -> Response:
+        try:
+            payloads = await _read_payloads(request)
+        except BadRequest as err:
+            return JSONResponse({"detail": str(err)}, status_code=400)
+        return answer([codec.encrypt(p) for p in payloads.payloads])
+
+    async def decode(request: Request) -> Response:
+        try:
+            payloads = await _read_payloads(request)
+        except BadRequest as err:
+            return JSONResponse({"detail": str(err)}, status_code=400)
+        out = []
+        for p in payloads.payloads:
+            try:
+                out.append(codec.decrypt(p))
+            except DecryptionError as err:
+                p.metadata[DECODE_ERROR_METADATA] = str(err).encode()
+                out.append(p)
+        return answer(out)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"encrypts_with": codec.key_id, "decrypts": list(codec.key_ids)})
+
+    routes = [Route("/encode", encode, methods=["POST"]), Route("/decode", decode, methods=["POST"]),
+              Route("/healthz", healthz)]
+    return Guard(Starlette(routes=routes), config)
+
+
+def serve(settings: Settings, config: CodecConfig) -> int:
+    import uvicorn
+
+    app = create_app(settings, config)
+    keys = [k.key_id for k in settings.encryption_keys]
+    what = (f"encrypts with {keys[0]!r}, decrypts {', '.join(map(repr, keys))}" if keys
+            else "TURNKEEPER_ENCRYPTION_KEYS is unset: payloads pass through as stored")
+    guard = "a token is required" if config.token else "no token: requests to 127.0.0.1 or localhost only"
+    print(f"turnkeeper codec-server: {config.url} ({what}; {guard}; CORS for {', '.join(config.origins)})",
+          flush=True)
+    if config.token is None and not is_loopback(config.host):
+        print(f"turnkeeper codec-server: warning: listening on {config.host}:{config.port} without "
+              "TURNKEEPER_CODEC_TOKEN: whoever reaches that port can decrypt what they read from Temporal; "
+              "publish it on loopback only, or set a token", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                access_log=config.log_level == "debug", server_header=False, http="h11",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+    return 0
