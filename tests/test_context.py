@@ -22,7 +22,7 @@ from turnkeeper.activities.context import (
     tools_tokens,
 )
 from turnkeeper.activities.providers import ModelProvider
-from turnkeeper.activities.providers.base import SummaryRequest
+from turnkeeper.activities.providers.base import SummaryRequest, TextSink
 from turnkeeper.activities.store import SQLiteStore, StoredRow
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec, UserMessage
 
@@ -37,7 +37,8 @@ class Summariser(ModelProvider):
     def __init__(self) -> None:
         self.requests: list[SummaryRequest] = []
 
-    async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int) -> ModelReply:
+    async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+                       on_text: TextSink | None = None) -> ModelReply:
         raise AssertionError("the builder never asks for an answer")
 
     async def summarise(self, request: SummaryRequest) -> str:
@@ -211,7 +212,7 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
 
     class Reuser(Summariser):
         async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
-                           call_index: int) -> ModelReply:
+                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
             return ModelReply(tool_calls=[ToolCall(id="t1-0", name="read_file", arguments="{}")])
 
     for n in range(1, 15):
