@@ -42,7 +42,8 @@ from temporalio.client import Client
 
 # First of the project's imports: importing _common puts the project on sys.path.
 from _common import alternate_rounds, dev_server, p90, progress, run_and_exit
-from process_throughput import IN_FLIGHT, READY_TIMEOUT_S, WARMUP_TURNS, TurnkeeperProcess, burst
+from process_throughput import (IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, print_cpu_table,  # noqa: E402
+                                spawn_and_warm)
 from turn_latency import TURN_TIMEOUT_S, PairedRatio, proto_size, ratio_of_rounds, turnkeeper_turn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
@@ -68,11 +69,7 @@ async def run(sequential: int, rounds: int, turns: int, json_out: Path | None) -
                                               data_converter=tk.data_converter(Settings.from_env(extra)))
                 variants.append(TurnkeeperProcess(client, server.address, tmp / name, name, label, env=extra))
             try:
-                for v in variants:
-                    v.spawn()
-                progress("waiting for each worker to take a first turn")
-                for v in variants:
-                    await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
+                await spawn_and_warm(variants)
                 latency, runs = await sequential_turns(variants, sequential)
                 histories = {v.key: await history_sizes(v, runs[v.key][:HISTORY_SAMPLES]) for v in variants}
                 codec = await codec_cost(variants[1], runs["on"][:HISTORY_SAMPLES])
@@ -181,12 +178,8 @@ def report(variants: dict[str, TurnkeeperProcess], latency: dict[str, list[float
 
     print(f"\nthroughput: {rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker "
           "in its own process; CPU ms per turn (medians of the rounds) of this process, the worker, the server")
+    print_cpu_table(list(variants.values()), 22)
     cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants.values()}
-    print(f"{'variant':<22}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
-    for v in variants.values():
-        c = cpu[v.key]
-        print(f"{v.label:<22}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
-              f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}")
     throughput: PairedRatio = ratio_of_rounds(on.turns_per_s, off.turns_per_s)
     print(f"  on/off: {throughput.median:.3f}x   {throughput.describe()}")
 

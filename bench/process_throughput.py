@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,11 +157,7 @@ async def run(rounds: int, turns: int, with_asyncio: bool, json_out: Path | None
                 BareProcess(client, server.address, tmp / "bare"),
             ]
             try:
-                for v in variants:
-                    v.spawn()
-                progress("waiting for each worker to take a first turn")
-                for v in variants:
-                    await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
+                await spawn_and_warm(variants)
                 await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
                                        burst=lambda v: burst(v, turns, server.pid),
                                        per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
@@ -172,16 +169,31 @@ async def run(rounds: int, turns: int, with_asyncio: bool, json_out: Path | None
         json_out.write_text(json.dumps(summary, indent=2))
 
 
+async def spawn_and_warm(variants: Sequence[WorkerProcess]) -> None:
+    """Start every variant's worker process and wait until each has taken a turn."""
+    for v in variants:
+        v.spawn()
+    progress("waiting for each worker to take a first turn")
+    for v in variants:
+        await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
+
+
+def print_cpu_table(variants: Iterable[WorkerProcess], label_width: int) -> None:
+    """Turns/s and CPU ms per turn (medians of the rounds) of this process, the worker, the server."""
+    cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants}
+    print(f"{'variant':<{label_width}}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
+    for v in variants:
+        c = cpu[v.key]
+        print(f"{v.label:<{label_width}}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
+              f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}")
+
+
 def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> dict[str, Any]:
     print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
           "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
           "results), the worker process and the dev server")
+    print_cpu_table(list(variants.values()), 26)
     cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants.values()}
-    print(f"{'variant':<26}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
-    for v in variants.values():
-        c = cpu[v.key]
-        print(f"{v.label:<26}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
-              f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}")
 
     tk_, bare = variants["turnkeeper"], variants["bare"]
     spreads: dict[str, PairedRatio] = {

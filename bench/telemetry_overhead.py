@@ -32,8 +32,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 # First of the project's imports: importing _common puts the project on sys.path.
-from _common import alternate_rounds, dev_server, free_port, median_interval, progress, run_and_exit
-from process_throughput import IN_FLIGHT, READY_TIMEOUT_S, WARMUP_TURNS, TurnkeeperProcess, burst
+from _common import alternate_rounds, dev_server, free_port, median_interval, run_and_exit
+from process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm  # noqa: E402
 from turnkeeper import telemetry
 
 
@@ -100,11 +100,7 @@ async def run(rounds: int, turns: int, split: bool, json_out: Path | None) -> No
                     scraped.append(await asyncio.to_thread(scrape, metrics_at[v.key]))
 
             try:
-                for v in variants:
-                    v.spawn()
-                progress("waiting for each worker to take a first turn")
-                for v in variants:
-                    await asyncio.wait_for(v.turn(), READY_TIMEOUT_S)
+                await spawn_and_warm(variants)
                 await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measured,
                                        per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
             finally:
