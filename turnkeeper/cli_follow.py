@@ -1,0 +1,146 @@
+"""Following a turn from the command line (`send`, `continue --wait`): its tools
+as they run, its answer as it streams, then whole; the gate if it waits again.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from turnkeeper.cli_common import EXIT_AWAITING, EXIT_OK, Refused, query_state
+from turnkeeper.cli_output import describe_gate
+from turnkeeper.models import TurnStatus
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+POLL_S = 0.1
+# A turn normally shows its message within a second; after this long, `send`
+# checks whether any worker serves the queue and says so if none does.
+NO_WORKER_CHECK_S = 5.0
+
+
+async def follow_turn(client: Client, store: Any, chat_id: str, message_id: str | None, after: int,
+                       timeout: float, task_queue: str, turn: int | None = None) -> int:
+    """Show the turn that takes our message (or `turn`): its tools as they run,
+    its answer as it streams (and whole once recorded); exit 3 if it waits for
+    its user again."""
+    answer: str | None = None
+    final_step: object = None
+    streamed = _StreamedText()
+    deadline = time.monotonic() + timeout
+    check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
+    while time.monotonic() < deadline:
+        if turn is None and time.monotonic() >= check_worker_at:
+            check_worker_at = deadline  # once
+            if await _no_worker_polls(client, task_queue):
+                print(f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
+                      "and waits for one (start it with `turnkeeper worker`)", file=sys.stderr, flush=True)
+        for ev in await store.events(chat_id, after_seq=after):
+            after = ev.seq
+            p = ev.payload
+            ours = message_id is not None and p.get("message_id") == message_id
+            if ev.type == "message_rejected" and ours:
+                raise Refused(f"message refused: {p.get('reason')}")
+            if ev.type == "user_message" and ours:
+                turn = p.get("turn")
+            if turn is None or p.get("turn") != turn:
+                continue
+            if ev.type == "tool_started":
+                streamed.end_line()
+                print(f"  -> {p.get('name')} started", flush=True)
+            elif ev.type in ("tool_finished", "tool_interrupted"):
+                streamed.end_line()
+                print(f"  <- {p.get('name')} {p.get('status', 'interrupted')}", flush=True)
+            elif ev.type == "assistant_message" and not p.get("tool_calls"):
+                answer = p.get("text")
+                final_step = p.get("step")
+            elif ev.type == "assistant_message":
+                streamed.recorded(p.get("step"), p.get("text"))
+            elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
+                streamed.end_line()
+                print(describe_gate(await query_state(client, chat_id)))
+                return EXIT_AWAITING
+            elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
+                # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.
+                streamed.end_line()
+                from turnkeeper.failed_turns import state_of
+
+                record = await store.get_turn(chat_id, turn)
+                print(describe_gate(state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
+                return EXIT_AWAITING
+            elif ev.type == "turn_end":
+                if answer is not None:
+                    streamed.finish(final_step, answer)
+                else:
+                    streamed.end_line()
+                    print(f"turn {turn} ended: {p.get('status')} ({p.get('reason')})")
+                return EXIT_OK
+        if turn is not None and answer is None:
+            with contextlib.suppress(Exception):  # a view: the recorded answer comes all the same
+                draft = await store.draft(chat_id)
+                if draft is not None and draft.turn == turn:
+                    streamed.show(draft.step, draft.attempt, draft.text)
+        await asyncio.sleep(POLL_S)
+    raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
+                  f"see `turnkeeper status {chat_id}`")
+
+
+class _StreamedText:
+    """The answer as `send` prints it while it streams: each step's text as it
+    grows; a step run again (its call was lost) starts over on a new line."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None  # (step, attempt) being printed
+        self._shown = ""
+        self._mid_line = False
+
+    def show(self, step: int, attempt: int, text: str) -> None:
+        if self._key is not None and self._key[0] == step and attempt < self._key[1]:
+            return  # an older attempt's draft
+        if self._key != (step, attempt):
+            if self._key is not None and self._key[0] == step and self._shown:
+                self.end_line()
+                print("  (the model call was run again; its answer starts over)", flush=True)
+            self._key, self._shown = (step, attempt), ""
+        if text.startswith(self._shown) and len(text) > len(self._shown):
+            sys.stdout.write(text[len(self._shown):])
+            sys.stdout.flush()
+            self._shown, self._mid_line = text, True
+
+    def recorded(self, step: object, text: object) -> None:
+        """A step that asked for tools is recorded: its text (if any) is complete."""
+        if self._key is not None and self._key[0] == step and isinstance(text, str) and text.startswith(self._shown):
+            sys.stdout.write(text[len(self._shown):])
+        self.end_line()
+        self._key, self._shown = None, ""
+
+    def finish(self, step: object, answer: str) -> None:
+        if self._key is not None and self._key[0] == step and answer.startswith(self._shown):
+            print(answer[len(self._shown):], flush=True)
+        else:
+            self.end_line()
+            print(answer, flush=True)
+        self._mid_line = False
+
+    def end_line(self) -> None:
+        if self._mid_line:
+            print(flush=True)
+            self._mid_line = False
+
+
+async def _no_worker_polls(client: Client, task_queue: str) -> bool:
+    """True when the server has seen no worker poll the queue lately (False if it cannot tell)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
+
+    request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+                                       task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+    try:
+        return not (await client.workflow_service.describe_task_queue(request)).pollers
+    except RPCError:
+        return False
