@@ -19,7 +19,6 @@ from turnkeeper.activities.store.base import (
     BeginTurn,
     ContextRows,
     CorruptRowError,
-    Draft,
     SessionStore,
     Summary,
     TurnRef,
@@ -27,6 +26,7 @@ from turnkeeper.activities.store.base import (
     recovery_state_payload,
     superseded,
 )
+from turnkeeper.activities.store.drafts import DraftsSQL
 from turnkeeper.activities.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
 from turnkeeper.activities.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
 from turnkeeper.models import (
@@ -46,7 +46,7 @@ _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
 _SUMMARY_COLUMNS = "upto_id, text, tokens, assistant_rows"
 
 
-class SQLStore(SessionStore):
+class SQLStore(DraftsSQL, SessionStore):
     """`SessionStore` over a backend's transactions: a backend implements `open`,
     `close`, `_run_write` and `_run_read`."""
 
@@ -329,47 +329,6 @@ class SQLStore(SessionStore):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._rows(partial(codec.decode_message, chat_id),
                                 "SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", chat_id)
-
-    # -- drafts ------------------------------------------------------------------------------
-    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
-                          attempt: int | None = None) -> int:
-        return await self._write(chat_id, self._write_draft_tx, turn, step, text, attempt)
-
-    @staticmethod
-    async def _write_draft_tx(chat: ChatWrite, turn: int, step: int, text: str, attempt: int | None) -> int:
-        tx, chat_id = chat.tx, chat.chat_id
-        if attempt is None:
-            row = await tx.fetchone("SELECT turn, step, attempt FROM drafts WHERE chat_id = ?", chat_id)
-            same_step = row is not None and (row["turn"], row["step"]) == (turn, step)
-            attempt = int(row["attempt"]) + 1 if same_step else 1
-        # SQLite runs one writer at a time, so MAX + 1 grows; on PostgreSQL two chats'
-        # writes can share a version, and a reader that misses one sees the next.
-        version = int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) + 1 FROM drafts"))
-        await tx.notify("drafts", chat_id)
-        await tx.execute(
-            "INSERT INTO drafts (chat_id, turn, step, attempt, text, version, recorded, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (chat_id) DO UPDATE SET turn = excluded.turn,"
-            " step = excluded.step, attempt = excluded.attempt, text = excluded.text,"
-            " version = excluded.version, recorded = excluded.recorded, updated_at = excluded.updated_at",
-            chat_id, turn, step, attempt, text, version, False, chat.now,
-        )
-        return attempt
-
-    async def drafts_since(self, version: int, limit: int = 1000) -> list[Draft]:
-        return await self._rows(codec.decode_draft,
-                                "SELECT * FROM drafts WHERE version > ? ORDER BY version LIMIT ?", version, limit)
-
-    async def draft(self, chat_id: str) -> Draft | None:
-        rows = await self._rows(
-            codec.decode_draft,
-            f"SELECT d.* FROM drafts d JOIN turns t ON t.chat_id = d.chat_id AND t.turn = d.turn"
-            f" WHERE d.chat_id = ? AND NOT d.recorded AND t.{OPEN_SQL} AND NOT t.ended", chat_id)
-        return rows[0] if rows else None
-
-    async def draft_version(self) -> int:
-        async def read(tx: Transaction) -> int:
-            return int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) FROM drafts"))
-        return await self._run_read(read, snapshot=False)
 
     # -- what a model call sees ---------------------------------------------------------------
     async def context_rows(self, chat_id: str) -> ContextRows:
