@@ -420,7 +420,7 @@ def describe(name: str, dynamic_config: dict[str, object], cli_defaults: bool) -
             + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults"))
 
 
-async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool) -> None:
+async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool, stream: str = "on") -> None:
     setups = {"tuned": ({}, False), "stock": ({}, True)}
     if reads_variant is not None:
         setups["previous"] = ({k: reads_variant for k in TASK_DISPATCH}, False)
@@ -439,7 +439,8 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                                                      interceptors=[clock] if name == "tuned" else [])
 
             (tmp / "turnkeeper").mkdir()
-            tk_variant = Turnkeeper(clients["tuned"], servers["tuned"].address, tmp / "turnkeeper")
+            tk_variant = Turnkeeper(clients["tuned"], servers["tuned"].address, tmp / "turnkeeper",
+                                    env={"TURNKEEPER_STREAM": stream})
             await tk_variant.start()
             stack.push_async_callback(tk_variant.close)
             bares: dict[str, UnsandboxedBare] = {}
@@ -645,6 +646,8 @@ def main() -> None:
     parser.add_argument("--reads-variant", type=int, metavar="N",
                         help="also the bare loop on the embedded server's settings with the task-dispatch "
                         "settings at N reads a second (--previous-variant: N=20, the server's default)")
+    parser.add_argument("--stream", choices=("on", "off"), default="on",
+                        help="turnkeeper's TURNKEEPER_STREAM (default on, as shipped): what streaming costs a turn")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
@@ -655,7 +658,7 @@ def main() -> None:
     # The worker's own event loop (uvloop where installed), as `python worker.py` runs it;
     # every variant's worker and client share it.
     reads = SERVER_DEFAULT_READS_PER_S if args.previous_variant else args.reads_variant
-    run_and_exit(run(plan, args.eager_variant, reads, args.json),
+    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream),
                  loop_factory=event_loop_factory("auto"))
 
 
