@@ -17,10 +17,8 @@ from turnkeeper.activities.store.base import (
     INTERRUPTED_TOOL_TEXT,
     SUPERSEDED_TEXT,
     BeginTurn,
-    ContextRows,
     CorruptRowError,
     SessionStore,
-    Summary,
     TurnRef,
     TurnUpdate,
     recovery_state_payload,
@@ -28,6 +26,7 @@ from turnkeeper.activities.store.base import (
 )
 from turnkeeper.activities.store.drafts import DraftsSQL
 from turnkeeper.activities.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
+from turnkeeper.activities.store.summaries import SummariesSQL
 from turnkeeper.activities.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
 from turnkeeper.models import (
     OPEN_STATUSES,
@@ -43,10 +42,9 @@ from turnkeeper.models import (
 
 T = TypeVar("T")
 _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)
-_SUMMARY_COLUMNS = "upto_id, text, tokens, assistant_rows"
 
 
-class SQLStore(DraftsSQL, SessionStore):
+class SQLStore(DraftsSQL, SummariesSQL, SessionStore):
     """`SessionStore` over a backend's transactions: a backend implements `open`,
     `close`, `_run_write` and `_run_read`."""
 
@@ -329,46 +327,6 @@ class SQLStore(DraftsSQL, SessionStore):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._rows(partial(codec.decode_message, chat_id),
                                 "SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", chat_id)
-
-    # -- what a model call sees ---------------------------------------------------------------
-    async def context_rows(self, chat_id: str) -> ContextRows:
-        return await self._run_read(partial(self._context_rows_tx, chat_id=chat_id), snapshot=True)
-
-    @staticmethod
-    async def _context_rows_tx(tx: Transaction, chat_id: str) -> ContextRows:
-        # Both by index (summaries' key, messages_chat_row): as cheap at turn 2,000 as at turn 20.
-        row = await tx.fetchone(f"SELECT {_SUMMARY_COLUMNS} FROM summaries WHERE chat_id = ?"
-                                " ORDER BY upto_id DESC LIMIT 1", chat_id)
-        summary = None if row is None else codec.decode_summary(chat_id, row)
-        rows = await tx.fetchall("SELECT id, turn, body FROM messages WHERE chat_id = ? AND id > ? ORDER BY id",
-                                 chat_id, summary.upto_id if summary else 0)
-        return ContextRows(summary=summary, rows=[codec.decode_stored_row(chat_id, r) for r in rows])
-
-    async def add_summary(self, chat_id: str, summary: Summary) -> Summary:
-        return await self._write(chat_id, self._add_summary_tx, summary)
-
-    @staticmethod
-    async def _add_summary_tx(chat: ChatWrite, summary: Summary) -> Summary:
-        # A model call made again after a loss may summarise the same rows: the first one stays.
-        await chat.tx.execute(
-            "INSERT INTO summaries (chat_id, upto_id, text, tokens, assistant_rows, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            chat.chat_id, summary.upto_id, summary.text, summary.tokens, summary.assistant_rows, chat.now)
-        row = await chat.tx.fetchone(f"SELECT {_SUMMARY_COLUMNS} FROM summaries WHERE chat_id = ? AND upto_id = ?",
-                                     chat.chat_id, summary.upto_id)
-        return codec.decode_summary(chat.chat_id, row)
-
-    async def answered_call_ids(self, chat_id: str, tool_call_ids: list[str]) -> list[str]:
-        wanted = list(dict.fromkeys(tool_call_ids))
-        if not wanted:
-            return []
-
-        async def read(tx: Transaction) -> list[str]:
-            rows = await tx.fetchall(f"SELECT tool_call_id FROM messages WHERE chat_id = ? AND tool_call_id"
-                                     f" {tx.IN_TEXTS}", chat_id, tx.texts(wanted))
-            found = {r["tool_call_id"] for r in rows}
-            return [i for i in wanted if i in found]
-        return await self._run_read(read, snapshot=False)
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
