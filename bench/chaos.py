@@ -201,6 +201,7 @@ class Chaos(Users):
         self.still_running: list[str] = []
         self.final_states: dict[str, dict[str, Any] | str] = {}
         self.t0 = time.monotonic()
+        self.chaos_from_s = 0.0  # when the chats start, since t0
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
@@ -279,6 +280,7 @@ class Chaos(Users):
         await self._wait_workers_ready()
         self.log(f"{cfg.workers} workers ready; {cfg.chats} chats start")
         chaos_start = time.monotonic()
+        self.chaos_from_s = chaos_start - self.t0
         for i in range(cfg.chats):
             chat_id = f"chaos{i:03d}-{uuid.uuid4().hex[:6]}"
             self.chats[chat_id] = ChatLog(chat_id)
@@ -463,6 +465,7 @@ class Chaos(Users):
         cfg = self.cfg
         while not self.stop_killing.is_set():
             await asyncio.sleep(0.2)
+            self.pool.look_for_serving()
             for w in self.pool.reap():
                 self.log(f"worker {w.index} (pid {w.pid}) exited by itself with {w.proc.returncode}; "
                          f"see {w.log}")

@@ -130,6 +130,9 @@ class Report:
     action_outcomes: dict[str, int] = field(default_factory=dict)    # "kind: outcome" -> count
     while_resuming: dict[str, int] = field(default_factory=dict)     # actions taken in status resuming
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> n, max_s, p99_s
+    # the same, less the time in which no worker was serving (the bound applies to this)
+    latency_served: dict[str, float] = field(default_factory=dict)
+    no_worker_gaps: dict[str, float] = field(default_factory=dict)  # count, total_s, longest_s
     bursts: list[dict[str, Any]] = field(default_factory=list)
     outages: list[dict[str, Any]] = field(default_factory=list)
     outage_looks: dict[str, int] = field(default_factory=dict)  # state queries in outages; store_unavailable
@@ -190,6 +193,10 @@ class Report:
             f"over {int(lat_all.get('n', 0))} actions and sends",
             *(f"    {g:<16} n {int(v['n'])}, max {v['max_s']:.2f} s, p99 {v['p99_s']:.2f} s"
               for g, v in sorted(self.latency.items()) if g != "all"),
+            f"  with a worker    max {self.latency_served.get('max_s', 0):.2f} s, p99 "
+            f"{self.latency_served.get('p99_s', 0):.2f} s (less the time no worker served: "
+            f"{int(self.no_worker_gaps.get('count', 0))} spans, {self.no_worker_gaps.get('total_s', 0):.1f} s "
+            f"in all, longest {self.no_worker_gaps.get('longest_s', 0):.1f} s)",
             f"gates answered     {kv(self.gates_answered)}; refused {kv(self.gate_rejections)}",
             f"stale-id probes    {kv(self.stale_probes)}; Stop pressed {self.stops} times",
             *(f"  refusal '{k}' e.g.: {v}" for k, v in self.rejection_samples.items() if k == "other"),

@@ -17,7 +17,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report
+from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report, percentile
 from bench.chaos_infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
@@ -47,6 +47,30 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
 }
+
+
+def no_worker_gaps(windows: list[tuple[float, float]], t0: float, from_s: float,
+                   until_s: float) -> list[tuple[float, float]]:
+    """The spans (seconds since the harness started, within [from_s, until_s]) in
+    which no worker was serving, from the merged serving windows (monotonic)."""
+    gaps: list[tuple[float, float]] = []
+    at = from_s
+    for a, b in windows:
+        a, b = a - t0, b - t0
+        if a > at:
+            gaps.append((at, min(a, until_s)))
+        at = max(at, b)
+        if at >= until_s:
+            break
+    if at < until_s:
+        gaps.append((at, until_s))
+    return [(a, b) for a, b in gaps if b > a]
+
+
+def unserved_s(at_s: float, took_s: float, gaps: list[tuple[float, float]]) -> float:
+    """How much of [at_s, at_s + took_s] fell in a span with no worker serving."""
+    end = at_s + took_s
+    return sum(max(0.0, min(b, end) - max(a, at_s)) for a, b in gaps)
 
 
 class Checker:
@@ -337,7 +361,25 @@ class Checker:
         report.while_resuming = log.while_resuming()
         report.latency = log.latency()
         bound = h.cfg.answer_bound_s
+        # An update is answered by a worker: the time in which none was serving
+        # (every one killed, the replacements not yet polling) is the killer's,
+        # not the turn's. The bound applies to the rest; both clocks are reported.
+        h.pool.look_for_serving()
+        until = h.pool.stopped_at or time.monotonic()
+        gaps = no_worker_gaps(h.pool.serving_windows(until), h.t0, h.chaos_from_s, until - h.t0)
+        report.no_worker_gaps = {"count": len(gaps), "total_s": round(sum(b - a for a, b in gaps), 2),
+                                 "longest_s": round(max((b - a for a, b in gaps), default=0.0), 2)}
+        served = [a.latency_s - unserved_s(a.at_s, a.latency_s, gaps) for a in log.actions
+                  if a.latency_s is not None and a.kind != "burst"]
+        report.latency_served = {"n": len(served), "max_s": round(max(served, default=0.0), 3),
+                                 "p99_s": round(percentile(served, 99), 3)}
         for a in log.unanswered(bound):
+            if a.latency_s is not None and a.latency_s - unserved_s(a.at_s, a.latency_s, gaps) <= bound:
+                self.det["late_only_while_no_worker_served"] += 1
+                report.anomalies.append(
+                    f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took {a.latency_s:.2f} s, of which "
+                    f"{unserved_s(a.at_s, a.latency_s, gaps):.2f} s with no worker serving")
+                continue
             detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
             took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"
             around = self._circumstances(a.at_s, a.latency_s or h.cfg.action_wait_s)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -158,16 +159,35 @@ def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
 
 # -- worker processes -------------------------------------------------------------------
 
+# The worker's own line once it is about to poll (turnkeeper/worker.py).
+SERVING_LINE = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO turnkeeper\.worker: worker serving")
+
+
 @dataclass
 class WorkerProc:
     index: int
     proc: subprocess.Popen[bytes]
     log: Path
-    started: float
+    started: float                  # time.monotonic() at spawn
+    serving_at: float | None = None  # time.monotonic() of its "worker serving" line
+    ended_at: float | None = None    # time.monotonic() when it was killed or seen gone
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def look_for_serving(self) -> None:
+        """Reads the log's time of the serving line (logging's local-time clock,
+        turned into this process's monotonic one)."""
+        if self.serving_at is not None:
+            return
+        with contextlib.suppress(OSError):
+            for line in self.log.read_bytes().splitlines():
+                m = SERVING_LINE.match(line)
+                if m:
+                    wall = time.mktime(time.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                    self.serving_at = time.monotonic() - (time.time() - wall)
+                    return
 
 
 class WorkerPool:
@@ -175,7 +195,9 @@ class WorkerPool:
         self.env = env
         self.logs = logs
         self.workers: list[WorkerProc] = []
+        self.lives: list[WorkerProc] = []  # every worker ever started, for its serving window
         self.started = 0
+        self.stopped_at: float | None = None  # time.monotonic() when stop_all began
         self.died: list[dict[str, Any]] = []
 
     def spawn(self) -> WorkerProc:
@@ -186,11 +208,15 @@ class WorkerPool:
         w = WorkerProc(self.started, proc, log, time.monotonic())
         self.started += 1
         self.workers.append(w)
+        self.lives.append(w)
         return w
 
     def kill(self, w: WorkerProc, sig: int = signal.SIGKILL) -> None:
+        w.look_for_serving()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(w.pid, sig)
+        if w.ended_at is None:
+            w.ended_at = time.monotonic()
         with contextlib.suppress(subprocess.TimeoutExpired):
             w.proc.wait(timeout=30)
         if w in self.workers:
@@ -200,12 +226,34 @@ class WorkerPool:
         """Workers that exited by themselves (not killed by us)."""
         gone = [w for w in self.workers if w.proc.poll() is not None]
         for w in gone:
+            w.look_for_serving()
+            w.ended_at = time.monotonic()
             self.workers.remove(w)
             self.died.append({"index": w.index, "pid": w.pid, "code": w.proc.returncode, "log": str(w.log)})
         return gone
 
+    def look_for_serving(self) -> None:
+        for w in self.workers:
+            w.look_for_serving()
+
+    def serving_windows(self, until: float) -> list[tuple[float, float]]:
+        """The spans (monotonic) in which at least one worker was serving, merged."""
+        spans = sorted((w.serving_at, w.ended_at if w.ended_at is not None else until)
+                       for w in self.lives if w.serving_at is not None)
+        merged: list[tuple[float, float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            elif b > a:
+                merged.append((a, b))
+        return merged
+
     def stop_all(self) -> None:
+        self.stopped_at = time.monotonic()
         for w in list(self.workers):
+            w.look_for_serving()
+            if w.ended_at is None:
+                w.ended_at = self.stopped_at
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.pid, signal.SIGTERM)
         deadline = time.monotonic() + 20

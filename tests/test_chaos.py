@@ -109,3 +109,40 @@ def test_a_run_looks_idle_when_its_state_shows_nothing_to_do() -> None:
     # A state that moves is no wedge: the signature changes with it.
     assert chaos.state_signature({"status": "running", "tool_calls": [tool]}) != chaos.state_signature(
         {"status": "running", "tool_calls": [{**tool, "status": "done"}]})
+
+
+def test_time_with_no_worker_serving_is_not_counted_against_an_answer(tmp_path: Path) -> None:
+    _harness()
+    from bench.chaos_check import no_worker_gaps, unserved_s
+    from bench.chaos_infra import WorkerPool, WorkerProc
+
+    pool = WorkerPool({}, tmp_path)
+    t0 = 1000.0
+    # Two workers: one serves 2-10 s and is killed, its replacement serves from 13 s.
+    for serving, ended in ((1002.0, 1010.0), (1013.0, None), (None, 1011.0)):
+        w = WorkerProc(len(pool.lives), proc=None, log=tmp_path / "w.log", started=t0)  # type: ignore[arg-type]
+        w.serving_at, w.ended_at = serving, ended
+        pool.lives.append(w)
+    windows = pool.serving_windows(until=1030.0)
+    assert windows == [(1002.0, 1010.0), (1013.0, 1030.0)]
+    gaps = no_worker_gaps(windows, t0, from_s=2.0, until_s=30.0)
+    assert gaps == [(10.0, 13.0)]
+    # An update sent at 9 s and answered at 15 s (6 s) waited 3 s with no worker: 3 s counted.
+    assert unserved_s(9.0, 6.0, gaps) == 3.0
+    assert unserved_s(20.0, 1.0, gaps) == 0.0
+
+
+def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
+    _harness()
+    import time
+
+    from bench.chaos_infra import WorkerProc
+
+    log = tmp_path / "worker.log"
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))
+    log.write_text(f"{stamp},250 INFO turnkeeper.worker: registered search attributes []\n"
+                   f"{stamp},500 INFO turnkeeper.worker: worker serving task queue 'q' (model demo)\n")
+    w = WorkerProc(0, proc=None, log=log, started=time.monotonic() - 6)  # type: ignore[arg-type]
+    w.look_for_serving()
+    assert w.serving_at is not None
+    assert 4.0 < time.monotonic() - w.serving_at < 6.0
