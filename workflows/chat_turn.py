@@ -6,15 +6,16 @@ step opens a gate and the turn waits, visibly, for its user's Continue or
 Dismiss. Follow-up messages join the turn at the next model call; whatever the
 turn did not consume is handed to the next run of the same workflow id.
 
-`ChatTurn` drives; the modules beside it decide: `gate` (gates and the user's
-decisions), `intake` (which messages are taken), `turn_persistence` (store calls
-and announcements), `activity_calls` (how activities are called), `recovery`
-(the rules), `patches` (what older runs replay as they were).
+`ChatTurn` drives; the modules beside it decide: `turn_start` (how a run begins
+or adopts its turn), `gate` (gates and the user's decisions), `intake` (which
+messages are taken), `approval` (calls held for the user's approval),
+`tool_outcomes` (what a tool call leaves), `turn_persistence` (store calls and
+announcements), `activity_calls` (how activities are called), `recovery` (the
+rules), `patches` (what older runs replay as they were).
 """
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
@@ -33,7 +34,6 @@ with workflow.unsafe.imports_passed_through():
         NewEvent,
         Reason,
         RecoveryAction,
-        RecoveryStart,
         ToolCall,
         ToolCallStatus,
         ToolCallView,
@@ -43,9 +43,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from turnkeeper.workflows import recovery
     from turnkeeper.workflows.activity_calls import error_type, failure_text, start_model_call, start_tool_call
-    from turnkeeper.workflows.approval import Approvals
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
-    from turnkeeper.workflows.intake import MessageIntake
     from turnkeeper.workflows.patches import (
         APPROVALS,
         COMPLETE_MACHINE,
@@ -59,9 +57,8 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows.recovery import Input
     from turnkeeper.workflows.tool_outcomes import ToolOutcomes, show_result
     from turnkeeper.workflows.turn_persistence import STORE_WAIT_FIRST_S
+    from turnkeeper.workflows.turn_start import TurnStart
 
-# A run started without a message (e.g. `temporal workflow start`) waits this long.
-IDLE_TIMEOUT = timedelta(minutes=10)
 # A model call cut off by a graceful shutdown is scheduled again this many times.
 MAX_SHUTDOWN_RESCHEDULES = 5
 
@@ -83,7 +80,7 @@ class _Interrupted(Exception):
 
 
 @workflow.defn(name="ChatTurn")
-class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
+class ChatTurn(TurnStart, ToolOutcomes):
     @workflow.init
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
@@ -114,10 +111,6 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
         self._turn_taken = False  # this run began or adopted a turn: its end is counted here
         for message in input.pending:
             self._inbox.offer(message)
-
-    def _apply_settings(self, settings: io.TurnSettings) -> None:
-        self._settings = settings
-        self._settings_known = True
 
     # -- handlers: they only change state; `run` acts on it -------------------
     @workflow.signal(name="user_message")
@@ -194,67 +187,6 @@ class ChatTurn(Approvals, MessageIntake, ToolOutcomes):
             workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting),
                                      task_timeout=TURN_TASK_TIMEOUT)
         return self.state()
-
-    async def _wait_for_first_message(self) -> bool:
-        try:
-            await workflow.wait_condition(lambda: bool(self._inbox.waiting), timeout=IDLE_TIMEOUT)
-        except asyncio.TimeoutError:
-            self._state.status = TurnStatus.COMPLETED
-            return False
-        finally:
-            self._before_turn = False
-            if self._idle_refusals is not None:
-                await self._idle_refusals  # announced before the turn's own events
-        return True
-
-    async def _begin(self) -> Literal["begun", "nothing", "refused"]:
-        """Number the turn from the store and close any earlier turn left open."""
-        while self._inbox.waiting:
-            waiting = self._inbox.waiting
-            begun: io.BeginTurnResult = await self._store_call(
-                io.BEGIN_TURN,
-                io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
-                                  message_ids=[m.message_id for m in waiting],
-                                  message_sizes=[len(m.text.encode()) for m in waiting]),
-                io.BeginTurnResult)
-            self._apply_settings(begun.settings)
-            for message in waiting:
-                if message.message_id in begun.oversized_ids:
-                    self._reject_message(message.message_id, (
-                        f"message is {len(message.text.encode())} bytes; the limit is "
-                        f"{begun.settings.max_message_bytes}"))
-            self._inbox.drop(set(begun.duplicate_ids) | set(begun.oversized_ids))
-            if begun.turn is not None:
-                self._state.turn = begun.turn
-                return "begun"
-            self._state.turn = begun.latest_turn
-            if begun.oversized_ids and not begun.duplicate_ids and not self._inbox.waiting:
-                return "refused"
-        # Every message was a retry of one already committed: no turn to run.
-        self._state.status = TurnStatus.COMPLETED
-        return "nothing"
-
-    async def _recover(self, start: RecoveryStart) -> None:
-        """A run started by the reconciler, or handed on by a long gate: take the
-        turn over and ask its user."""
-        adopted: io.AdoptTurnResult = await self._store_call(
-            io.ADOPT_TURN,
-            io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
-            io.AdoptTurnResult)
-        self._apply_settings(adopted.settings)
-        self._turn_taken = True
-        # A gate handed on by a long run (continue-as-new) was counted where it opened.
-        self._count_gate = workflow.info().continued_run_id is None
-        self._state.turn = start.turn
-        self._state.recovery_id = start.recovery_id
-        self._state.attempts = start.attempts
-        asks = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)  # a handed-on approval gate
-        goes_on = asks or await self._gate(start.reason, can_continue=start.can_continue,
-                                           detail=start.detail) == "continue"
-        if goes_on and start.approvals:
-            goes_on = await self._run_approved(start.approvals)
-        if goes_on:
-            await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
 
     async def _turn_loop(self, step: int, batch: list[UserMessage]) -> None:
         # Messages handed to a model call stay ours until it succeeds: a lost call

@@ -1,9 +1,10 @@
-"""Tool registration, JSON schemas from signatures, and safe execution.
+"""Tool registration and safe execution.
 
-A tool is a plain (sync or async) function; `@tool` derives the schema the model
-sees from its type hints and registers it. `ToolRegistry.run` turns everything a
-model can get wrong (unknown name, bad JSON, bad arguments, a raising tool) into
-an error outcome the model can read, so a tool call never fails the activity.
+A tool is a plain (sync or async) function; `@tool` registers it with the schema
+the model sees, derived from its type hints (`schema.py`). `ToolRegistry.run`
+turns everything a model can get wrong (unknown name, bad JSON, bad arguments, a
+raising tool) into an error outcome the model can read, so a tool call never
+fails the activity.
 """
 from __future__ import annotations
 
@@ -12,57 +13,18 @@ import dataclasses
 import importlib
 import inspect
 import json
-import re
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any, Literal, TypeVar, get_type_hints, overload
+from typing import Any, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
 from turnkeeper.models import EffectClass, ToolSpec
 
+from .schema import EffectLike, RegisteredTool, ToolContext, build_tool
+
 F = TypeVar("F", bound=Callable[..., Any])
-EffectLike = EffectClass | Literal["read", "idempotent", "write"]
-
-# The name pattern OpenAI-style function calling accepts.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """Per-call facts a tool may ask for by annotating a parameter `ToolContext`."""
-
-    workspace: Path
-    chat_id: str
-    turn: int
-    tool_call_id: str
-    idempotency_key: str  # "<chat_id>/<turn>/<tool_call_id>": stable across retries of the call
-    exec_timeout: float
-    heartbeat: Callable[[], None] | None = None
-
-    @classmethod
-    def for_call(
-        cls,
-        *,
-        workspace: Path,
-        chat_id: str,
-        turn: int,
-        tool_call_id: str,
-        exec_timeout: float,
-        heartbeat: Callable[[], None] | None = None,
-    ) -> ToolContext:
-        return cls(
-            workspace=workspace,
-            chat_id=chat_id,
-            turn=turn,
-            tool_call_id=tool_call_id,
-            idempotency_key=f"{chat_id}/{turn}/{tool_call_id}",
-            exec_timeout=exec_timeout,
-            heartbeat=heartbeat,
-        )
 
 
 class ToolOutcome(BaseModel):
@@ -78,25 +40,6 @@ class ToolOutcome(BaseModel):
 
 class ToolLoadError(ImportError):
     """A configured tool module could not be imported."""
-
-
-@dataclass(frozen=True)
-class RegisteredTool:
-    name: str
-    description: str
-    effect: EffectClass
-    fn: Callable[..., Any]
-    args_model: type[BaseModel]
-    # (model field, parameter name): fields are aliased so any parameter name works.
-    params: tuple[tuple[str, str], ...]
-    ctx_params: tuple[str, ...]
-    parameters_schema: dict[str, Any]
-    confirm: bool = False
-    """Never run on the model's word alone: the turn waits for the user's approval first."""
-
-    @property
-    def spec(self) -> ToolSpec:
-        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters_schema, effect=self.effect)
 
 
 class ToolRegistry:
@@ -115,7 +58,7 @@ class ToolRegistry:
         effect: EffectLike = EffectClass.WRITE,
         confirm: bool = False,
     ) -> RegisteredTool:
-        entry = _build(fn, name=name, description=description, effect=effect, confirm=confirm)
+        entry = build_tool(fn, name=name, description=description, effect=effect, confirm=confirm)
         existing = self._tools.get(entry.name)
         if existing is not None and _origin(existing.fn) != _origin(fn):
             # Same origin means the module was reloaded; anything else is a clash.
@@ -341,75 +284,3 @@ def _describe(error: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"])
         parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
     return "; ".join(parts)
-
-
-def _first_paragraph(fn: Callable[..., Any]) -> str:
-    doc = inspect.getdoc(fn) or ""
-    return " ".join(doc.strip().split("\n\n", 1)[0].split())
-
-
-def _build(
-    fn: Callable[..., Any], *, name: str | None, description: str | None, effect: EffectLike,
-    confirm: bool = False,
-) -> RegisteredTool:
-    tool_name = name or getattr(fn, "__name__", "")
-    if not _NAME_RE.match(tool_name):
-        raise ValueError(f"invalid tool name {tool_name!r}: use 1-64 letters, digits, '_' or '-'")
-    try:
-        hints = get_type_hints(fn, include_extras=True)
-    except Exception as e:
-        raise TypeError(f"tool {tool_name!r}: cannot resolve type hints: {e}") from e
-
-    fields: dict[str, Any] = {}
-    params: list[tuple[str, str]] = []
-    ctx_params: list[str] = []
-    for param in inspect.signature(fn).parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
-            raise TypeError(f"tool {tool_name!r}: parameter {param.name!r} must be passable by keyword")
-        annotation = hints.get(param.name, Any)
-        if annotation is ToolContext:
-            ctx_params.append(param.name)
-            continue
-        field = f"p{len(params)}"
-        default = ... if param.default is param.empty else param.default
-        # Aliases keep parameter names like `json` or `_x` from clashing with BaseModel.
-        fields[field] = (Annotated[annotation, Field(alias=param.name)], default)
-        params.append((field, param.name))
-
-    model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-    schema = _strip_titles(model.model_json_schema())
-    schema.setdefault("properties", {})
-    return RegisteredTool(
-        name=tool_name,
-        description=_first_paragraph(fn) if description is None else description,
-        effect=EffectClass(effect),
-        fn=fn,
-        args_model=model,
-        params=tuple(params),
-        ctx_params=tuple(ctx_params),
-        parameters_schema=schema,
-        confirm=confirm,
-    )
-
-
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_SCHEMA_DATA = frozenset({"default", "const", "enum", "examples", "required"})
-
-
-def _strip_titles(node: Any) -> Any:
-    """Drop pydantic's generated `title`s: noise to the model, tokens on every call."""
-    if isinstance(node, list):
-        return [_strip_titles(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {k: _strip_titles(v) for k, v in value.items()}  # keys are names, keep them
-        elif key in _SCHEMA_DATA:
-            out[key] = value
-        else:
-            out[key] = _strip_titles(value)
-    return out

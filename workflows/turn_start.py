@@ -1,0 +1,96 @@
+"""How a run of `ChatTurn` takes its turn, as a mixin of `ChatTurn`.
+
+A run started by a message waits for its first one, then `begin_turn` numbers
+the turn from the store (closing any earlier turn left open) and refuses what
+is over the configured limit. A run started by the reconciler, or handed on by
+a long gate, adopts its turn instead and asks its user at the same gate.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Literal
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from turnkeeper import activity_io as io
+    from turnkeeper.models import Reason, RecoveryStart, TurnStatus, UserMessage
+    from turnkeeper.workflows.approval import Approvals
+    from turnkeeper.workflows.intake import MessageIntake
+
+# A run started without a message (e.g. `temporal workflow start`) waits this long.
+IDLE_TIMEOUT = timedelta(minutes=10)
+
+
+class TurnStart(Approvals, MessageIntake):
+    """Needs `_turn_taken` and the turn loop from the workflow."""
+
+    _turn_taken: bool
+    _turn_loop: Callable[[int, list[UserMessage]], Awaitable[None]]
+
+    def _apply_settings(self, settings: io.TurnSettings) -> None:
+        self._settings = settings
+        self._settings_known = True
+
+    async def _wait_for_first_message(self) -> bool:
+        try:
+            await workflow.wait_condition(lambda: bool(self._inbox.waiting), timeout=IDLE_TIMEOUT)
+        except asyncio.TimeoutError:
+            self._state.status = TurnStatus.COMPLETED
+            return False
+        finally:
+            self._before_turn = False
+            if self._idle_refusals is not None:
+                await self._idle_refusals  # announced before the turn's own events
+        return True
+
+    async def _begin(self) -> Literal["begun", "nothing", "refused"]:
+        """Number the turn from the store and close any earlier turn left open."""
+        while self._inbox.waiting:
+            waiting = self._inbox.waiting
+            begun: io.BeginTurnResult = await self._store_call(
+                io.BEGIN_TURN,
+                io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
+                                  message_ids=[m.message_id for m in waiting],
+                                  message_sizes=[len(m.text.encode()) for m in waiting]),
+                io.BeginTurnResult)
+            self._apply_settings(begun.settings)
+            for message in waiting:
+                if message.message_id in begun.oversized_ids:
+                    self._reject_message(message.message_id, (
+                        f"message is {len(message.text.encode())} bytes; the limit is "
+                        f"{begun.settings.max_message_bytes}"))
+            self._inbox.drop(set(begun.duplicate_ids) | set(begun.oversized_ids))
+            if begun.turn is not None:
+                self._state.turn = begun.turn
+                return "begun"
+            self._state.turn = begun.latest_turn
+            if begun.oversized_ids and not begun.duplicate_ids and not self._inbox.waiting:
+                return "refused"
+        # Every message was a retry of one already committed: no turn to run.
+        self._state.status = TurnStatus.COMPLETED
+        return "nothing"
+
+    async def _recover(self, start: RecoveryStart) -> None:
+        """A run started by the reconciler, or handed on by a long gate: take the
+        turn over and ask its user."""
+        adopted: io.AdoptTurnResult = await self._store_call(
+            io.ADOPT_TURN,
+            io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
+            io.AdoptTurnResult)
+        self._apply_settings(adopted.settings)
+        self._turn_taken = True
+        # A gate handed on by a long run (continue-as-new) was counted where it opened.
+        self._count_gate = workflow.info().continued_run_id is None
+        self._state.turn = start.turn
+        self._state.recovery_id = start.recovery_id
+        self._state.attempts = start.attempts
+        asks = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)  # a handed-on approval gate
+        goes_on = asks or await self._gate(start.reason, can_continue=start.can_continue,
+                                           detail=start.detail) == "continue"
+        if goes_on and start.approvals:
+            goes_on = await self._run_approved(start.approvals)
+        if goes_on:
+            await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
