@@ -420,10 +420,13 @@ def describe(name: str, dynamic_config: dict[str, object], cli_defaults: bool) -
             + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults"))
 
 
-async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool, stream: str = "on") -> None:
+async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool, stream: str = "on",
+              config_variant: dict[str, object] | None = None) -> None:
     setups = {"tuned": ({}, False), "stock": ({}, True)}
     if reads_variant is not None:
         setups["previous"] = ({k: reads_variant for k in TASK_DISPATCH}, False)
+    elif config_variant:
+        setups["previous"] = (config_variant, False)
     with tempfile.TemporaryDirectory(prefix="turnkeeper-engine-") as tmp_name:
         tmp = Path(tmp_name)
         async with contextlib.AsyncExitStack() as stack:
@@ -464,9 +467,10 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                     Variant("turnkeeper_eager", "turnkeeper, eager start", "tuned",
                             lambda: eager_turnkeeper_turn(tuned, tk_variant)),
                 ]
-            if reads_variant is not None:
+            if "previous" in setups:
                 label = ("bare, previous embedded" if reads_variant == SERVER_DEFAULT_READS_PER_S
-                         else f"bare, {reads_variant} reads/s")
+                         else f"bare, {reads_variant} reads/s" if reads_variant is not None
+                         else "bare, tuned + " + ", ".join(f"{k}={v}" for k, v in (config_variant or {}).items()))
                 variants.append(Variant("previous", label, "previous",
                                         lambda: bare(clients["previous"], bares["previous"].task_queue)))
             by_key = {v.key: v for v in variants}
@@ -646,6 +650,10 @@ def main() -> None:
     parser.add_argument("--reads-variant", type=int, metavar="N",
                         help="also the bare loop on the embedded server's settings with the task-dispatch "
                         "settings at N reads a second (--previous-variant: N=20, the server's default)")
+    parser.add_argument("--config-variant", action="append", default=[], metavar="KEY=JSON",
+                        help="also the bare loop on the embedded server's settings plus this dynamic config "
+                        "value (repeatable; not with --previous-variant or --reads-variant): a setting's "
+                        "effect, measured beside the floor")
     parser.add_argument("--stream", choices=("on", "off"), default="on",
                         help="turnkeeper's TURNKEEPER_STREAM (default on, as shipped): what streaming costs a turn")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
@@ -658,7 +666,15 @@ def main() -> None:
     # The worker's own event loop (uvloop where installed), as `python worker.py` runs it;
     # every variant's worker and client share it.
     reads = SERVER_DEFAULT_READS_PER_S if args.previous_variant else args.reads_variant
-    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream),
+    extra: dict[str, object] = {}
+    for item in args.config_variant:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--config-variant {item!r}: expected KEY=JSON")
+        extra[key] = json.loads(value)
+    if extra and reads is not None:
+        parser.error("--config-variant goes without --previous-variant and --reads-variant")
+    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream, config_variant=extra),
                  loop_factory=event_loop_factory("auto"))
 
 
