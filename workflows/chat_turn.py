@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         COMPLETE_MACHINE,
         RECOVERY_MACHINE,
         RECOVERY_MACHINE_3,
+        RECOVERY_MACHINE_4,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -96,7 +97,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._store_wait_s = STORE_WAIT_FIRST_S
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_3 = workflow.patched(RECOVERY_MACHINE_3)
+        self._machine_4 = workflow.patched(RECOVERY_MACHINE_4)
+        self._machine_3 = self._machine_4 or workflow.patched(RECOVERY_MACHINE_3)
         self._machine = self._machine_3 or workflow.patched(RECOVERY_MACHINE)
         self._complete = self._machine or workflow.patched(COMPLETE_MACHINE)
         self._at_wait_points = self._machine or (self._complete and workflow.patched(WAIT_POINTS))

@@ -52,6 +52,7 @@ class TurnGate(TurnPersistence):
     _superseding: list[str]
     _dismissed_pending: set[str]
     _complete: bool
+    _machine_4: bool
     _at_wait_points: bool
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
@@ -122,7 +123,11 @@ class TurnGate(TurnPersistence):
         if decision == "continue":
             recovery.accept_continue(self._state)
             self._state.detail = None
-            await self._persist_state()
+            if not await self._persist_state() and self._machine_4:
+                # The store has closed the turn (a discarded workflow task's Dismiss,
+                # say): its ending stands, and nothing the gate held runs.
+                self._state.approvals = []
+                return "ended"
             return "continue"
         recovery.end_recovered(self._state, Reason.DISMISSED)
         # Follow-ups that waited behind the gate are kept as user rows, not answered.

@@ -51,3 +51,10 @@ APPROVALS = "tools-ask-first"
 # What new runs ask instead of RECOVERY_MACHINE and APPROVALS: one marker (one
 # TemporalChangeVersion upsert) for both. Runs recorded with either replay as they ran.
 RECOVERY_MACHINE_3 = "recovery-machine-3"
+# What new runs ask instead of RECOVERY_MACHINE_3: one marker for all of the above,
+# and a Continue whose store write finds the turn already closed ends the turn as
+# the store has it. A workflow task that the server discards (a signal arrived
+# while it ran: UnhandledCommand) keeps its local activities' writes: a Dismiss
+# taken in such a task is in the store, and the retried task may meet a Continue
+# first. Runs recorded with RECOVERY_MACHINE_3 went on with the Continue.
+RECOVERY_MACHINE_4 = "recovery-machine-4"
