@@ -1,5 +1,5 @@
 """A `ChatTurn` that no recorded turn replays on: what a deploy without a
-`workflow.patched` gate would ship (tests/test_replay_command.py)."""
+`workflow.patched` gate would ship (tests/replay/test_replay_command.py)."""
 from __future__ import annotations
 
 from datetime import timedelta

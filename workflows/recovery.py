@@ -4,7 +4,7 @@
 CLI ask it what an input does and never pick a status themselves. The mutators
 below it (`open_gate`, `accept_continue`, `approve`, `finish`, `end_recovered`) are the only
 code that writes a status. Pure: no I/O, no Temporal calls, safe in workflow code.
-`TABLE` renders the whole table for the README; tests/test_recovery_machine.py
+`TABLE` renders the whole table for the README; tests/unit/test_recovery_machine.py
 drives it with Hypothesis.
 """
 from __future__ import annotations

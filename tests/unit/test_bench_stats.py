@@ -6,11 +6,12 @@ import importlib.util
 import math
 import random
 import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "_common.py"
+from tests.support import ROOT
+
+_PATH = ROOT / "bench" / "_common.py"
 
 
 def _common():

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 WORKFLOW_MODULES = sorted((ROOT / "workflows").glob("*.py"))
 
 FORBIDDEN_MODULES = {

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parent.parent / "bench" / "chaos.py"
+from tests.support import ROOT
+
+_PATH = ROOT / "bench" / "chaos.py"
 
 
 def _harness():

@@ -752,7 +752,7 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
         assert not described.schedule.state.paused
         assert [i.every.total_seconds() for i in described.schedule.spec.intervals] == [3600]
         assert described.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
-        if os.environ.get("TK_RECORD_HISTORIES"):  # for tests/test_replay.py
+        if os.environ.get("TK_RECORD_HISTORIES"):  # for tests/replay/test_replay.py
             for name, run_id in (("reconcile_pass_that_acted", acted), ("reconcile_quiet_pass", later[-1])):
                 history = await stack.client.get_workflow_handle(workflow_ids[run_id], run_id=run_id).fetch_history()
                 (HISTORIES / f"{name}.json").write_text(history.to_json())

@@ -268,7 +268,7 @@ async def test_one_corrupt_event_row_does_not_hide_the_event_log(stack: Stack) -
 async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stack: Stack) -> None:
     """Terminated while the store was gone (no turn row points to it): a reconcile
     pass finds the run by its close and hands its message on."""
-    from tests.test_reconciler import run_pass
+    from tests.workflow.test_reconciler import run_pass
 
     stack.script([{"text": "first"}, {"text": "second"}])
     await stack.start_worker()
@@ -338,7 +338,7 @@ class _OtherChatTurn:
 async def test_a_run_whose_history_does_not_replay_is_recovered(stack: Stack) -> None:
     """A workflow task that fails on nondeterminism fails the run instead of retrying
     forever; a reconcile pass hands its messages on, and the chat answers."""
-    from tests.test_reconciler import run_pass
+    from tests.workflow.test_reconciler import run_pass
 
     # One or two turns, as the hand-on finds the messages, then the probe's.
     stack.script([{"text": "answered"}, {"text": "answered again"}, {"text": "and again"}])
@@ -373,7 +373,7 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
     """The run holding an uncommitted follow-up is terminated, and a newer message
     closes its turn before any reconcile pass looks: the next pass still hands the
     follow-up on."""
-    from tests.test_reconciler import run_pass
+    from tests.workflow.test_reconciler import run_pass
 
     with FakeChatServer(responder=_ok) as server:
         server.script([{"text": "never seen", "delay": 30}])

@@ -1,21 +1,21 @@
 """Replay recorded histories against today's workflow code: a change that would
 break turns already running fails here, not in production.
 
-Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/test_turns.py tests/test_crash.py
-tests/test_recovery.py tests/test_no_wedge.py tests/test_approval.py` (every run of each
+Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/workflow/test_turns.py tests/process/test_crash.py
+tests/workflow/test_recovery.py tests/workflow/test_no_wedge.py tests/workflow/test_approval.py` (every run of each
 test's chats is written to tests/histories/); keep the older ones in a subfolder: turns
 started by an earlier release must still replay (`complete-machine/`: recorded before the
 `act-at-wait-points` patch and single-batch activations; `three-markers/`: before
 `recovery-machine-2` stood for the three patch markers that runs recorded until then;
 `machine-2/`: before `recovery-machine-3` stood for that one and `tools-ask-first`; its
-runs of tests/test_approval.py, with an approval gate in each, fail here if the
+runs of tests/workflow/test_approval.py, with an approval gate in each, fail here if the
 `tools-ask-first` gate is removed). Runs of
 `test_a_gate_whose_history_grows_long_hands_itself_on` (recorded with a patched limit) and
 of the run that fails on purpose are not kept.
 `before-unreadable-signals/` holds runs recorded before unreadable signal payloads were
 refused, two of them (`unreadable_*`) fed such payloads on purpose: they fail here if a
 `workflow.patched` gate in `ChatTurn` is removed.
-`reconcile_*.json` are `Reconcile` runs (`TK_RECORD_HISTORIES=1 pytest tests/test_reconciler.py
+`reconcile_*.json` are `Reconcile` runs (`TK_RECORD_HISTORIES=1 pytest tests/workflow/test_reconciler.py
 -k leave_no_run` rewrites them); `before-quiet-passes/` holds one recorded before passes
 deleted the quiet ones, which fails here if the `QUIET_PASSES` gate is removed."""
 from __future__ import annotations
@@ -27,10 +27,11 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.support import HISTORIES as HISTORIES_DIR
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
-HISTORIES = sorted((Path(__file__).parent / "histories").rglob("*.json"))
+HISTORIES = sorted(HISTORIES_DIR.rglob("*.json"))
 
 
 def test_histories_are_kept() -> None:

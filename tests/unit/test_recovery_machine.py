@@ -1,7 +1,7 @@
 """The recovery machine, model-based: Hypothesis drives `workflows.recovery`
 through random sequences of every input (as the workflow, the reconciler and the
 CLI apply them) and checks the invariants after each step. No Temporal here; the
-same cells run on a real server in test_recovery_cells.py."""
+same cells run on a real server in tests/workflow/test_recovery_cells.py."""
 from __future__ import annotations
 
 import pytest
@@ -239,9 +239,9 @@ def test_every_cell_has_exactly_one_outcome(status: TurnStatus) -> None:
 
 
 def test_the_readme_shows_the_table() -> None:
-    from pathlib import Path
+    from tests.support import ROOT
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert recovery.table() in readme, "README.md's recovery table is out of date: paste recovery.table()"
 
 

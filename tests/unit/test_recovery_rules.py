@@ -1,5 +1,5 @@
 """The recovery rules of `workflows/recovery.py`, as plain functions over a
-`TurnState`: no Temporal here. tests/test_recovery.py runs them in real turns."""
+`TurnState`: no Temporal here. tests/workflow/test_recovery.py runs them in real turns."""
 from __future__ import annotations
 
 import pytest

@@ -14,12 +14,12 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests.support import ROOT
 from turnkeeper import config
 from turnkeeper.activities.store import PostgresStore, open_store
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import TASK_DISPATCH
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 

@@ -14,7 +14,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from tests.support import ROOT
-from tests.test_encryption import KEYS_1, CodecServer, free_port
+from tests.workflow.test_encryption import KEYS_1, CodecServer, free_port
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import ensure_dev_server, stop_dev_server
