@@ -17,7 +17,6 @@ origin; preflights answered); with TURNKEEPER_CODEC_TOKEN set, every call needs
 """
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import sys
@@ -27,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.web.server import LOG_LEVELS, MAX_HEAD_BYTES, SHUTDOWN_GRACE_S, is_loopback
+from turnkeeper.web.request_checks import BodyTooLarge, addressed_to_loopback, bearer_matches, read_body
+from turnkeeper.web.server import is_loopback, run_uvicorn, uvicorn_log_level
 from turnkeeper.web.server import parse_address as _parse_address
 
 if TYPE_CHECKING:
@@ -89,22 +89,12 @@ class CodecConfig:
         host, port = parse_address(settings.codec_address)
         raw_origins = env.get("TURNKEEPER_CODEC_CORS_ORIGIN", "").strip()
         origins = parse_origins(raw_origins) if raw_origins else default_origins(settings)
-        level = (env.get("TURNKEEPER_LOG_LEVEL") or "info").strip().lower()
-        level = {"warn": "warning"}.get(level, level)
-        if level not in LOG_LEVELS:
-            raise ConfigError(f"TURNKEEPER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
         return cls(host=host, port=port, origins=origins, token=env.get("TURNKEEPER_CODEC_TOKEN") or None,
-                   log_level=level)
+                   log_level=uvicorn_log_level(env))
 
     @property
     def url(self) -> str:
         return url_of(self.host, self.port)
-
-
-def _host_name(host_header: str) -> str:
-    if host_header.startswith("["):
-        return host_header[1:].partition("]")[0]
-    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
 
 
 class Guard:
@@ -135,7 +125,7 @@ class Guard:
             # No CORS headers: the browser keeps the answer from the page.
             early = JSONResponse({"detail": f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"},
                                  status_code=403)
-        elif self.config.token is None and not is_loopback(_host_name(headers.get("host", ""))):
+        elif self.config.token is None and not addressed_to_loopback(headers.get("host", "")):
             early = JSONResponse({"detail": "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or "
                                             "localhost are served"}, status_code=403)
         elif scope["method"] == "OPTIONS":
@@ -146,8 +136,8 @@ class Guard:
                     (b"access-control-allow-methods", b"POST, OPTIONS"),
                     (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
                     (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())])
-        elif self.config.token is not None and not _authorized(headers.get("authorization", ""),
-                                                               self.config.token):
+        elif self.config.token is not None and not bearer_matches(headers.get("authorization", ""),
+                                                                  self.config.token):
             early = JSONResponse({"detail": "a token is required: send Authorization: Bearer <token>"},
                                  status_code=401, headers={"WWW-Authenticate": "Bearer"})
         if early is not None:
@@ -164,11 +154,6 @@ class Guard:
         await self.app(scope, receive, send_with_cors)
 
 
-def _authorized(header: str, token: str) -> bool:
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
-
-
 class BadRequest(Exception):
     pass
 
@@ -177,14 +162,10 @@ async def _read_payloads(request: Any) -> Any:
     from google.protobuf.json_format import ParseDict, ParseError
     from temporalio.api.common.v1 import Payloads
 
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise BadRequest(f"the request body is over {MAX_BODY_BYTES} bytes")
+    try:
+        body = await read_body(request, MAX_BODY_BYTES)
+    except BodyTooLarge as err:
+        raise BadRequest(str(err)) from None
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError):
@@ -244,8 +225,6 @@ def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
 
 
 def serve(settings: Settings, config: CodecConfig) -> int:
-    import uvicorn
-
     app = create_app(settings, config)
     keys = [k.key_id for k in settings.encryption_keys]
     what = (f"encrypts with {keys[0]!r}, decrypts {', '.join(map(repr, keys))}" if keys
@@ -257,7 +236,5 @@ def serve(settings: Settings, config: CodecConfig) -> int:
         print(f"turnkeeper codec-server: warning: listening on {config.host}:{config.port} without "
               "TURNKEEPER_CODEC_TOKEN: whoever reaches that port can decrypt what they read from Temporal; "
               "publish it on loopback only, or set a token", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                access_log=config.log_level == "debug", server_header=False, http="h11",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+    run_uvicorn(app, config.host, config.port, config.log_level)
     return 0

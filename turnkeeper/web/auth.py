@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from turnkeeper.web.server import is_loopback
+from turnkeeper.web.request_checks import addressed_to_loopback, bearer_matches
 
 SESSION_COOKIE = "turnkeeper_session"
 
@@ -22,8 +22,7 @@ def session_value(token: str) -> str:
 
 
 def authorized(request: Request, token: str) -> bool:
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+    if bearer_matches(request.headers.get("authorization", ""), token):
         return True
     cookie = request.cookies.get(SESSION_COOKIE, "")
     return hmac.compare_digest(cookie.encode(), session_value(token).encode())
@@ -35,13 +34,6 @@ def unauthorized() -> JSONResponse:
 
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-
-
-def _host_name(host_header: str) -> str:
-    """`example.org:8000` -> `example.org`, `[::1]:8000` -> `::1`."""
-    if host_header.startswith("["):
-        return host_header[1:].partition("]")[0]
-    return host_header.rpartition(":")[0] if host_header.count(":") == 1 else host_header
 
 
 def _refused(detail: str, status: int = 403) -> JSONResponse:
@@ -70,7 +62,7 @@ class Guard:
         if scope["method"] not in SAFE_METHODS and origin is not None:
             if origin.partition("://")[2] != host:
                 return _refused("a request from another site is refused")
-        if self.token is None and not is_loopback(_host_name(host)):
+        if self.token is None and not addressed_to_loopback(host):
             return _refused("without TURNKEEPER_WEB_TOKEN only requests to 127.0.0.1 or localhost are served")
         path = scope["path"]
         if self.token is not None and (path == "/api" or path.startswith("/api/")) \

@@ -14,6 +14,7 @@ from turnkeeper import client as tk
 from turnkeeper import telemetry
 from turnkeeper.config import Settings
 from turnkeeper.web.feed import ChatFeed
+from turnkeeper.web.request_checks import BodyTooLarge, read_body
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -89,14 +90,10 @@ def chat_id_of(request: Request) -> str:
 
 async def read_json(request: Request, limit: int = SMALL_BODY_BYTES) -> dict[str, Any]:
     """The body as a JSON object, refused (413) before reading past `limit` bytes."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is over {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the request body is over {limit} bytes")
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge as err:
+        raise ApiError(413, str(err)) from None
     if not body.strip():
         return {}
     # A form or plain-text post is what another site's page can send without asking: JSON only.

@@ -1,12 +1,19 @@
-"""Where `turnkeeper web` listens, whether it may, and running it under uvicorn."""
+"""Where `turnkeeper web` listens, whether it may, and running it under uvicorn.
+
+`turnkeeper codec-server` reads its log level and runs under uvicorn the same
+way (`uvicorn_log_level`, `run_uvicorn`)."""
 from __future__ import annotations
 
 import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from turnkeeper.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
 
 DEFAULT_ADDRESS = "127.0.0.1:8000"
 # The limit on a request's head (line and headers) that uvicorn's h11 protocol applies;
@@ -29,11 +36,8 @@ class WebConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> WebConfig:
         env = os.environ if env is None else env
         host, port = parse_address(env.get("TURNKEEPER_WEB_ADDRESS") or DEFAULT_ADDRESS)
-        level = (env.get("TURNKEEPER_LOG_LEVEL") or "info").strip().lower()
-        level = {"warn": "warning"}.get(level, level)  # as Python's logging takes it for the worker
-        if level not in LOG_LEVELS:
-            raise ConfigError(f"TURNKEEPER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
-        return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None, log_level=level)
+        return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None,
+                   log_level=uvicorn_log_level(env))
 
     @property
     def url(self) -> str:
@@ -49,6 +53,15 @@ def parse_address(raw: str, name: str = "TURNKEEPER_WEB_ADDRESS", example: str =
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+def uvicorn_log_level(env: Mapping[str, str]) -> str:
+    """TURNKEEPER_LOG_LEVEL for uvicorn (`turnkeeper web`, `turnkeeper codec-server`)."""
+    level = (env.get("TURNKEEPER_LOG_LEVEL") or "info").strip().lower()
+    level = {"warn": "warning"}.get(level, level)  # as Python's logging takes it for the worker
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"TURNKEEPER_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level
 
 
 def is_loopback(host: str) -> bool:
@@ -73,15 +86,20 @@ def serve(settings: Settings, config: WebConfig) -> int:
     from turnkeeper.telemetry import check_tracing
 
     check_tracing(settings)  # before it listens: the first send is not the place to find out
-    import uvicorn
-
     from turnkeeper.web.app import create_app
 
     app = create_app(settings, config)
     guard = "a token is required" if config.token else "no token: this machine only"
     print(f"turnkeeper web: {config.url} ({guard})", flush=True)
-    # One line per request only when debugging: the page polls, and shares a terminal with `make worker`.
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                access_log=config.log_level == "debug", server_header=False, http="h11",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+    run_uvicorn(app, config.host, config.port, config.log_level)
     return 0
+
+
+def run_uvicorn(app: ASGIApp, host: str, port: int, log_level: str) -> None:
+    """Serve `app` until Ctrl-C (`turnkeeper web`, `turnkeeper codec-server`)."""
+    import uvicorn
+
+    # One line per request only when debugging: the page polls, and shares a terminal with `make worker`.
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                access_log=log_level == "debug", server_header=False, http="h11",
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
