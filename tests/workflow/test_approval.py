@@ -120,6 +120,39 @@ async def test_deny_answers_each_waiting_call_and_ends_the_turn_without_model_wo
     assert "tool_started" not in types and types.count("turn_end") == 1
 
 
+async def test_a_continue_after_the_store_closed_the_turn_runs_nothing(stack: Stack) -> None:
+    """A workflow task that takes a Dismiss can be discarded by the server after its
+    store write went through (a signal arrived meanwhile: UnhandledCommand); its
+    retry may then meet the user's Continue first. The store's ending stands: the
+    held call never runs, and the chat answers its next message."""
+    from turnkeeper.activities.store.base import TurnUpdate
+
+    ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
+    _tools(stack, ledger)
+    stack.script([
+        {"tool_calls": [_call("guarded_write", path="a.txt", content="a")]},
+        {"text": "never asked: the closing row of turn 1 counts as this call"},
+        {"text": "next turn answered"},
+    ])
+    await stack.start_worker()
+    chat = stack.chat("closed")
+    await stack.send(chat, "write a", message_id="m1")
+    gate = await stack.wait_state(chat, _asks)
+    # What the discarded task's Dismiss wrote.
+    store = await stack.store()
+    await store.finish_turn(chat, gate.turn, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED,
+                                                        recovery_id=gate.recovery_id), closing_text=DISMISSED_TEXT)
+    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    done = await stack.wait_turn_done(chat, 1)
+    assert (done.status, done.reason, done.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
+    await asyncio.sleep(0.5)
+    assert _starts(ledger) == [] and not (stack.ws / "a.txt").exists()
+    await stack.send(chat, "and now?", message_id="m2")
+    answered = await stack.wait_turn_done(chat, 2)
+    assert answered.status == TurnStatus.COMPLETED
+    assert _starts(ledger) == []
+
+
 async def test_a_newer_message_supersedes_the_wait(stack: Stack) -> None:
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
