@@ -17,6 +17,7 @@ from turnkeeper.activities.store.base import (
     StoreError,
     StoreUnavailable,
     Summary,
+    TranscriptRow,
     TurnUpdate,
 )
 from turnkeeper.activities.store.sqlite import SQLiteStore
@@ -40,6 +41,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredRow",
     "Summary",
+    "TranscriptRow",
     "TurnUpdate",
     "open_store",
 ]

@@ -116,6 +116,16 @@ class StoredRow(LazyModel):
     message: ChatMessage
 
 
+class TranscriptRow(StoredRow):
+    """A transcript row with the keys it was written under, for readers that check
+    the store itself (the chaos harness's checker)."""
+
+    message_id: str | None = None
+    """A user row's message id (the client's idempotency key)."""
+    step: int | None = None
+    """An assistant row's model call; None for a closing row (superseded, stopped, ...)."""
+
+
 class ContextRows(LazyModel):
     """What a model call loads: the latest summary and the rows after it, read together."""
 
@@ -247,6 +257,12 @@ class SessionStore(ABC):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         """The committed transcript in order. Raises `CorruptRowError` naming the
         row when one does not decode."""
+
+    @abstractmethod
+    async def transcript_rows(self, chat_id: str) -> list[TranscriptRow]:
+        """As `history`, each row with its id, turn, message id and step: what a
+        check of the store (each acknowledged message one user row, in order)
+        needs and a model call does not."""
 
     # -- drafts: the answer as it streams ------------------------------------------
     @abstractmethod

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from turnkeeper.activities.store.base import CorruptRowError, Draft, StoredRow, Summary
+from turnkeeper.activities.store.base import CorruptRowError, Draft, StoredRow, Summary, TranscriptRow
 from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
@@ -50,6 +50,12 @@ def decode_message(chat_id: str, row: Row) -> ChatMessage:
 def decode_stored_row(chat_id: str, row: Row) -> StoredRow:
     """A message row with its id and turn (columns id, turn, body)."""
     return StoredRow(id=int(row["id"]), turn=int(row["turn"]), message=decode_message(chat_id, row))
+
+
+def decode_transcript_row(chat_id: str, row: Row) -> TranscriptRow:
+    """A message row with its id, turn and keys (columns id, turn, message_id, step, body)."""
+    return TranscriptRow(id=int(row["id"]), turn=int(row["turn"]), message_id=row["message_id"],
+                         step=row["step"], message=decode_message(chat_id, row))
 
 
 def decode_summary(chat_id: str, row: Row) -> Summary:

@@ -19,6 +19,7 @@ from turnkeeper.activities.store.base import (
     BeginTurn,
     CorruptRowError,
     SessionStore,
+    TranscriptRow,
     TurnRef,
     TurnUpdate,
     recovery_state_payload,
@@ -327,6 +328,11 @@ class SQLStore(DraftsSQL, SummariesSQL, SessionStore):
     async def history(self, chat_id: str) -> list[ChatMessage]:
         return await self._rows(partial(codec.decode_message, chat_id),
                                 "SELECT id, body FROM messages WHERE chat_id = ? ORDER BY id", chat_id)
+
+    async def transcript_rows(self, chat_id: str) -> list[TranscriptRow]:
+        return await self._rows(partial(codec.decode_transcript_row, chat_id),
+                                "SELECT id, turn, message_id, step, body FROM messages WHERE chat_id = ? ORDER BY id",
+                                chat_id)
 
     # -- events ------------------------------------------------------------------------------
     async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:

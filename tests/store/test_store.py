@@ -764,6 +764,24 @@ async def test_history_names_the_corrupt_row(store: SessionStore, backend: Backe
     assert f"id={row_id}" in str(info.value)
 
 
+async def test_transcript_rows_are_the_history_with_each_rows_keys(store: SessionStore, backend: Backend) -> None:
+    await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, 1, 0, ModelReply(tool_calls=[ToolCall(id="c1", name="t")]), final=False)
+    await store.record_tool_result(CHAT, 1, "c1", "t", "ok", "done")
+    await start_turn(store, "run-2", "m2")  # closes turn 1 with a row of no step
+    rows = await store.transcript_rows(CHAT)
+    assert [(r.turn, r.message.role, r.message_id, r.step, r.message.tool_call_id) for r in rows] == [
+        (1, "user", "m1", None, None), (1, "assistant", None, 0, None), (1, "tool", None, None, "c1"),
+        (1, "assistant", None, None, None), (2, "user", "m2", None, None)]
+    assert rows[3].message.content == SUPERSEDED_TEXT
+    assert [r.message for r in rows] == await store.history(CHAT)
+    assert [r.id for r in rows] == sorted(r.id for r in rows)
+    assert await store.transcript_rows("other") == []
+    await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", rows[2].id)
+    with pytest.raises(CorruptRowError, match=f"message row id={rows[2].id} does not decode"):
+        await store.transcript_rows(CHAT)
+
+
 # -- events and sharing ---------------------------------------------------------------------------
 
 
