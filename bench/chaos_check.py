@@ -1,12 +1,12 @@
-"""The chaos harness's checker: reads the store, the ledger, the worker logs, the
-harness's own records and every workflow history after a run, and counts each
-invariant's violations. See bench/chaos.py for the invariants."""
+"""The chaos harness's checker: reads the store (through its API, as any backend
+serves it), the ledger, the worker logs, the harness's own records and every
+workflow history after a run, and counts each invariant's violations. See
+bench/chaos.py for the invariants."""
 from __future__ import annotations
 
 import asyncio
 import json
 import re
-import sqlite3
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
@@ -21,7 +21,8 @@ from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Repor
 from bench.chaos_infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
-from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT
+from turnkeeper.activities.store import SessionStore, TranscriptRow, open_store
+from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
 
 if TYPE_CHECKING:
     from bench.chaos import Chaos
@@ -47,6 +48,8 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
 }
+EVENT_PAGE = 1000
+ALL_CHATS = 1_000_000  # list_chats' limit: every chat of a run
 
 
 def no_worker_gaps(windows: list[tuple[float, float]], t0: float, from_s: float,
@@ -102,7 +105,7 @@ class Checker:
             report.anomalies.append(
                 f"{refused} model requests carried a tool call without its tool result: a real OpenAI "
                 "server refuses those with 400 (here: answered the same way, so the turn waits as model_failed)")
-        self._load_store()
+        await self._load_store()
         self._turns_and_events()
         self._tools()
         self._messages()
@@ -120,26 +123,43 @@ class Checker:
             self._write_evidence(histories)
         report.check_s = time.monotonic() - start
 
-    def _load_store(self) -> None:
-        conn = sqlite3.connect(str(self.h.settings.sqlite_path), timeout=30)
-        conn.row_factory = sqlite3.Row
+    async def _load_store(self) -> None:
+        """Every chat's turns, transcript and event log, read through the store's API
+        once the workers are stopped: the chats the harness drove and any other the
+        store lists."""
+        store = open_store(self.h.settings)
+        await store.open()
         try:
-            self.turns = conn.execute("SELECT chat_id, turn, run_id, status, reason, recovery_id, attempts, ended"
-                                      " FROM turns ORDER BY chat_id, turn").fetchall()
-            self.messages = conn.execute("SELECT id, chat_id, turn, role, message_id, step, tool_call_id, body"
-                                         " FROM messages ORDER BY id").fetchall()
-            self.events = conn.execute("SELECT chat_id, seq, type, payload FROM events"
-                                       " ORDER BY chat_id, seq").fetchall()
-            self.tool_runs = {r["idempotency_key"]: r for r in conn.execute(
-                "SELECT idempotency_key, chat_id, turn, tool_call_id FROM tool_runs")}
+            latest = await store.list_chats(limit=ALL_CHATS)
+            chat_ids = sorted(set(self.h.chats) | {r.chat_id for r in latest})
+            self.events: list[Event] = []
+            rows_of: dict[str, list[TranscriptRow]] = {}
+            for chat_id in chat_ids:
+                self.events += await _all_events(store, chat_id)
+                if rows := await store.transcript_rows(chat_id):
+                    rows_of[chat_id] = rows
+            # A turn row's `ended` is set with its `turn_end` event, in one transaction.
+            ended = {(e.chat_id, e.payload.get("turn")) for e in self.events if e.type == "turn_end"}
+            self.turns: list[dict[str, Any]] = []
+            for last in sorted(latest, key=lambda r: r.chat_id):
+                for n in range(1, last.turn + 1):  # a chat's turns are numbered 1, 2, 3, ...
+                    r = await store.get_turn(last.chat_id, n) if n < last.turn else last
+                    if r is not None:
+                        self.turns.append({
+                            "chat_id": r.chat_id, "turn": r.turn, "run_id": r.run_id, "status": r.status.value,
+                            "reason": r.reason.value if r.reason else None, "recovery_id": r.recovery_id,
+                            "attempts": r.attempts, "ended": int((r.chat_id, r.turn) in ended)})
         finally:
-            conn.close()
-        self.turns_of: dict[str, dict[int, sqlite3.Row]] = defaultdict(dict)
-        for r in self.turns:
-            self.turns_of[r["chat_id"]][r["turn"]] = r
-        self.rows_of: dict[str, list[sqlite3.Row]] = defaultdict(list)
-        for m in self.messages:
-            self.rows_of[m["chat_id"]].append(m)
+            await store.close()
+        # Chats in the order of their first row, rows of all chats in transcript order (the order findings come in).
+        self.rows_of = dict(sorted(rows_of.items(), key=lambda item: item[1][0].id))
+        self.messages = sorted(((chat_id, r) for chat_id, rows in rows_of.items() for r in rows),
+                               key=lambda m: m[1].id)
+        # The store records each tool start (its idempotency key) with a `tool_started` event.
+        self.tool_runs = {e.payload.get("idempotency_key") for e in self.events if e.type == "tool_started"}
+        self.turns_of: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for t in self.turns:
+            self.turns_of[t["chat_id"]][t["turn"]] = t
 
     # -- turns and the event log: gates, turns written to after their end -----------------
     def _turns_and_events(self) -> None:
@@ -160,28 +180,28 @@ class Checker:
         self.refusals: Counter[tuple[str, str]] = Counter()  # message_rejected events per (chat, id)
         assistant_writes: Counter[tuple[str, int, int]] = Counter()
         for e in self.events:
-            payload = json.loads(e["payload"])
-            key = (e["chat_id"], payload.get("turn"))
-            if e["type"] == "recovery_state":
+            payload = e.payload
+            key = (e.chat_id, payload.get("turn"))
+            if e.type == "recovery_state":
                 if payload.get("status") == "awaiting_user":
                     gates[payload.get("reason")] += 1
                 if key in ended:
                     self.det["turn_reopened_after_end"] += 1
                     report.anomalies.append(
-                        f"chat {e['chat_id']}: turn {payload.get('turn')} got recovery_state "
-                        f"{payload.get('status')}/{payload.get('reason')} (seq {e['seq']}) after its turn_end "
+                        f"chat {e.chat_id}: turn {payload.get('turn')} got recovery_state "
+                        f"{payload.get('status')}/{payload.get('reason')} (seq {e.seq}) after its turn_end "
                         f"(seq {ended[key]}): a closed turn was reopened")
-                    self.evidence[e["chat_id"]].append(f"turn {payload.get('turn')} reopened after turn_end")
-            elif e["type"] == "turn_end":
-                ended.setdefault(key, e["seq"])
+                    self.evidence[e.chat_id].append(f"turn {payload.get('turn')} reopened after turn_end")
+            elif e.type == "turn_end":
+                ended.setdefault(key, e.seq)
                 self.turn_ends[key] += 1
-            elif e["type"] == "assistant_message":
-                assistant_writes[(e["chat_id"], payload.get("turn"), payload.get("step"))] += 1
-            elif e["type"] == "recovery_action_rejected":
+            elif e.type == "assistant_message":
+                assistant_writes[(e.chat_id, payload.get("turn"), payload.get("step"))] += 1
+            elif e.type == "recovery_action_rejected":
                 self.det["signals_refused_in_event_log"] += 1
-            elif e["type"] == "message_rejected" and payload.get("message_id"):
-                self.refused_ids[e["chat_id"]][payload["message_id"]] = str(payload.get("reason"))
-                self.refusals[(e["chat_id"], payload["message_id"])] += 1
+            elif e.type == "message_rejected" and payload.get("message_id"):
+                self.refused_ids[e.chat_id][payload["message_id"]] = str(payload.get("reason"))
+                self.refusals[(e.chat_id, payload["message_id"])] += 1
         report.gates_by_reason = dict(gates)
         for (chat_id, turn, step), n in assistant_writes.items():
             if n > 1:
@@ -232,10 +252,10 @@ class Checker:
         h, report = self.h, self.report
         msg: Counter[str] = Counter()
         for chat in h.chats.values():
-            rows = [r for r in self.rows_of.get(chat.chat_id, []) if r["role"] == "user"]
-            ids = [r["message_id"] for r in rows]
+            rows = [r for r in self.rows_of.get(chat.chat_id, []) if r.message.role == "user"]
+            ids = [r.message_id for r in rows]
             count = Counter(ids)
-            contents = Counter(json.loads(r["body"]).get("content") for r in rows)
+            contents = Counter(r.message.content for r in rows)
             refused = self.refused_ids.get(chat.chat_id, {})
             msg["ids"] += len(chat.texts)
             msg["sends"] += chat.sends
@@ -275,8 +295,8 @@ class Checker:
                     msg["committed"] += 1
                     if mid in chat.acked_during_outage:
                         msg["committed_acknowledged_during_outage"] += 1
-                    row = next(r for r in rows if r["message_id"] == mid)
-                    if json.loads(row["body"]).get("content") != text:
+                    row = next(r for r in rows if r.message_id == mid)
+                    if row.message.content != text:
                         self.fail("message_text_changed", f"chat {chat.chat_id} message {mid}: committed text "
                                   "differs", chat.chat_id)
             for mid in chat.unacked:
@@ -305,17 +325,16 @@ class Checker:
             calls: list[str] = []
             answered: Counter[str] = Counter()
             for r in rows:
-                body = json.loads(r["body"])
-                if r["role"] == "assistant":
-                    calls += [c["id"] for c in body.get("tool_calls") or []]
-                elif r["role"] == "tool":
-                    answered[body.get("tool_call_id")] += 1
+                if r.message.role == "assistant":
+                    calls += [c.id for c in r.message.tool_calls or []]
+                elif r.message.role == "tool":
+                    answered[r.message.tool_call_id] += 1
             bad = [c for c in calls if answered[c] != 1] + [c for c in answered if c not in calls]
             if bad:
                 self.fail("unbalanced_transcripts", f"chat {chat_id}: unbalanced tool rows for calls {bad}",
                           chat_id, f"unbalanced tool rows {bad}")
             # A provider also wants each call's tool row right after the call's assistant row.
-            apart = [c for c in unanswered_tool_calls([json.loads(r["body"]) | {"role": r["role"]} for r in rows])
+            apart = [c for c in unanswered_tool_calls([_body(r) for r in rows])
                      if c not in bad]
             if apart:
                 self.fail("tool_rows_apart_from_their_call", f"chat {chat_id}: the tool rows of calls {apart} do not "
@@ -529,18 +548,18 @@ class Checker:
                           f"{CONFIRM_TOOL} started without an approved activity in any history: {line}",
                           line.split()[1].split("/")[0])
         denied = unapproved = 0
-        for m in self.messages:
-            if m["role"] != "tool":
+        for chat_id, m in self.messages:
+            if m.message.role != "tool":
                 continue
-            content = json.loads(m["body"]).get("content")
+            content = m.message.content
             if content not in (DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT):
                 continue
             denied += content == DENIED_TOOL_TEXT
             unapproved += content == UNAPPROVED_TOOL_TEXT
-            if m["tool_call_id"] in self.confirm_starts:
-                self.fail("denied_call_ran", f"call {m['tool_call_id']} of chat {m['chat_id']} answered "
-                          f"{content!r} but the ledger shows it ran: {self.confirm_starts[m['tool_call_id']]}",
-                          m["chat_id"])
+            call_id = m.message.tool_call_id
+            if call_id in self.confirm_starts:
+                self.fail("denied_call_ran", f"call {call_id} of chat {chat_id} answered "
+                          f"{content!r} but the ledger shows it ran: {self.confirm_starts[call_id]}", chat_id)
         self.report.approvals = {"approved_calls_scheduled": len(self.approved_calls),
                                  "approved_calls_started": len(self.confirm_starts),
                                  "denied_rows": denied, "not_run_rows": unapproved}
@@ -605,17 +624,32 @@ class Checker:
                 "actions": [vars(a) for a in h.actions.actions if a.chat_id == chat_id],
                 "outages": h.outage_log,
                 "turns": [dict(r) for r in self.turns_of.get(chat_id, {}).values()],
-                "transcript": [{"id": r["id"], "turn": r["turn"], "role": r["role"], "message_id": r["message_id"],
-                                "step": r["step"], "body": _short_body(json.loads(r["body"]))}
+                "transcript": [{"id": r.id, "turn": r.turn, "role": r.message.role, "message_id": r.message_id,
+                                "step": r.step, "body": _short_body(_body(r))}
                                for r in self.rows_of.get(chat_id, [])],
-                "events": [{"seq": e["seq"], "type": e["type"], "payload": _short_body(json.loads(e["payload"]))}
-                           for e in self.events if e["chat_id"] == chat_id],
+                "events": [{"seq": e.seq, "type": e.type, "payload": _short_body(e.payload)}
+                           for e in self.events if e.chat_id == chat_id],
                 "runs": [{"run_id": x.run_id, "events": [event_line(ev) for ev in x.events]}
                          for x in histories if x.workflow_id == wid],
                 "worker_log_lines": [f"{name}:{n}: {line[:2000]}" for name, lines in logs.items()
                                      for n, line in enumerate(lines, 1) if chat_id in line],
             }
             (out / f"{chat_id}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+async def _all_events(store: SessionStore, chat_id: str) -> list[Event]:
+    """A chat's whole event log, in order."""
+    events: list[Event] = []
+    while page := await store.events(chat_id, after_seq=events[-1].seq if events else 0, limit=EVENT_PAGE):
+        events += page
+        if len(page) < EVENT_PAGE:
+            break
+    return events
+
+
+def _body(row: TranscriptRow) -> dict[str, Any]:
+    """A transcript row's message as the store keeps it (and `history --json` shows it)."""
+    return row.message.model_dump(mode="json", exclude_none=True)
 
 
 def _short_body(body: Any, limit: int = 300) -> Any:
