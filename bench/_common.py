@@ -57,37 +57,54 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
-                     cli_defaults: bool = False, metrics_port: int | None = None) -> AsyncIterator[Server]:
+                     cli_defaults: bool = False, metrics_port: int | None = None,
+                     attempts: int = 1) -> AsyncIterator[Server]:
     """The embedded server's `temporal server start-dev` on a free port, with its
     SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
-    Prometheus metrics served there); stopped on the way out."""
-    port, http_port = free_port(), free_port()
-    address = f"127.0.0.1:{port}"
-    cmd = start_dev_command(port, tmp / "temporal.db", log_level="error", http_port=http_port,
-                            dynamic_config=dynamic_config, cli_defaults=cli_defaults)
-    if metrics_port is not None:
-        cmd += ["--metrics-port", str(metrics_port)]
-    log_path = tmp / "temporal-server.log"
-    # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not await is_healthy(address):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
-            await asyncio.sleep(0.2)
-        yield Server(address, proc.pid, f"127.0.0.1:{http_port}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    Prometheus metrics served there); stopped on the way out.
+
+    The dev server picks the ports of its internal services itself and can pick
+    the one just chosen for the frontend: it then panics a moment after turning
+    healthy. With `attempts` > 1, a start is looked at again 1.5 s after it
+    turned healthy, and one that died is made again on other ports."""
+    for attempt in range(1, attempts + 1):
+        port, http_port = free_port(), free_port()
+        address = f"127.0.0.1:{port}"
+        suffix = "" if attempt == 1 else f"-{attempt}"
+        cmd = start_dev_command(port, tmp / f"temporal{suffix}.db", log_level="error", http_port=http_port,
+                                dynamic_config=dynamic_config, cli_defaults=cli_defaults)
+        if metrics_port is not None:
+            cmd += ["--metrics-port", str(metrics_port)]
+        log_path = tmp / f"temporal-server{suffix}.log"
+        # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+            while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if attempts > 1 and proc.poll() is None:
+                await asyncio.sleep(1.5)  # past the internal services' start-up
+            if proc.poll() is not None or not await is_healthy(address):
+                if attempt < attempts:
+                    continue
+                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+            yield Server(address, proc.pid, f"127.0.0.1:{http_port}")
+            return
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 # -- statistics --------------------------------------------------------------------------

@@ -140,8 +140,9 @@ from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are
     ChatLog,
     Report,
 )
+from bench._common import dev_server  # noqa: E402
 from bench.chaos_check import Checker  # noqa: E402
-from bench.chaos_infra import ChaosModel, WorkerPool, dev_server  # noqa: E402
+from bench.chaos_infra import ChaosModel, WorkerPool  # noqa: E402
 from bench.chaos_users import Users, query_state, state_signature, tool_running  # noqa: E402
 from turnkeeper import client as tk  # noqa: E402
 from turnkeeper.config import Settings  # noqa: E402
@@ -230,8 +231,8 @@ class Chaos(Users):
         report = Report(seed=self.seed, config=config_dict, workdir=str(work))
         self.log(f"seed {self.seed}, work dir {work}")
         try:
-            async with dev_server(work) as address:
-                self.address = address
+            async with dev_server(work, attempts=3) as server:
+                address = self.address = server.address
                 self.client = await Client.connect(address, data_converter=pydantic_data_converter)
                 model = self.model = ChaosModel(cfg, random.Random(self.rng.randrange(2 ** 32)))
                 with FakeChatServer(responder=model) as fake:

@@ -1,76 +1,26 @@
-"""The chaos harness's surroundings: the Temporal dev server, the fake model
-and the worker processes. See bench/chaos.py."""
+"""The chaos harness's surroundings: the fake model and the worker processes
+(its Temporal dev server is bench/_common.py's). See bench/chaos.py."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench._common import ROOT
 from bench.chaos_base import CONFIRM_TOOL, TOOL, ChaosConfig
 from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION
 
 SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
-from turnkeeper.dev_server import is_healthy, start_dev_command
-
-ROOT = Path(__file__).resolve().parent.parent
-SERVER_START_TIMEOUT_S = 60.0
-
-
-# -- the Temporal dev server ------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def dev_server(tmp: Path, attempts: int = 3) -> AsyncIterator[str]:
-    """`temporal server start-dev` on a free port with an on-disk SQLite file.
-
-    The dev server picks free ports for its internal services itself and can
-    pick the one just chosen for the frontend (it then panics a moment after
-    turning healthy): such a start is retried on another port."""
-    for attempt in range(1, attempts + 1):
-        port = free_port()
-        address = f"127.0.0.1:{port}"
-        cmd = start_dev_command(port, tmp / f"temporal-{attempt}.db", log_level="error")
-        log_path = tmp / f"temporal-server-{attempt}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        try:
-            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-            while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(1.5)  # past the internal services' start-up
-            if proc.poll() is not None or not await is_healthy(address):
-                if attempt == attempts:
-                    raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
-                continue
-            yield address
-            return
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
 
 
 # -- the model --------------------------------------------------------------------------
