@@ -1,8 +1,7 @@
 """What the benchmark scripts share: their own Temporal dev server, progress
 output, statistics, a workflow history as a timeline, and the way they exit.
 
-Imported as `_common` (a script's own directory is first on sys.path); importing
-it also puts the project root on sys.path, so import it before the project.
+Imported as `bench._common` (bench/__init__.py: how a script finds `bench`).
 """
 from __future__ import annotations
 
@@ -23,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, TypeVar
 
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import WorkflowHistory
+
+from turnkeeper.dev_server import is_healthy, start_dev_command
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
-
-from temporalio.api.enums.v1 import EventType, TimeoutType  # noqa: E402
-from temporalio.client import WorkflowHistory  # noqa: E402
-
-from turnkeeper.dev_server import is_healthy, start_dev_command  # noqa: E402
 
 SERVER_START_TIMEOUT_S = 60.0
 

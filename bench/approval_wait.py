@@ -18,8 +18,6 @@ ledger (`start ... t=<unix time>`), median and p90.
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: puts the project on sys.path)
-
 import argparse
 import asyncio
 import json
@@ -32,10 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from _common import ROOT, dev_server, p90, progress, run_and_exit
+from bench._common import ROOT, dev_server, p90, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState

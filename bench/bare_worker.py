@@ -11,13 +11,15 @@ import signal
 import sys
 from pathlib import Path
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import run_and_exit
-from bare_loop import BareTurn
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
-from turn_latency import BareActivities, Steps
+
+from bench._common import run_and_exit
+from bench.bare_loop import BareTurn
+from bench.turn_latency import BareActivities, Steps
 from turnkeeper.worker import STICKY_SCHEDULE_TO_START
 
 

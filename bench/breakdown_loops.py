@@ -9,7 +9,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from bare_loop import bare_loop
+    from bench.bare_loop import bare_loop
 
 NOOP = "breakdown.noop"
 

@@ -121,13 +121,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(1, str(ROOT))  # the project, also without `pip install -e .`
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
 
 from temporalio.client import Client, WorkflowExecutionStatus  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
+from bench._common import dev_server  # noqa: E402
 from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are this module's API
     CLOSED_TURN,
     CONFIRM_TOOL,
@@ -140,7 +139,6 @@ from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are
     ChatLog,
     Report,
 )
-from bench._common import dev_server  # noqa: E402
 from bench.chaos_check import Checker  # noqa: E402
 from bench.chaos_infra import ChaosModel, WorkerPool  # noqa: E402
 from bench.chaos_users import Users, query_state, state_signature, tool_running  # noqa: E402

@@ -30,6 +30,7 @@ import base64
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable
@@ -37,14 +38,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import alternate_rounds, dev_server, p90, progress, run_and_exit
-from process_throughput import (IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, print_cpu_table,  # noqa: E402
+from bench._common import alternate_rounds, dev_server, p90, progress, run_and_exit
+from bench.process_throughput import (IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, print_cpu_table,  # noqa: E402
                                 spawn_and_warm)
-from turn_latency import TURN_TIMEOUT_S, PairedRatio, proto_size, ratio_of_rounds, turnkeeper_turn
+from bench.turn_latency import TURN_TIMEOUT_S, PairedRatio, proto_size, ratio_of_rounds, turnkeeper_turn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.encryption import ENCODING, EncryptionCodec

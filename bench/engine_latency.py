@@ -53,6 +53,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 import temporalio.client
 import temporalio.worker
 from temporalio import activity
@@ -62,8 +64,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import (
+from bench._common import (
     Server,
     dev_server,
     event_s,
@@ -74,11 +75,8 @@ from _common import (
     run_and_exit,
     timeline,
 )
-from turnkeeper import activity_io as io
-from turnkeeper import client as tk
-from turnkeeper.activities.store import SQLiteStore
-from bare_loop import BareTurn
-from turn_latency import (
+from bench.bare_loop import BareTurn
+from bench.turn_latency import (
     TURN_TIMEOUT_S,
     Bare,
     BareActivities,
@@ -88,6 +86,9 @@ from turn_latency import (
     cpu_seconds,
     ratio_of_rounds,
 )
+from turnkeeper import activity_io as io
+from turnkeeper import client as tk
+from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.dev_server import TASK_DISPATCH, server_settings
 from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (

@@ -9,18 +9,19 @@ worker with the scripted model; prints events and bytes of the run of turn 1,
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: puts the project on sys.path)
-
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from _common import dev_server, progress, run_and_exit
+from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.worker import run_worker

@@ -27,8 +27,6 @@ requests, the worker's VmRSS from /proc, and the turn's wall time.
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: puts the project on sys.path)
-
 import argparse
 import asyncio
 import json
@@ -45,7 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _common import ROOT, dev_server, progress, run_and_exit
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
+from bench._common import ROOT, dev_server, progress, run_and_exit
 from turnkeeper import activity_io as io
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -27,16 +28,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import alternate_rounds, dev_server, run_and_exit
-from breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
-from turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
+from bench._common import alternate_rounds, dev_server, run_and_exit
+from bench.breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity
+from bench.turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
 from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from turnkeeper.worker import STICKY_SCHEDULE_TO_START
 

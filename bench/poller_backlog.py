@@ -17,15 +17,17 @@ import argparse
 import asyncio
 import contextlib
 import re
+import sys
 import tempfile
 import time
 import urllib.request
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import alternate_rounds, dev_server, free_port, run_and_exit
-from turn_latency import Turnkeeper, cpu_seconds
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
+from bench._common import alternate_rounds, dev_server, free_port, run_and_exit
+from bench.turn_latency import Turnkeeper, cpu_seconds
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 

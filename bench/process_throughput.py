@@ -31,12 +31,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import ROOT, alternate_rounds, dev_server, progress, run_and_exit
-from turn_latency import (
+from bench._common import ROOT, alternate_rounds, dev_server, progress, run_and_exit
+from bench.turn_latency import (
     GOAL_THROUGHPUT_VS_BARE,
     SCRIPT,
     TURN_TIMEOUT_S,

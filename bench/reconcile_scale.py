@@ -11,20 +11,21 @@ reported with the store calls it made.
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: puts the project on sys.path)
-
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment
 
-from _common import dev_server, progress, run_and_exit
+from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.activities.reconciler import Reconciler
 from turnkeeper.activities.store import SQLiteStore

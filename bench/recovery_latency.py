@@ -40,14 +40,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import ROOT, dev_server, event_s, near_median, print_timeline, progress, run_and_exit, timeline
+from bench._common import ROOT, dev_server, event_s, near_median, print_timeline, progress, run_and_exit, timeline
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary

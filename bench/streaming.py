@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, dev_server, free_port, p90, progress, run_and_exit  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
+from bench._common import ROOT, dev_server, free_port, p90, progress, run_and_exit  # noqa: E402
 
 from temporalio.client import Client  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402

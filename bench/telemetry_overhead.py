@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import urllib.request
@@ -28,12 +29,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import alternate_rounds, dev_server, free_port, median_interval, run_and_exit
-from process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm  # noqa: E402
+from bench._common import alternate_rounds, dev_server, free_port, median_interval, run_and_exit
+from bench.process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm  # noqa: E402
 from turnkeeper import telemetry
 
 

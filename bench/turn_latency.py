@@ -41,19 +41,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio import activity
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-# First of the project's imports: importing _common puts the project on sys.path.
-from _common import Server, dev_server, median_interval, near_median, p90, print_timeline, progress, run_and_exit, timeline
+from bench._common import Server, dev_server, median_interval, near_median, p90, print_timeline, progress, run_and_exit, timeline
+from bench.bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
 from turnkeeper.activities.providers import ScriptedProvider
 from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.activities.tools import ToolContext, ToolRegistry, default_registry
-from bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import server_settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
@@ -299,7 +300,7 @@ class Agents(Variant):
 
     async def start(self) -> None:
         from agents import Model, ModelProvider
-        from agents_loop import AgentsTurn, write_file
+        from bench.agents_loop import AgentsTurn, write_file
         from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
         from temporalio.openai_agents.testing import ResponseBuilders
 

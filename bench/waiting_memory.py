@@ -10,8 +10,6 @@ waits. After each step's chats are all waiting, the worker's resident memory
 """
 from __future__ import annotations
 
-import _common  # noqa: F401  (first: puts the project on sys.path)
-
 import argparse
 import asyncio
 import json
@@ -23,10 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from _common import ROOT, dev_server, progress, run_and_exit
+from bench._common import ROOT, dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 

@@ -11,31 +11,20 @@ to replay a seed (timing still varies); a failing run keeps its work directory
 tmp_path. The other tests check the checker's own rules, without a server."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
-
-_PATH = ROOT / "bench" / "chaos.py"
-
-
-def _harness():
-    spec = importlib.util.spec_from_file_location("turnkeeper_chaos_harness", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+import bench.chaos as chaos
+from bench.chaos_base import Action, ActionLog, error_kind, percentile
+from bench.chaos_check import no_worker_gaps, unserved_s
+from bench.chaos_infra import WorkerPool, WorkerProc
 
 
 @pytest.mark.crash
 @pytest.mark.timeout(300)
 async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
-    chaos = _harness()
     seed = int(os.environ.get("TK_CHAOS_SEED", "20240611"))
     report = await chaos.run_chaos(chaos.ChaosConfig(
         turns=30, kills=5, workers=3, chats=8, seed=seed, bursts=1, outages=1,
@@ -61,9 +50,6 @@ async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
 
 
 def test_answer_times_count_late_and_unanswered_actions_but_not_bursts() -> None:
-    chaos = _harness()
-    from bench.chaos_base import Action, ActionLog
-
     log = ActionLog()
     log.add(Action(kind="continue/update", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted"))
     log.add(Action(kind="dismiss/update", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"))
@@ -77,9 +63,6 @@ def test_answer_times_count_late_and_unanswered_actions_but_not_bursts() -> None
 
 
 def test_percentile_is_nearest_rank() -> None:
-    _harness()
-    from bench.chaos_base import percentile
-
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 99) == 99.0
     assert percentile(values, 100) == 100.0
@@ -88,9 +71,6 @@ def test_percentile_is_nearest_rank() -> None:
 
 
 def test_update_refusals_are_sorted_by_their_words() -> None:
-    _harness()
-    from bench.chaos_base import error_kind
-
     assert error_kind("recovery id 'x' is stale") == "stale"
     assert error_kind("not waiting for confirmation") == "not waiting"
     assert error_kind("recovery context is unavailable") == "context unavailable"
@@ -100,7 +80,6 @@ def test_update_refusals_are_sorted_by_their_words() -> None:
 
 
 def test_a_run_looks_idle_when_its_state_shows_nothing_to_do() -> None:
-    chaos = _harness()
     tool = {"id": "t1", "name": "ledger_write", "status": "running"}
     assert chaos._looks_idle({"status": "recovered", "reason": "continued"})
     assert chaos._looks_idle({"status": "running", "tool_calls": []})
@@ -114,10 +93,6 @@ def test_a_run_looks_idle_when_its_state_shows_nothing_to_do() -> None:
 
 
 def test_time_with_no_worker_serving_is_not_counted_against_an_answer(tmp_path: Path) -> None:
-    _harness()
-    from bench.chaos_check import no_worker_gaps, unserved_s
-    from bench.chaos_infra import WorkerPool, WorkerProc
-
     pool = WorkerPool({}, tmp_path)
     t0 = 1000.0
     # Two workers: one serves 2-10 s and is killed, its replacement serves from 13 s.
@@ -135,10 +110,7 @@ def test_time_with_no_worker_serving_is_not_counted_against_an_answer(tmp_path: 
 
 
 def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
-    _harness()
     import time
-
-    from bench.chaos_infra import WorkerProc
 
     log = tmp_path / "worker.log"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))

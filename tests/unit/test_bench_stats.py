@@ -2,25 +2,12 @@
 it decides whether a throughput goal is reported as told apart from noise."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
 
 import pytest
 
-from tests.support import ROOT
-
-_PATH = ROOT / "bench" / "_common.py"
-
-
-def _common():
-    spec = importlib.util.spec_from_file_location("turnkeeper_bench_common", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench._common import median_interval
 
 
 def _coverage(n: int, k: int) -> float:
@@ -32,7 +19,7 @@ def _coverage(n: int, k: int) -> float:
 def test_median_interval_takes_the_narrowest_order_statistics_that_keep_90_percent(n: int, k: int) -> None:
     values = [1.0 + i / 100 for i in range(n)]
     shuffled = random.Random(n).sample(values, n)
-    low, high, coverage = _common().median_interval(shuffled, level=0.9)
+    low, high, coverage = median_interval(shuffled, level=0.9)
     assert (low, high) == (values[k - 1], values[n - k])
     assert coverage == pytest.approx(_coverage(n, k))
     assert coverage >= 0.9 > _coverage(n, k + 1)
@@ -41,7 +28,6 @@ def test_median_interval_takes_the_narrowest_order_statistics_that_keep_90_perce
 def test_median_interval_covers_the_median_as_often_as_it_says() -> None:
     """Rounds drawn from a known distribution: the interval holds its median at
     least as often as the coverage it reports."""
-    median_interval = _common().median_interval
     rng = random.Random(7)
     held, trials = 0, 2000
     for _ in range(trials):
@@ -53,4 +39,4 @@ def test_median_interval_covers_the_median_as_often_as_it_says() -> None:
 
 def test_median_interval_refuses_no_values() -> None:
     with pytest.raises(ValueError):
-        _common().median_interval([])
+        median_interval([])
