@@ -98,7 +98,7 @@ harness's actions, history of every run and worker log lines of each chat with
 a finding) is kept when something failed or with --keep.
 
 The core is importable: `run_chaos(ChaosConfig(...)) -> Report` (used by
-tests/test_chaos.py).
+tests/process/test_chaos.py).
 """
 from __future__ import annotations
 
