@@ -9,7 +9,8 @@ started by an earlier release must still replay (`complete-machine/`: recorded b
 `recovery-machine-2` stood for the three patch markers that runs recorded until then;
 `machine-2/`: before `recovery-machine-3` stood for that one and `tools-ask-first`; its
 runs of tests/workflow/test_approval.py, with an approval gate in each, fail here if the
-`tools-ask-first` gate is removed). Runs of
+`tools-ask-first` gate is removed; `machine-3/`: before `recovery-machine-4` stood for
+`recovery-machine-3` and a Continue whose store write finds the turn closed). Runs of
 `test_a_gate_whose_history_grows_long_hands_itself_on` (recorded with a patched limit) and
 of the run that fails on purpose are not kept.
 `before-unreadable-signals/` holds runs recorded before unreadable signal payloads were
