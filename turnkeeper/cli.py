@@ -5,20 +5,19 @@ for its user (`send`). The commands are in `turnkeeper.cli_commands`, what they
 print in `turnkeeper.cli_output`.
 
 Imports that only some commands need (the Temporal client and its RPC errors,
-the session store, the worker, the web server) are made in the functions that
-use them: every command pays for its own imports only (tests/test_cli_startup.py).
+the models and pydantic, the session store, the worker, the web server) are
+made in the functions that use them: every command pays for its own imports
+only (tests/process/test_cli_startup.py).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import NoReturn
 
-from turnkeeper import telemetry
 from turnkeeper.cli_commands import (
     cmd_continue,
     cmd_dismiss,
@@ -32,8 +31,7 @@ from turnkeeper.cli_commands import (
 )
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
-from turnkeeper.models import TurnStatus
-from turnkeeper.replay import parse_since
+from turnkeeper.statuses import TurnStatus
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _since(raw: str) -> object:
+    from turnkeeper.replay import parse_since
+
     try:
         return parse_since(raw)
     except ValueError as err:
@@ -122,7 +122,12 @@ def run(argv: Sequence[str] | None = None) -> int:
             from turnkeeper.codec_server import serve as serve_codec
 
             return serve_codec(settings, CodecConfig.from_env(settings))
-        return asyncio.run(args.func(args, settings))
+        code = args.func(args, settings)
+        if isinstance(code, Coroutine):  # the commands that talk gRPC; the others need no event loop
+            import asyncio
+
+            code = asyncio.run(code)
+        return code
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -158,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.stderr.flush()
-    telemetry.flush_traces()  # os._exit would drop the spans still buffered
+    # os._exit would drop the spans still buffered. Only a traced client makes spans, and
+    # it imported telemetry: a command that made none does not import it now.
+    telemetry = sys.modules.get("turnkeeper.telemetry")
+    if telemetry is not None:
+        telemetry.flush_traces()
     # A Temporal runtime can abort at interpreter exit (sdk-python #300).
     os._exit(code)

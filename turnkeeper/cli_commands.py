@@ -1,21 +1,27 @@
 """The `turnkeeper` commands that talk to Temporal and to the session store.
 
-Each returns its exit code or raises `Refused`; `turnkeeper.cli` parses the
-arguments and dispatches here.
+Each returns its exit code (a coroutine of it for those that always talk gRPC)
+or raises `Refused`; `turnkeeper.cli` parses the arguments and dispatches here.
+
+`status`, `history`, `events` and `list` load neither the Temporal SDK, nor
+pydantic, nor asyncio when Temporal's HTTP API and a SQLite store serve them
+(turnkeeper.http_api, turnkeeper.cli_reads): each of those imports takes a good
+part of what the whole command may take. They run an event loop only to fall
+back to gRPC or to the store.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper import client as tk
 from turnkeeper.cli_common import (
     EXIT_OK,
     EXIT_REFUSED,
-    NOT_WAITING,
     QUERY_TIMEOUT,
+    ClientOnDemand,
     NoWorker,
     Refused,
     Undecryptable,
@@ -25,7 +31,6 @@ from turnkeeper.cli_common import (
     open_session_store,
     query_state,
 )
-from turnkeeper.cli_follow import follow_turn
 from turnkeeper.cli_output import (
     chat_row,
     describe_gate,
@@ -35,27 +40,101 @@ from turnkeeper.cli_output import (
     replay_lines,
     transcript_line,
 )
+from turnkeeper.cli_reads import Reads, StateView, turn_state
 from turnkeeper.config import Settings
-from turnkeeper.models import (
+from turnkeeper.statuses import (
     CHAT_ID,
     OPEN_STATUSES,
     RECOVERY_REASON,
     TURN_STATUS,
-    TurnState,
     TurnStatus,
 )
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from turnkeeper.models import TurnState
+
 EVENTS_PAGE = 1000
 
 
-async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_send(args: argparse.Namespace, settings: Settings) -> Any:
+    """Over Temporal's HTTP API, reading the SQLite file itself, when both can serve it
+    (then neither the SDK nor pydantic loads before the message is durable; only
+    following the turn loads pydantic and the store): the same request, the same
+    reads. Otherwise, or for an id the model must judge, the SDK's way (a coroutine)."""
+    import uuid
+
     try:
-        message = tk.new_message(args.text, settings, message_id=args.message_id)
+        tk.check_message_size(args.text, settings)
     except tk.MessageTooLarge as err:
         raise Refused(str(err)) from None
+    message_id = args.message_id or uuid.uuid4().hex
+    if (len(message_id) not in tk.MESSAGE_ID_LENGTHS or settings.http_api_address is None
+            or settings.encryption_keys or settings.otlp_endpoint):
+        # Payloads the codec must encrypt, or a traced start: only the SDK's client makes those.
+        return _send_with_the_sdk(args, settings, message_id)
+    after = 0
+    if not args.no_wait:
+        reads = Reads(settings)
+        try:
+            if not reads.plain:  # the store must open (or create) the file: as before, once Temporal answers
+                return _send_with_the_sdk(args, settings, message_id)
+            # A retry of a message the chat already holds starts no turn: it follows the one that took it.
+            after = reads.follow_from(args.chat, message_id)
+        finally:
+            reads.close()
+    from turnkeeper import http_api
+
+    try:
+        _send_over_http(settings, args.chat, message_id, args.text)
+    except http_api.Unavailable:
+        import asyncio
+
+        # Also when the request may have arrived: the chat takes a message id once.
+        asyncio.run(_send_over_grpc(settings, args.chat, message_id, args.text))
+    if args.no_wait:
+        print(f"sent {message_id} to chat {args.chat}")
+        return EXIT_OK
+    return _follow_sent(settings, args.chat, message_id, after, args.timeout)  # run by cli.run
+
+
+def _send_over_http(settings: Settings, chat_id: str, message_id: str, text: str) -> None:
+    from turnkeeper import http_api
+
+    address = settings.http_api_address
+    assert address is not None
+    try:
+        request = tk.signal_with_start_request(settings, chat_id, message_id, text)
+    except UnicodeEncodeError as err:  # text the model's JSON cannot hold: the SDK's way says so its way
+        raise http_api.Unavailable(str(err)) from None
+    api = http_api.TemporalHttp(address, settings.namespace, timeout=QUERY_TIMEOUT.total_seconds())
+    try:
+        api.signal_with_start(tk.workflow_id(chat_id), "user_message", request)
+    except (http_api.ApiError, http_api.NoAnswer) as err:
+        raise http_api.Unavailable(str(err)) from None
+    finally:
+        api.close()
+
+
+async def _send_over_grpc(settings: Settings, chat_id: str, message_id: str, text: str) -> None:
+    client = await connect_client(settings)
+    await tk.send_message(client, settings, chat_id, tk.new_message(text, settings, message_id=message_id))
+
+
+async def _follow_sent(settings: Settings, chat_id: str, message_id: str, after: int, timeout: float) -> int:
+    from turnkeeper.cli_follow import follow_turn
+
+    store = await open_session_store(settings)
+    try:
+        return await follow_turn(ClientOnDemand(settings), store, chat_id, message_id, after, timeout,
+                                 task_queue=settings.task_queue)
+    finally:
+        await store.close()
+
+
+async def _send_with_the_sdk(args: argparse.Namespace, settings: Settings, message_id: str) -> int:
+    message = tk.new_message(args.text, settings, message_id=message_id)
     client = await connect_client(settings)
     store = await open_session_store(settings) if not args.no_wait else None
     # A retry of a message the chat already holds starts no turn: it follows the one that took it.
@@ -64,23 +143,31 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     if store is None:
         print(f"sent {message.message_id} to chat {args.chat}")
         return EXIT_OK
+    from turnkeeper.cli_follow import follow_turn
+
     try:
-        return await follow_turn(client, store, args.chat, message.message_id, after, args.timeout,
-                                  task_queue=settings.task_queue)
+        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, message.message_id, after,
+                                 args.timeout, task_queue=settings.task_queue)
     finally:
         await store.close()
 
 
-async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    run_status, answer = await _run_and_state(settings, args.chat)
-    if isinstance(answer, NoWorker):
-        # The store still knows the turn: show that, and say why it is all we show.
-        state = await _stored_turn(settings, args.chat)
-        print(f"turnkeeper: {answer}; showing the session store's record", file=sys.stderr)
-    else:
-        state = answer
-    if run_status != "running":
-        state = await _failed_turn(settings, args.chat) or state
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    run_status, answer = _run_and_state(settings, args.chat)
+    reads = Reads(settings)
+    try:
+        if isinstance(answer, NoWorker):
+            # The store still knows the turn: show that, and say why it is all we show.
+            state = reads.turn_state(args.chat) or StateView(chat_id=args.chat)
+            print(f"turnkeeper: {answer}; showing the session store's record", file=sys.stderr)
+        else:
+            state = answer
+        if run_status != "running":
+            # The chat's latest turn if its recovery failed: no run holds it, the store does.
+            stored = reads.turn_state(args.chat)
+            state = stored if stored is not None and stored.status == TurnStatus.FAILED else state
+    finally:
+        reads.close()
     if args.json:
         print_json(state.model_dump(mode="json"))
         return EXIT_OK
@@ -96,16 +183,22 @@ async def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-async def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
+def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, StateView | TurnState | NoWorker]:
     """The latest run's status (lower case: running, completed, ...) and its `state`
     answer, or why no worker gave one. Over Temporal's HTTP API when it answers
     (no SDK import: `status` starts in a fraction of the time), else over gRPC."""
     from turnkeeper import http_api
 
     try:
-        return await asyncio.to_thread(_run_and_state_over_http, settings, chat_id)
+        return _run_and_state_over_http(settings, chat_id)
     except http_api.Unavailable:
         pass
+    import asyncio
+
+    return asyncio.run(_run_and_state_over_grpc(settings, chat_id))
+
+
+async def _run_and_state_over_grpc(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
     client = await connect_client(settings)
     run_status = (await _describe(client, chat_id)).status.name.lower()
     try:
@@ -114,7 +207,7 @@ async def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, TurnSta
         return run_status, err
 
 
-def _run_and_state_over_http(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
+def _run_and_state_over_http(settings: Settings, chat_id: str) -> tuple[str, StateView | TurnState | NoWorker]:
     from turnkeeper import http_api
 
     address = settings.http_api_address
@@ -130,7 +223,7 @@ def _run_and_state_over_http(settings: Settings, chat_id: str) -> tuple[str, Tur
                 raise Refused(no_chat(chat_id)) from None
             raise http_api.Unavailable(err.message) from None
         try:
-            return run_status, TurnState.model_validate(api.query(wid, "state"))
+            return run_status, turn_state(api.query(wid, "state"))
         except http_api.ApiError as err:
             if err.code == http_api.NOT_FOUND:
                 raise Refused(no_chat(chat_id)) from None
@@ -144,12 +237,12 @@ def _run_and_state_over_http(settings: Settings, chat_id: str) -> tuple[str, Tur
         api.close()
 
 
-async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
-    store = await open_session_store(settings)
+def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    reads = Reads(settings)
     try:
-        rows = await store.history(args.chat)
+        rows = reads.history(args.chat)
     finally:
-        await store.close()
+        reads.close()
     if args.json:
         print_json([m.public() for m in rows])
         return EXIT_OK
@@ -160,14 +253,12 @@ async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-
-
-async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    store = await open_session_store(settings)
+def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    reads = Reads(settings)
     after = args.after
     try:
         while True:
-            page = await store.events(args.chat, after_seq=after, limit=EVENTS_PAGE)
+            page = reads.events(args.chat, after_seq=after, limit=EVENTS_PAGE)
             if not page and after == 0 and not args.follow:
                 raise Refused(f"no chat {args.chat!r}: it has no events")
             for ev in page:
@@ -180,19 +271,26 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
                 continue  # more already written
             if not args.follow:
                 return EXIT_OK
-            await asyncio.sleep(0.25)
+            time.sleep(0.25)
     finally:
-        await store.close()
+        reads.close()
 
 
-async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    client = await connect_client(settings)
+def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
+    from turnkeeper import http_api
+
     query = f"WorkflowType='{tk.WORKFLOW_TYPE}'"
     status = TurnStatus.AWAITING_USER.value if args.awaiting else args.status
     if status:
         query += f" AND TurnStatus='{status}'"
+    try:
+        listed = _list_over_http(settings, query)
+    except http_api.Unavailable:
+        import asyncio
+
+        listed = asyncio.run(_list_over_grpc(settings, query))
     latest: dict[str, Any] = {}
-    async for wf in client.list_workflows(query):
+    for wf in listed:
         known = latest.get(wf.id)
         if known is None or wf.start_time > known.start_time:
             latest[wf.id] = wf
@@ -211,6 +309,28 @@ async def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _list_over_http(settings: Settings, query: str) -> list[Any]:
+    """The runs `query` selects, over Temporal's HTTP API (no SDK import); any error
+    is `Unavailable`: the SDK's way then lists them, or reports it its own way."""
+    from turnkeeper import http_api
+
+    address = settings.http_api_address
+    if address is None:
+        raise http_api.Unavailable("no HTTP address for Temporal")
+    api = http_api.TemporalHttp(address, settings.namespace, timeout=QUERY_TIMEOUT.total_seconds())
+    try:
+        return list(api.list_workflows(query, (CHAT_ID, TURN_STATUS, RECOVERY_REASON)))
+    except (http_api.ApiError, http_api.NoAnswer) as err:
+        raise http_api.Unavailable(str(err)) from None
+    finally:
+        api.close()
+
+
+async def _list_over_grpc(settings: Settings, query: str) -> list[Any]:
+    client = await connect_client(settings)
+    return [wf async for wf in client.list_workflows(query)]
+
+
 async def _describe(client: Client, chat_id: str) -> Any:
     from temporalio.service import RPCError, RPCStatusCode
 
@@ -224,6 +344,7 @@ async def _describe(client: Client, chat_id: str) -> Any:
 
 async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
     from turnkeeper.failed_turns import state_of
+    from turnkeeper.models import TurnState
 
     store = await open_session_store(settings)
     try:
@@ -233,21 +354,11 @@ async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
     return TurnState(chat_id=chat_id) if record is None else state_of(record)
 
 
-async def _failed_turn(settings: Settings, chat_id: str) -> TurnState | None:
-    """The chat's latest turn if its recovery failed (no run holds it: the store does)."""
-    from turnkeeper.failed_turns import failed_turn, state_of
-
-    store = await open_session_store(settings)
-    try:
-        record = await failed_turn(store, chat_id)
-    finally:
-        await store.close()
-    return None if record is None else state_of(record)
-
-
 async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
     from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
     from temporalio.service import RPCError
+
+    from turnkeeper.workflows.recovery import NOT_WAITING  # the commands refuse in its words
 
     client = await connect_client(settings)
     desc = await _describe(client, args.chat)
@@ -281,7 +392,9 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
         print(describe_gate(new_state), flush=True)
         if store is None:
             return EXIT_OK
-        return await follow_turn(client, store, args.chat, None, after, args.timeout,
+        from turnkeeper.cli_follow import follow_turn
+
+        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, None, after, args.timeout,
                                   task_queue=settings.task_queue, turn=new_state.turn)
     finally:
         if store is not None:

@@ -2,8 +2,9 @@
 Temporal and to the session store.
 
 Imports that only some commands need (the Temporal client and its RPC errors,
-the session store) are made in the functions that use them: every command pays
-for its own imports only (tests/test_cli_startup.py).
+the session store, the models and so pydantic, telemetry) are made in the
+functions that use them: every command pays for its own imports only
+(tests/process/test_cli_startup.py).
 """
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from turnkeeper import client as tk
-from turnkeeper import telemetry
 from turnkeeper.config import Settings
-from turnkeeper.models import TurnState
-from turnkeeper.workflows.recovery import NOT_WAITING  # noqa: F401  (the commands refuse in its words)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
+
+    from turnkeeper.models import TurnState
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 # A worker answers `state` in milliseconds; without one the server would hold the query.
@@ -29,6 +29,8 @@ class Refused(Exception):
 
 
 async def connect_client(settings: Settings) -> Client:
+    from turnkeeper import telemetry
+
     try:
         client = await tk.connect(settings)
     except Exception as err:  # noqa: BLE001
@@ -37,6 +39,20 @@ async def connect_client(settings: Settings) -> Client:
                       "Start it with `turnkeeper worker`.") from None
     # A turn the CLI starts is traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).
     return telemetry.traced(client, settings, "turnkeeper-cli")
+
+
+class ClientOnDemand:
+    """The Temporal client, connected when first asked for: `send` over the HTTP API
+    follows most turns to their end without ever loading the SDK."""
+
+    def __init__(self, settings: Settings, client: Client | None = None) -> None:
+        self._settings = settings
+        self._client = client
+
+    async def get(self) -> Client:
+        if self._client is None:
+            self._client = await connect_client(self._settings)
+        return self._client
 
 
 async def open_session_store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light

@@ -9,9 +9,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from turnkeeper.cli_common import EXIT_AWAITING, EXIT_OK, Refused, query_state
+from turnkeeper.cli_common import EXIT_AWAITING, EXIT_OK, ClientOnDemand, Refused, query_state
 from turnkeeper.cli_output import describe_gate
-from turnkeeper.models import TurnStatus
+from turnkeeper.statuses import TurnStatus
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -22,7 +22,7 @@ POLL_S = 0.1
 NO_WORKER_CHECK_S = 5.0
 
 
-async def follow_turn(client: Client, store: Any, chat_id: str, message_id: str | None, after: int,
+async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_id: str | None, after: int,
                        timeout: float, task_queue: str, turn: int | None = None) -> int:
     """Show the turn that takes our message (or `turn`): its tools as they run,
     its answer as it streams (and whole once recorded); exit 3 if it waits for
@@ -35,7 +35,7 @@ async def follow_turn(client: Client, store: Any, chat_id: str, message_id: str 
     while time.monotonic() < deadline:
         if turn is None and time.monotonic() >= check_worker_at:
             check_worker_at = deadline  # once
-            if await _no_worker_polls(client, task_queue):
+            if await _no_worker_polls(await client.get(), task_queue):
                 print(f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
                       "and waits for one (start it with `turnkeeper worker`)", file=sys.stderr, flush=True)
         for ev in await store.events(chat_id, after_seq=after):
@@ -61,7 +61,7 @@ async def follow_turn(client: Client, store: Any, chat_id: str, message_id: str 
                 streamed.recorded(p.get("step"), p.get("text"))
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
                 streamed.end_line()
-                print(describe_gate(await query_state(client, chat_id)))
+                print(describe_gate(await query_state(await client.get(), chat_id)))
                 return EXIT_AWAITING
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
                 # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.

@@ -1,13 +1,19 @@
-"""How `turnkeeper` commands print: a turn's state, the transcript, events, chats."""
+"""How `turnkeeper` commands print: a turn's state, the transcript, events, chats.
+
+Each function takes the model (turnkeeper.models) or its plain stand-in from
+turnkeeper.cli_reads alike: they have the same attributes.
+"""
 from __future__ import annotations
 
 import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from turnkeeper.models import ChatMessage, Event, Reason, TurnState, TurnStatus
+from turnkeeper.statuses import Reason, TurnStatus
 
 if TYPE_CHECKING:
+    from turnkeeper.cli_reads import EventView, MessageView, StateView
+    from turnkeeper.models import ChatMessage, Event, TurnState
     from turnkeeper.replay import ReplayReport
 
 
@@ -15,7 +21,7 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, ensure_ascii=False, default=str))
 
 
-def describe_gate(state: TurnState) -> str:
+def describe_gate(state: TurnState | StateView) -> str:
     if not state.turn and state.status == TurnStatus.RUNNING:
         # A run started without a usable message (e.g. only refused ones) waits for one.
         return f"chat {state.chat_id}: no turn yet, waiting for its first message"
@@ -43,17 +49,17 @@ def describe_gate(state: TurnState) -> str:
     return "\n".join(lines)
 
 
-def event_line(ev: Event) -> str:
+def event_line(ev: Event | EventView) -> str:
     return json.dumps({"seq": ev.seq, "type": ev.type, "payload": ev.payload,
                        "created_at": ev.created_at.isoformat()}, ensure_ascii=False)
 
 
-def event_text(ev: Event) -> str:
+def event_text(ev: Event | EventView) -> str:
     return (f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} "
             f"{json.dumps(ev.payload, ensure_ascii=False)}")
 
 
-def transcript_line(m: ChatMessage) -> str:
+def transcript_line(m: ChatMessage | MessageView) -> str:
     if m.role == "tool":
         return f"[tool {m.name}] {m.content}"
     if m.tool_calls:

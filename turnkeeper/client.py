@@ -1,34 +1,24 @@
 """Talking to Temporal from outside a workflow: connect, send, query, decide.
 
 The CLI imports this module for every command, also for those that never talk to
-Temporal (`history`, `events`) or talk to it over HTTP (`status`): the SDK and
-what only some calls need (the Temporal client, its pydantic converter, the
-operator API, the dev server, `envconfig`) are imported in the function that
-needs them, so that a short command starts fast.
+Temporal (`history`, `events`) or talk to it over HTTP (`status`, `list`): the
+SDK, the models (pydantic) and what only some calls need (the Temporal client,
+its pydantic converter, the operator API, the dev server, `envconfig`) are
+imported in the function that needs them, so that a short command starts fast;
+so are asyncio and uuid, which the commands served over HTTP never need.
 """
 from __future__ import annotations
 
-import asyncio
-import logging
-import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper.config import Settings
-from turnkeeper.models import (
-    TURN_TASK_TIMEOUT,
-    ChatTurnInput,
-    RecoveryAction,
-    TurnState,
-    TurnStatus,
-    UserMessage,
-)
 
 if TYPE_CHECKING:
     from temporalio.client import Client, WorkflowHandle
     from temporalio.converter import DataConverter
 
-log = logging.getLogger("turnkeeper.client")
+    from turnkeeper.models import TurnState, UserMessage
 
 WORKFLOW_TYPE = "ChatTurn"
 
@@ -90,11 +80,61 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
 
 def new_message(text: str, settings: Settings, message_id: str | None = None,
                 sender: str | None = None) -> UserMessage:
+    import uuid
+
+    from turnkeeper.models import UserMessage
+
+    check_message_size(text, settings)
+    return UserMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
+
+
+def check_message_size(text: str, settings: Settings) -> None:
     size = len(text.encode())
     if size > settings.max_message_bytes:
         raise MessageTooLarge(f"message is {size} bytes; the limit is {settings.max_message_bytes} "
                               "(TURNKEEPER_MAX_MESSAGE_BYTES)")
-    return UserMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
+
+
+# models.UserMessage's bounds on an id: the plain way below sends only what it accepts.
+MESSAGE_ID_LENGTHS = range(1, 201)
+
+
+def signal_with_start_request(settings: Settings, chat_id: str, message_id: str, text: str) -> dict[str, Any]:
+    """`send_message` (with a `UserMessage(message_id, text)`) as Temporal's HTTP API
+    takes it, for `send` without the SDK or pydantic (turnkeeper.http_api). The
+    same request as the SDK makes with our data converter and no payload codec or
+    interceptor (no encryption keys, no tracing): the payloads are the bytes the
+    pydantic converter and the SDK's search attribute encoding write
+    (tests/unit/test_cli_reads.py, tests/workflow/test_cli.py)."""
+    import json
+    import os
+    import socket
+    import uuid
+
+    from turnkeeper.http_api import json_payload
+    from turnkeeper.statuses import CHAT_ID, TURN_STATUS, TURN_TASK_TIMEOUT, TurnStatus
+
+    def model_json(value: dict[str, Any]) -> bytes:  # as pydantic_core.to_json writes a model
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def keyword(value: str) -> dict[str, Any]:  # as the SDK's default JSON converter writes a value
+        return json_payload(json.dumps(value, separators=(",", ":"), sort_keys=True).encode(), "Keyword")
+
+    return {
+        "workflowType": {"name": WORKFLOW_TYPE},
+        "taskQueue": {"name": settings.task_queue},
+        "input": {"payloads": [json_payload(model_json({"chat_id": chat_id, "pending": [], "recovery": None}))]},
+        "workflowTaskTimeout": f"{TURN_TASK_TIMEOUT.total_seconds():g}s",
+        # The SDK's default identity and a fresh request id, as `Client.start_workflow` sets them.
+        "identity": f"{os.getpid()}@{socket.gethostname()}",
+        "requestId": str(uuid.uuid4()),
+        "workflowIdReusePolicy": "WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE",
+        "workflowIdConflictPolicy": "WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING",
+        "searchAttributes": {"indexedFields": {CHAT_ID: keyword(chat_id),
+                                               TURN_STATUS: keyword(TurnStatus.RUNNING.value)}},
+        "signalInput": {"payloads": [json_payload(model_json(
+            {"message_id": message_id, "text": text, "sender": None}))]},
+    }
 
 
 async def send_message(client: Client, settings: Settings, chat_id: str,
@@ -108,6 +148,7 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
         WorkflowIDReusePolicy,
     )
 
+    from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, TurnStatus
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
     return await client.start_workflow(
@@ -134,7 +175,11 @@ DECISION_ATTEMPTS = 5
 async def decide(client: Client, chat_id: str, update: str, recovery_id: str) -> TurnState:
     """Run `continue_turn` or `dismiss_turn`: the new state, or the validator's
     refusal as `WorkflowUpdateFailedError`."""
+    import asyncio
+
     from temporalio.service import RPCError
+
+    from turnkeeper.models import RecoveryAction, TurnState
 
     handle = client.get_workflow_handle(workflow_id(chat_id))
     for attempt in range(1, DECISION_ATTEMPTS + 1):
@@ -149,5 +194,7 @@ async def decide(client: Client, chat_id: str, update: str, recovery_id: str) ->
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
+    from turnkeeper.models import TurnState
+
     handle = client.get_workflow_handle(workflow_id(chat_id))
     return await handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)

@@ -1,18 +1,22 @@
 """Temporal's HTTP API, for the CLI's reads that must start fast.
 
 `import temporalio` alone (its protobuf modules and the Rust bridge) takes
-longer than `turnkeeper status` may take in all, so `status` asks the frontend's
-HTTP API with the standard library: describe the run, query `state`. The
-answers are the same as over gRPC: the payload is the worker's JSON, byte for
-byte. Anything this cannot do (no HTTP address known, the
-port closed, an encrypted payload) raises `Unavailable`, and the caller goes the
-gRPC way.
+longer than `turnkeeper status` may take in all, so `status` and `list` ask the
+frontend's HTTP API with the standard library: describe the run, query `state`,
+list the runs; and `send` signals-with-start there. The answers are the same as
+over gRPC: the payload is the worker's JSON, byte for byte. Anything this cannot
+do (no HTTP address known, the port closed, an encrypted payload) raises
+`Unavailable`, and the caller goes the gRPC way.
 """
 from __future__ import annotations
 
 import base64
 import http.client
 import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
@@ -35,6 +39,61 @@ class ApiError(Exception):
 
 class NoAnswer(Exception):
     """The server took the request but nothing answered in time (no worker polls)."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A run as the list of runs gives it: the attributes of the SDK's
+    `WorkflowExecution` that `turnkeeper list` reads, decoded as the SDK does."""
+
+    id: str
+    run_id: str
+    start_time: datetime
+    search_attributes: dict[str, list[Any]]
+    """Those asked for that the run has, each a list of values (`WorkflowExecution.search_attributes`)."""
+
+
+# RFC 3339 as the API writes a protobuf Timestamp: UTC, 0 to 9 digits of fraction.
+_TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
+
+
+def _timestamp(raw: Any) -> datetime:
+    """As the SDK reads a Timestamp (`ToDatetime`, UTC): whole microseconds, the nanoseconds cut."""
+    match = _TIMESTAMP.fullmatch(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise Unavailable(f"not a timestamp: {raw!r}")
+    *parts, fraction = match.groups()
+    try:
+        return datetime(*map(int, parts), int((fraction or "").ljust(9, "0")[:6]), tzinfo=timezone.utc)
+    except ValueError:
+        raise Unavailable(f"not a timestamp: {raw!r}") from None
+
+
+def _execution(raw: Any, names: tuple[str, ...]) -> Execution:
+    try:
+        indexed = (raw.get("searchAttributes") or {}).get("indexedFields") or {}
+        attributes = {}
+        for name in names:
+            if name not in indexed:
+                continue
+            payload = indexed[name]
+            if base64.b64decode(payload["metadata"]["encoding"]) != b"json/plain":
+                raise Unavailable(f"search attribute {name} is not json/plain")
+            value = json.loads(base64.b64decode(payload.get("data", "")))
+            attributes[name] = value if isinstance(value, list) else [value]
+        return Execution(id=raw["execution"]["workflowId"], run_id=raw["execution"]["runId"],
+                         start_time=_timestamp(raw.get("startTime")), search_attributes=attributes)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise Unavailable("a listed run is not of the expected shape") from None
+
+
+def json_payload(data: bytes, search_attribute_type: str | None = None) -> dict[str, Any]:
+    """A `json/plain` payload as the API's JSON carries it (bytes in base64), with
+    its search attribute type (e.g. `Keyword`) if it is the value of one."""
+    metadata = {"encoding": base64.b64encode(b"json/plain").decode()}
+    if search_attribute_type is not None:
+        metadata["type"] = base64.b64encode(search_attribute_type.encode()).decode()
+    return {"metadata": metadata, "data": base64.b64encode(data).decode()}
 
 
 class TemporalHttp:
@@ -69,6 +128,35 @@ class TemporalHttp:
             # Say, an encrypted payload: only the SDK's converter decodes it.
             raise Unavailable(f"the query's answer is {encoding.decode(errors='replace')}, not json/plain")
         return json.loads(data)
+
+    def list_workflows(self, query: str, names: tuple[str, ...], page_size: int = 1000) -> Iterator[Execution]:
+        """The runs `query` selects, page by page as the SDK's `list_workflows` reads
+        them, with the search attributes in `names`."""
+        token = ""
+        while True:
+            path = f"/workflows?query={quote(query, safe='')}&pageSize={page_size}"
+            if token:
+                path += f"&nextPageToken={quote(token, safe='')}"
+            body = self._call("GET", path)
+            executions = body.get("executions") or []
+            if not isinstance(executions, list):
+                raise Unavailable("the list of runs is not a list")
+            for raw in executions:
+                yield _execution(raw, names)
+            token = body.get("nextPageToken") or ""
+            if not isinstance(token, str):
+                raise Unavailable("the next page token is not a string")
+            if not token:
+                return
+
+    def signal_with_start(self, workflow_id: str, signal: str, request: dict[str, Any]) -> str:
+        """SignalWithStartWorkflowExecution (`request` in the API's JSON); the run's id."""
+        body = self._call("POST", f"/workflows/{quote(workflow_id, safe='')}/signal-with-start/"
+                          f"{quote(signal, safe='')}", request)
+        run_id = body.get("runId")
+        if not isinstance(run_id, str) or not run_id:
+            raise Unavailable("no run id in the answer")
+        return run_id
 
     def close(self) -> None:
         if self._conn is not None:

@@ -5,11 +5,25 @@ The shapes marked *contract* are part of the public contract in docs/contract.md
 """
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from turnkeeper.statuses import (  # noqa: F401  (re-exported)
+    CHAT_ID,
+    OPEN_STATUSES,
+    RECONCILE_OUTCOME,
+    RECOVERY_REASON,
+    SEARCH_ATTRIBUTE_NAMES,
+    SUPERSEDABLE_STATUSES,
+    TURN_STATUS,
+    TURN_TASK_TIMEOUT,
+    Reason,
+    ToolCallStatus,
+    TurnStatus,
+)
 
 
 class LazyModel(BaseModel):
@@ -31,69 +45,9 @@ DENIED_TOOL_TEXT = "denied by the user"
 # One that waited for approval when the turn ended otherwise (Stop, a newer message, a Dismiss elsewhere).
 UNAPPROVED_TOOL_TEXT = "Error: the tool did not run: it waited for the user's approval and the turn ended first."
 
-# --- search attributes (contract): Keyword, upserted on every transition --------
-# Their typed keys are in turnkeeper.search_attributes: the names alone keep the
-# CLI from importing the SDK.
-
-CHAT_ID = "ChatId"
-TURN_STATUS = "TurnStatus"
-RECOVERY_REASON = "RecoveryReason"
-# Set by each `Reconcile` run as it ends (quiet, acted, deferred): the next pass
-# deletes earlier quiet ones (turnkeeper/reconcile_io.py).
-RECONCILE_OUTCOME = "ReconcileOutcome"
-SEARCH_ATTRIBUTE_NAMES = (CHAT_ID, TURN_STATUS, RECOVERY_REASON, RECONCILE_OUTCOME)
-
-# A turn's workflow tasks are short (store calls of a few ms, at most the store's
-# lock wait): when the worker holding one dies, the next worker takes the turn,
-# with the updates and signals that wait behind it, after this instead of
-# Temporal's default 10 s. Every start and continue-as-new of a turn sets it.
-TURN_TASK_TIMEOUT = timedelta(seconds=3)
-
-# --- statuses and reasons (contract) -------------------------------------------
-
-
-class TurnStatus(str, Enum):
-    RUNNING = "running"
-    AWAITING_USER = "awaiting_user"
-    RESUMING = "resuming"
-    COMPLETED = "completed"
-    RECOVERED = "recovered"
-    FAILED = "failed"
-
-
-OPEN_STATUSES = frozenset({TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING})
-# What a newer user message closes as `superseded` when the next turn begins: an
-# open turn, or one whose recovery failed (nothing else will ever close it).
-SUPERSEDABLE_STATUSES = OPEN_STATUSES | {TurnStatus.FAILED}
-
-
-class Reason(str, Enum):
-    RESTART_REQUIRES_CONFIRMATION = "restart_requires_confirmation"
-    TOOL_STATE_UNKNOWN = "tool_state_unknown"
-    MODEL_FAILED = "model_failed"
-    INTERRUPTED_WITH_SAVED_CONTEXT = "interrupted_with_saved_context"
-    INTERRUPTED_WITHOUT_CHECKPOINT = "interrupted_without_checkpoint"
-    CHECKPOINT_INVALID = "checkpoint_invalid"
-    CHECKPOINT_UNKNOWN = "checkpoint_unknown"
-    USER_CONFIRMED = "user_confirmed"
-    LOOP_GUARD = "loop_guard"
-    ANSWER_RESTORED = "answer_restored"
-    CONTINUED = "continued"
-    COMMITTED = "committed"
-    DISMISSED = "dismissed"
-    STOPPED = "stopped"
-    SUPERSEDED = "superseded"
-    RECOVERY_FAILED = "recovery_failed"
-    APPROVAL_REQUIRED = "approval_required"
-    """Not a loss: the model asked for a tool that must be approved before it runs."""
-
-
-class ToolCallStatus(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    ERROR = "error"
-    INTERRUPTED = "interrupted"
+# --- search attributes, statuses and reasons (contract), a turn's task timeout ---
+# In turnkeeper.statuses, re-exported above: plain Python, so the CLI's short
+# commands use them without loading pydantic.
 
 
 class EffectClass(str, Enum):

@@ -404,6 +404,68 @@ async def test_status_over_http_and_over_grpc_agree(stack: Stack) -> None:
         assert "Traceback" not in r.stderr
 
 
+async def test_list_over_http_and_over_grpc_agree(stack: Stack) -> None:
+    """`list` asks Temporal's HTTP API as `status` does: the same chats, search
+    attributes and start times as the SDK lists over gRPC."""
+    stack.script([{"text": "hello"}, {"error": "the provider refused this request"}])
+    await stack.start_worker()
+    done, waiting = stack.chat("done"), stack.chat("waiting")
+    assert (await tk(stack, "send", done, "hi")).returncode == 0
+    assert (await tk(stack, "send", waiting, "hi")).returncode == 0
+    assert (await tk(stack, "send", waiting, "again")).returncode == 3  # its second turn gets the error
+
+    async def listed(http_address: str, *args: str) -> list[dict[str, object]]:
+        stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = http_address
+        try:
+            r = await tk(stack, "list", "--json", *args)
+        finally:
+            del stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"]
+        assert r.returncode == 0 and not r.stderr, r.stderr
+        return [row for row in json.loads(r.stdout) if row["chat_id"] in (done, waiting)]
+
+    assert stack.http_address
+    expected = [(waiting, "awaiting_user", "model_failed"), (done, "completed", None)]
+    for _ in range(50):  # visibility is eventually consistent
+        if [(r["chat_id"], r["status"], r["reason"]) for r in await listed(stack.http_address)] == expected:
+            break
+        await asyncio.sleep(0.2)
+    ways = {"http": stack.http_address, "grpc": "", "closed port": "127.0.0.1:1"}
+    rows = {way: await listed(address) for way, address in ways.items()}
+    assert [(r["chat_id"], r["status"], r["reason"]) for r in rows["http"]] == expected
+    assert rows["http"] == rows["grpc"] == rows["closed port"]
+    awaiting = {way: await listed(address, "--awaiting") for way, address in ways.items()}
+    assert [r["chat_id"] for r in awaiting["http"]] == [waiting]
+    assert awaiting["http"] == awaiting["grpc"] == awaiting["closed port"]
+
+
+async def test_send_over_http_and_over_grpc_start_the_same_run(stack: Stack) -> None:
+    """`send` signals-with-start over Temporal's HTTP API when it knows its address
+    (no SDK import) and over gRPC otherwise: the runs' histories begin alike."""
+    over = {"http": stack.chat("http"), "grpc": stack.chat("grpc")}
+    for way, chat in over.items():
+        stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = stack.http_address if way == "http" else ""
+        try:
+            for message_id, text in (("m-1", "héllo \u2028 \"quoted\"\n\ttab"), ("m-2", "a follow-up")):
+                r = await tk(stack, "send", chat, text, "--message-id", message_id, "--no-wait")
+                assert r.returncode == 0 and r.stdout == f"sent {message_id} to chat {chat}\n", (way, r.stderr)
+        finally:
+            del stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"]
+
+    async def begins(chat: str) -> list[object]:
+        history = await stack.client.get_workflow_handle(f"chat-{chat}").fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        signals = [e.workflow_execution_signaled_event_attributes for e in history.events
+                   if e.HasField("workflow_execution_signaled_event_attributes")]
+        chat_id = json.loads(started.search_attributes.indexed_fields["ChatId"].data)
+        del started.search_attributes.indexed_fields["ChatId"]
+        return [started.workflow_type, started.task_queue, started.workflow_task_timeout, started.header,
+                json.loads(started.input.payloads[0].data) | {"chat_id": chat_id == chat},
+                started.input.payloads[0].metadata, started.search_attributes,
+                [(sig.signal_name, list(sig.input.payloads), sig.header) for sig in signals]]
+
+    assert await begins(over["http"]) == await begins(over["grpc"])
+
+
 async def test_send_waits_for_approval_and_continue_approves(stack: Stack) -> None:
     """A tool that asks first: `send` ends at the gate (exit 3) listing the call,
     `status` lists it, `continue --wait` approves and follows the turn to its answer."""
