@@ -138,6 +138,24 @@ def apply_jobs_as_one_batch(worker: Worker) -> None:
     setter(flag, enabled=True)
 
 
+async def _register_search_attributes(client: Client) -> None:
+    try:
+        added = await ensure_search_attributes(client, client.namespace)
+        if added:
+            log.info("registered search attributes %s", added)
+    except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
+        log.warning("could not check search attributes (%s); register %s as Keyword yourself",
+                    err, ", ".join(SEARCH_ATTRIBUTES))
+
+
+async def _create_reconcile_schedule(client: Client, settings: Settings, schedule_id: str) -> None:
+    try:
+        await ensure_reconcile_schedule(client, settings, schedule_id)
+    except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
+        log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
+                    "ended abnormally are not recovered until it exists", schedule_id, err)
+
+
 async def run_worker(settings: Settings, *, client: Client | None = None,
                      stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
@@ -162,18 +180,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     # Traced (OTEL_EXPORTER_OTLP_ENDPOINT): the worker's workflows and activities, and the
     # runs the reconciler starts; the schedule below is created without it.
     plain, client = client, telemetry.traced(client, settings, "turnkeeper-worker")
-    try:
-        added = await ensure_search_attributes(client, client.namespace)
-        if added:
-            log.info("registered search attributes %s", added)
-    except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
-        log.warning("could not check search attributes (%s); register %s as Keyword yourself",
-                    err, ", ".join(SEARCH_ATTRIBUTES))
-    try:
-        await ensure_reconcile_schedule(plain, settings, reconcile_schedule_id)
-    except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
-        log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
-                    "ended abnormally are not recovered until it exists", reconcile_schedule_id, err)
+    # Neither needs the other, and neither raises: both round trips at once, so the
+    # worker polls one round trip sooner (no pass can run before it polls).
+    await asyncio.gather(_register_search_attributes(client),
+                         _create_reconcile_schedule(plain, settings, reconcile_schedule_id))
     settings.workspace.mkdir(parents=True, exist_ok=True)
     pollers = poller_behaviors(settings)
     worker = Worker(

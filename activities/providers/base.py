@@ -211,24 +211,28 @@ def load_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelPr
     `demo`, `scripted:<path>` (the file is read and validated once, now) or
     `openai:<model>` (OPENAI_BASE_URL and OPENAI_API_KEY come from `env`).
     """
-    # Imported here: the provider modules import this one.
-    from turnkeeper.activities.providers.demo import DemoProvider
-    from turnkeeper.activities.providers.openai_chat import OpenAIChatProvider
-    from turnkeeper.activities.providers.scripted import ScriptedProvider
-
+    # Each provider is imported in its branch (the provider modules import this one):
+    # `import openai` takes about a third of a worker's start, which a worker on
+    # `demo` or a script, restarted after a crash, need not wait for.
     env = os.environ if env is None else env
     spec = (spec or "").strip()
     kind, sep, arg = spec.partition(":")
     arg = arg.strip()
     if spec == "demo":
+        from turnkeeper.activities.providers.demo import DemoProvider
+
         return DemoProvider()
     if sep and kind == "scripted":
         if not arg:
             raise ValueError(f"model spec {spec!r} is missing the script path; expected {ACCEPTED_SPECS}")
+        from turnkeeper.activities.providers.scripted import ScriptedProvider
+
         return ScriptedProvider(load_script(arg))
     if sep and kind == "openai":
         if not arg:
             raise ValueError(f"model spec {spec!r} is missing the model name; expected {ACCEPTED_SPECS}")
+        from turnkeeper.activities.providers.openai_chat import OpenAIChatProvider
+
         return OpenAIChatProvider(
             arg,
             base_url=env.get("OPENAI_BASE_URL") or None,

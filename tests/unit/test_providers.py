@@ -489,3 +489,22 @@ async def test_offline_models_stream_word_by_word() -> None:
     await ScriptedProvider([{"tool_calls": [{"name": "list_dir", "arguments": {}}]}]).complete(
         [], [], call_index=0, on_text=calls_only.append)
     assert calls_only == []
+
+
+def test_only_an_openai_model_imports_openai(tmp_path: Path) -> None:
+    """`import openai` is about a third of a worker's start: a worker on `demo` or a
+    script (restarted after a crash, say) polls without it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([{"text": "hi"}]))
+    code = ("import sys\n"
+            "from turnkeeper import worker\n"
+            "from turnkeeper.activities.providers import load_provider\n"
+            "load_provider('demo'); load_provider('scripted:' + sys.argv[1])\n"
+            "assert 'openai' not in sys.modules, 'imported by the worker, or demo and scripted'\n"
+            "load_provider('openai:m', env={'OPENAI_API_KEY': 'k'})\n"
+            "assert 'openai' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
