@@ -309,7 +309,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
                        for call, _ in todo]
             for handle, (_, view) in zip(handles, todo):
                 handle.add_done_callback(lambda h, v=view: show_result(h, v))
-            cancelled = await self._settle(handles)
+            cancelled = await self._settle(handles, finished_stands=not self._machine_4)
             again: list[tuple[ToolCall, ToolCallView]] = []
             for (call, view), handle in zip(todo, handles):
                 outcome = await self._tool_outcome(call, view, handle, may_run_again=not cancelled)
@@ -329,9 +329,10 @@ class ChatTurn(TurnStart, ToolOutcomes):
             return Reason.RESTART_REQUIRES_CONFIRMATION
         return None
 
-    async def _settle(self, handles: list[workflow.ActivityHandle[Any]]) -> bool:
+    async def _settle(self, handles: list[workflow.ActivityHandle[Any]], finished_stands: bool = True) -> bool:
         """Wait for the step; on Stop, Dismiss or a superseding message cancel what
-        still runs and wait for it to stop. True when the step was cancelled."""
+        still runs and wait for it to stop. True when the step was cancelled, or
+        (`finished_stands` false) when it finished anyway after the cancel."""
         while True:
             await workflow.wait_condition(
                 lambda: all(h.done() for h in handles) or self._interrupt is not None
@@ -347,5 +348,10 @@ class ChatTurn(TurnStart, ToolOutcomes):
         for h in handles:
             h.cancel()
         await asyncio.gather(*handles, return_exceptions=True)
-        # A step that finished anyway (its result raced the cancel) stands.
+        if not finished_stands:
+            # Tools that finished anyway keep their results, and the turn ends here:
+            # a model call started now would only be cancelled, after a store check
+            # racing it in the same workflow task.
+            return True
+        # A model call that finished anyway (its answer raced the cancel) stands.
         return not all(not h.cancelled() and h.exception() is None for h in handles)
