@@ -29,12 +29,12 @@ anyio.open_file  # noqa: B018
 
 
 class WebServer:
-    def __init__(self, settings: Settings, token: str | None = None) -> None:
+    def __init__(self, settings: Settings, token: str | None = None, worker: bool = False) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = WebConfig(host="127.0.0.1", port=self.port, token=token)
+        config = WebConfig(host="127.0.0.1", port=self.port, token=token, worker=worker)
         self._server = uvicorn.Server(uvicorn.Config(
             create_app(settings, config), log_level="warning", timeout_graceful_shutdown=1))
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
@@ -56,8 +56,8 @@ class WebServer:
 
 
 @contextlib.contextmanager
-def serving(settings: Settings, token: str | None = None) -> Iterator[WebServer]:
-    server = WebServer(settings, token).start()
+def serving(settings: Settings, token: str | None = None, worker: bool = False) -> Iterator[WebServer]:
+    server = WebServer(settings, token, worker).start()
     try:
         yield server
     finally:

@@ -138,9 +138,16 @@ def signal_with_start_request(settings: Settings, chat_id: str, message_id: str,
 
 
 async def send_message(client: Client, settings: Settings, chat_id: str,
-                       message: UserMessage) -> WorkflowHandle[Any, Any]:
+                       message: UserMessage, *, eager: bool = False) -> WorkflowHandle[Any, Any]:
     """Signal-with-start: a follow-up to the running turn, or the start of a new one.
-    Once this returns, the message is durable in the workflow's history."""
+    Once this returns, the message is durable in the workflow's history.
+
+    `eager`: a worker of this task queue runs in this process on this client (the
+    web process with TURNKEEPER_WEB_WORKER=1). A chat with no running turn then
+    starts one with the message in the run's input, and the server hands the run's
+    first workflow task to that worker in its reply instead of through the task
+    queue (signal-with-start cannot ask for that). A chat whose turn runs gets the
+    message by signal-with-start as always."""
     from temporalio.common import (
         SearchAttributePair,
         TypedSearchAttributes,
@@ -151,19 +158,29 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, TurnStatus
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
-    return await client.start_workflow(
-        WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
-        task_queue=settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
+    common: dict[str, Any] = dict(
+        id=workflow_id(chat_id), task_queue=settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
         # Set at start so the new run need not upsert them (ignored for a running one).
         search_attributes=TypedSearchAttributes([
             SearchAttributePair(CHAT_ID_ATTR, chat_id),
             SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
         ]),
-        start_signal="user_message", start_signal_args=[message],
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         result_type=TurnState,
     )
+    if eager:
+        from temporalio.exceptions import WorkflowAlreadyStartedError
+
+        try:
+            return await client.start_workflow(
+                WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id, pending=[message]),
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL, request_eager_start=True, **common)
+        except WorkflowAlreadyStartedError:
+            pass  # a turn runs: the message joins it below
+    return await client.start_workflow(
+        WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id),
+        start_signal="user_message", start_signal_args=[message],
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, **common)
 
 
 # The server's answer when the workflow task that carried an update failed (say, a

@@ -88,6 +88,42 @@ async def test_send_read_follow_and_list(stack: Stack) -> None:
         assert "script-src 'self'" in page.headers["content-security-policy"]
 
 
+async def test_a_worker_in_the_web_process_starts_new_turns_eagerly(stack: Stack) -> None:
+    """TURNKEEPER_WEB_WORKER=1: the page's process runs the turns too. A message that
+    starts a turn is in the run's input (eager start), not a signal; messages sent at
+    once to one chat are each committed once, whichever starts the turn."""
+    stack.script([{"text": f"answer {i}"} for i in range(6)])
+    chat = stack.chat("hosted")
+    with serving(stack.settings(), worker=True) as web:
+        sent = await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "hi", "message_id": "m1"})
+        assert sent.status == 202
+        await _wait_status(web, chat, ("completed",))
+        history = await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()
+        kinds = [e.event_type for e in history.events]
+        assert kinds[0] == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED
+        assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED not in kinds
+        started = history.events[0].workflow_execution_started_event_attributes
+        assert json.loads(started.input.payloads[0].data)["pending"][0]["message_id"] == "m1"
+        assert await stack.history(chat) == [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "answer 0"}]
+
+        sends = [request(web, "POST", f"/api/chats/{chat}/messages", {"text": t, "message_id": t})
+                 for t in ("two", "three", "four")]
+        assert [a.status for a in await asyncio.gather(*sends)] == [202, 202, 202]
+
+        async def all_answered() -> bool:
+            rows = await stack.history(chat)
+            users = [m["content"] for m in rows if m["role"] == "user"]
+            return sorted(users) == ["four", "hi", "three", "two"] and rows[-1]["role"] == "assistant"
+
+        deadline = time.monotonic() + 30
+        while not await all_answered():
+            assert time.monotonic() < deadline, await stack.history(chat)
+            await asyncio.sleep(0.2)
+        health = await request(web, "GET", "/healthz")
+        assert (health.status, health.data) == (200, {"temporal": "ok", "store": "ok"})
+
+
 async def test_malformed_requests_are_refused(stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_MAX_MESSAGE_BYTES"] = "100"
     await stack.start_worker()

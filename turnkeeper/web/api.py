@@ -64,8 +64,9 @@ async def send_message(request: Request) -> Response:
         message = tk.new_message(text, settings, message_id=message_id)
     except tk.MessageTooLarge as err:
         raise ApiError(413, str(err)) from None
-    # Signal-with-start: durable once it returns; the workflow keeps one message per id.
-    await tk.send_message(await backends(request).client(), settings, chat_id, message)
+    # Durable once it returns; the workflow keeps one message per id.
+    b = backends(request)
+    await tk.send_message(await b.client(), settings, chat_id, message, eager=b.eager)
     return JSONResponse({"message_id": message.message_id}, status_code=202)
 
 

@@ -116,9 +116,17 @@ def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.backends = Backends(settings)
+        hosted = None
+        if config.worker:
+            from turnkeeper.web.hosted_worker import HostedWorker
+
+            hosted = HostedWorker(settings, app.state.backends)
+            await hosted.start()
         try:
             yield
         finally:
+            if hosted is not None:
+                await hosted.stop()
             await app.state.backends.close()
 
     chat = "/api/chats/{chat_id:path}"

@@ -43,6 +43,13 @@ class Backends:
         self._client_lock = asyncio.Lock()
         self._store_lock = asyncio.Lock()
         self.feed = ChatFeed(self.store)
+        # A worker runs in this process on the same client: new turns start eagerly.
+        self.eager = False
+
+    def adopt_client(self, client: Client, *, eager: bool) -> None:
+        """Use `client` (the hosted worker's) instead of connecting one."""
+        self._client = telemetry.traced(client, self.settings, "turnkeeper-web")
+        self.eager = eager
 
     async def client(self) -> Client:
         if self._client is None:

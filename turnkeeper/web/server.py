@@ -31,13 +31,17 @@ class WebConfig:
     # repr=False: configurations get logged; the token must never be.
     token: str | None = field(default=None, repr=False)
     log_level: str = "info"
+    # TURNKEEPER_WEB_WORKER: the process runs a worker too, on the same client and
+    # event loop, and starts a chat's new turn eagerly (its first workflow task
+    # comes back in the start call's reply instead of through the task queue).
+    worker: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WebConfig:
         env = os.environ if env is None else env
         host, port = parse_address(env.get("TURNKEEPER_WEB_ADDRESS") or DEFAULT_ADDRESS)
         return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None,
-                   log_level=uvicorn_log_level(env))
+                   log_level=uvicorn_log_level(env), worker=web_worker(env))
 
     @property
     def url(self) -> str:
@@ -53,6 +57,15 @@ def parse_address(raw: str, name: str = "TURNKEEPER_WEB_ADDRESS", example: str =
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+def web_worker(env: Mapping[str, str]) -> bool:
+    raw = (env.get("TURNKEEPER_WEB_WORKER") or "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"TURNKEEPER_WEB_WORKER must be 1 or 0 (true or false), got {raw!r}")
 
 
 def uvicorn_log_level(env: Mapping[str, str]) -> str:
@@ -90,7 +103,8 @@ def serve(settings: Settings, config: WebConfig) -> int:
 
     app = create_app(settings, config)
     guard = "a token is required" if config.token else "no token: this machine only"
-    print(f"turnkeeper web: {config.url} ({guard})", flush=True)
+    hosted = "; a worker runs in this process" if config.worker else ""
+    print(f"turnkeeper web: {config.url} ({guard}{hosted})", flush=True)
     run_uvicorn(app, config.host, config.port, config.log_level)
     return 0
 
