@@ -1,8 +1,9 @@
 """`turnkeeper` command line: the arguments and the dispatch.
 
 Exit codes: 0 ok, 1 refused (reason on stderr), 2 bad usage, 3 the turn waits
-for its user (`send`). The commands are in `turnkeeper.cli_commands`, what they
-print in `turnkeeper.cli_output`.
+for its user (`send`). The commands are in `turnkeeper.cli_commands` (send and
+read) and `turnkeeper.cli_decisions` (continue, dismiss, stop), what they print
+in `turnkeeper.cli_output`.
 
 Imports that only some commands need (the Temporal client and its RPC errors,
 the models and pydantic, the session store, the worker, the web server) are
@@ -19,17 +20,15 @@ from collections.abc import Coroutine, Sequence
 from typing import NoReturn
 
 from turnkeeper.cli_commands import (
-    cmd_continue,
-    cmd_dismiss,
     cmd_events,
     cmd_history,
     cmd_list,
     cmd_replay,
     cmd_send,
     cmd_status,
-    cmd_stop,
 )
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
+from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
 from turnkeeper.statuses import TurnStatus
 

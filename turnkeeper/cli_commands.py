@@ -1,13 +1,15 @@
-"""The `turnkeeper` commands that talk to Temporal and to the session store.
+"""The `turnkeeper` commands that send and read: send, status, history, events,
+list, and the deploy gate, replay. Those that decide a turn (continue, dismiss,
+stop) are in turnkeeper.cli_decisions.
 
 Each returns its exit code (a coroutine of it for those that always talk gRPC)
 or raises `Refused`; `turnkeeper.cli` parses the arguments and dispatches here.
 
 `status`, `history`, `events` and `list` load neither the Temporal SDK, nor
 pydantic, nor asyncio when Temporal's HTTP API and a SQLite store serve them
-(turnkeeper.http_api, turnkeeper.cli_reads): each of those imports takes a good
-part of what the whole command may take. They run an event loop only to fall
-back to gRPC or to the store.
+(turnkeeper.http_api, turnkeeper.cli_reads, turnkeeper.cli_views): each of
+those imports takes a good part of what the whole command may take. They run
+an event loop only to fall back to gRPC or to the store.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from turnkeeper.cli_common import (
     ClientOnDemand,
     NoWorker,
     Refused,
-    Undecryptable,
     connect_client,
+    describe_run,
     no_chat,
     no_worker,
     open_session_store,
@@ -40,7 +42,8 @@ from turnkeeper.cli_output import (
     replay_lines,
     transcript_line,
 )
-from turnkeeper.cli_reads import Reads, StateView, turn_state
+from turnkeeper.cli_reads import Reads
+from turnkeeper.cli_views import StateView, turn_state
 from turnkeeper.config import Settings
 from turnkeeper.statuses import (
     CHAT_ID,
@@ -51,8 +54,6 @@ from turnkeeper.statuses import (
 )
 
 if TYPE_CHECKING:
-    from temporalio.client import Client
-
     from turnkeeper.models import TurnState
 
 EVENTS_PAGE = 1000
@@ -200,7 +201,7 @@ def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, StateView | T
 
 async def _run_and_state_over_grpc(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
     client = await connect_client(settings)
-    run_status = (await _describe(client, chat_id)).status.name.lower()
+    run_status = (await describe_run(client, chat_id)).status.name.lower()
     try:
         return run_status, await query_state(client, chat_id)
     except NoWorker as err:
@@ -329,112 +330,6 @@ def _list_over_http(settings: Settings, query: str) -> list[Any]:
 async def _list_over_grpc(settings: Settings, query: str) -> list[Any]:
     client = await connect_client(settings)
     return [wf async for wf in client.list_workflows(query)]
-
-
-async def _describe(client: Client, chat_id: str) -> Any:
-    from temporalio.service import RPCError, RPCStatusCode
-
-    try:
-        return await client.get_workflow_handle(tk.workflow_id(chat_id)).describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            raise Refused(no_chat(chat_id)) from None
-        raise
-
-
-async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
-    from turnkeeper.failed_turns import state_of
-    from turnkeeper.models import TurnState
-
-    store = await open_session_store(settings)
-    try:
-        record = await store.get_turn(chat_id)
-    finally:
-        await store.close()
-    return TurnState(chat_id=chat_id) if record is None else state_of(record)
-
-
-async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
-    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
-    from temporalio.service import RPCError
-
-    from turnkeeper.workflows.recovery import NOT_WAITING  # the commands refuse in its words
-
-    client = await connect_client(settings)
-    desc = await _describe(client, args.chat)
-    if desc.status != WorkflowExecutionStatus.RUNNING:
-        # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
-        from turnkeeper.failed_turns import NotDecided, decide_failed_turn
-
-        store = await open_session_store(settings)
-        try:
-            decided = await decide_failed_turn(store, args.chat, "dismiss" if update == "dismiss_turn" else "continue")
-        except NotDecided as err:
-            raise Refused(str(err)) from None
-        finally:
-            await store.close()
-        print(describe_gate(decided))
-        return EXIT_OK
-    state = await query_state(client, args.chat)
-    if not state.recovery_id:
-        raise Refused(NOT_WAITING)
-    store = await open_session_store(settings) if getattr(args, "wait", False) else None
-    try:
-        after = await store.follow_from(args.chat) if store else 0
-        try:
-            new_state = await tk.decide(client, args.chat, update, state.recovery_id)
-        except WorkflowUpdateFailedError as err:
-            raise Refused(str(err.cause.message if err.cause else err)) from None
-        except RPCError as err:
-            if "already completed" in str(err):
-                raise Refused(NOT_WAITING) from None
-            raise
-        print(describe_gate(new_state), flush=True)
-        if store is None:
-            return EXIT_OK
-        from turnkeeper.cli_follow import follow_turn
-
-        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, None, after, args.timeout,
-                                  task_queue=settings.task_queue, turn=new_state.turn)
-    finally:
-        if store is not None:
-            await store.close()
-
-
-async def cmd_continue(args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide(args, settings, "continue_turn")
-
-
-async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide(args, settings, "dismiss_turn")
-
-
-async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
-    from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError
-
-    client = await connect_client(settings)
-    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
-    if (await _describe(client, args.chat)).status != WorkflowExecutionStatus.RUNNING:
-        raise Refused(f"no turn of chat {args.chat!r} is running")
-    later = ""
-    try:
-        state = await query_state(client, args.chat)
-    except NoWorker as err:
-        # A signal is durable: the run acts on it once a worker serves it again.
-        state = await _stored_turn(settings, args.chat)
-        later = (f" ({err}: the turn stops once a worker can read it)" if isinstance(err, Undecryptable)
-                 else " (no worker is serving it now: the turn stops when one starts)")
-    if state.status not in OPEN_STATUSES or not state.turn:
-        raise Refused(f"no turn of chat {args.chat!r} is running")
-    try:
-        await handle.signal("stop", {})
-    except RPCError as err:
-        if "already completed" in str(err):
-            raise Refused(f"no turn of chat {args.chat!r} is running") from None
-        raise
-    print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
-    return EXIT_OK
 
 
 async def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:

@@ -9,7 +9,7 @@ functions that use them: every command pays for its own imports only
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
@@ -97,6 +97,18 @@ async def query_state(client: Client, chat_id: str) -> TurnState:
         if err.status in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
                           RPCStatusCode.CANCELLED):
             raise NoWorker(no_worker(chat_id, err.message)) from None
+        raise
+
+
+async def describe_run(client: Client, chat_id: str) -> Any:
+    """The chat's latest run, described (its status, ...); `Refused` if it has none."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        return await client.get_workflow_handle(tk.workflow_id(chat_id)).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise Refused(no_chat(chat_id)) from None
         raise
 
 

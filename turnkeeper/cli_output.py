@@ -1,7 +1,7 @@
 """How `turnkeeper` commands print: a turn's state, the transcript, events, chats.
 
 Each function takes the model (turnkeeper.models) or its plain stand-in from
-turnkeeper.cli_reads alike: they have the same attributes.
+turnkeeper.cli_views alike: they have the same attributes.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from turnkeeper.statuses import Reason, TurnStatus
 
 if TYPE_CHECKING:
-    from turnkeeper.cli_reads import EventView, MessageView, StateView
+    from turnkeeper.cli_views import EventView, MessageView, StateView
     from turnkeeper.models import ChatMessage, Event, TurnState
     from turnkeeper.replay import ReplayReport
 

@@ -37,7 +37,7 @@ HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "turnkeeper.activities.tools",
 # Temporal's HTTP API and a SQLite store serve them (as here): each of these takes
 # a good part of the 0.2 s the whole command may take (`import temporalio` alone
 # takes more). They ask the HTTP API and read the SQLite file with the standard
-# library (turnkeeper/http_api.py, turnkeeper/cli_reads.py).
+# library (turnkeeper/http_api.py, turnkeeper/cli_reads.py, turnkeeper/cli_views.py).
 PLAIN_COMMANDS = ("status", "history", "events", "list")
 NOT_PLAIN = ("temporalio", "google.protobuf", "pydantic", "pydantic_core", "asyncio", "concurrent.futures",
              "turnkeeper.models", "turnkeeper.activities", "turnkeeper.workflows", "turnkeeper.failed_turns",

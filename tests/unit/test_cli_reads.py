@@ -1,8 +1,9 @@
-"""The CLI's plain ways (turnkeeper/cli_reads.py; `list` and `send` over Temporal's
-HTTP API, turnkeeper/http_api.py) against what they stand in for: the models,
-the session store, the SDK. Whatever a view decodes, it decodes as the model
-does, and prints the same; whatever it does not, it leaves to the model
-(`NotPlain`). What `send` sends is what the SDK sends."""
+"""The CLI's plain ways (turnkeeper/cli_views.py and turnkeeper/cli_reads.py;
+`list` and `send` over Temporal's HTTP API, turnkeeper/http_api.py) against
+what they stand in for: the models, the session store, the SDK. Whatever a
+view decodes, it decodes as the model does, and prints the same; whatever it
+does not, it leaves to the model (`NotPlain`). What `send` sends is what the
+SDK sends."""
 from __future__ import annotations
 
 import asyncio
@@ -26,11 +27,12 @@ from temporalio.client import WorkflowExecution as SdkExecution
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.converter import DataConverter, encode_search_attributes
 
-from turnkeeper import cli_reads, http_api
+from turnkeeper import cli_reads, cli_views, http_api
 from turnkeeper import client as tk
 from turnkeeper.activities.store import CorruptRowError, SQLiteStore, TurnUpdate, codec, schema, sqlite
 from turnkeeper.cli_output import describe_gate, event_line, event_text, transcript_line
-from turnkeeper.cli_reads import NotPlain, Reads, StateView
+from turnkeeper.cli_reads import Reads
+from turnkeeper.cli_views import NotPlain, StateView
 from turnkeeper.config import Settings
 from turnkeeper.failed_turns import state_of
 from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
@@ -57,12 +59,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 
 def test_the_views_have_the_models_fields_and_the_stores_constants() -> None:
-    assert cli_reads.STATE_FIELDS == tuple(TurnState.model_fields)
-    assert cli_reads.TOOL_CALL_VIEW_FIELDS == tuple(ToolCallView.model_fields)
-    assert cli_reads.APPROVAL_FIELDS == tuple(ApprovalRequest.model_fields)
-    assert cli_reads.MESSAGE_FIELDS == tuple(ChatMessage.model_fields)
-    assert cli_reads.TOOL_CALL_FIELDS == tuple(ToolCall.model_fields)
-    assert cli_reads.ROLES == typing.get_args(ChatMessage.model_fields["role"].annotation)
+    assert cli_views.STATE_FIELDS == tuple(TurnState.model_fields)
+    assert cli_views.TOOL_CALL_VIEW_FIELDS == tuple(ToolCallView.model_fields)
+    assert cli_views.APPROVAL_FIELDS == tuple(ApprovalRequest.model_fields)
+    assert cli_views.MESSAGE_FIELDS == tuple(ChatMessage.model_fields)
+    assert cli_views.TOOL_CALL_FIELDS == tuple(ToolCall.model_fields)
+    assert cli_views.ROLES == typing.get_args(ChatMessage.model_fields["role"].annotation)
     assert cli_reads.TURN_COLUMNS == codec._TURN_COLUMNS
     assert cli_reads.STORE_SCHEMA_VERSION == schema.SCHEMA_VERSION
     assert cli_reads.BUSY_TIMEOUT_S == sqlite.BUSY_TIMEOUT_S
@@ -106,7 +108,7 @@ _STATE = _object({
 @given(_STATE)
 def test_a_state_the_view_reads_is_read_and_printed_as_the_model_does(data: Any) -> None:
     try:
-        view = cli_reads.state_view(data)
+        view = cli_views.state_view(data)
     except NotPlain:
         return  # the model's way: whatever it makes of it
     model = TurnState.model_validate(data)
@@ -122,13 +124,13 @@ def test_every_state_a_worker_answers_is_read_by_the_view(data: Any) -> None:
     except ValidationError:
         return
     answer = json.loads(model.model_dump_json())  # what a worker's converter writes
-    assert cli_reads.state_view(answer).model_dump(mode="json") == model.model_dump(mode="json")
+    assert cli_views.state_view(answer).model_dump(mode="json") == model.model_dump(mode="json")
 
 
 def test_a_state_the_view_does_not_read_is_the_models() -> None:
-    shown = cli_reads.turn_state({"chat_id": "c", "turn": 1.0, "can_continue": 0})  # coerced by the model
+    shown = cli_views.turn_state({"chat_id": "c", "turn": 1.0, "can_continue": 0})  # coerced by the model
     assert isinstance(shown, TurnState) and (shown.turn, shown.can_continue) == (1, False)
-    assert isinstance(cli_reads.turn_state({"chat_id": "c", "turn": 1}), StateView)
+    assert isinstance(cli_views.turn_state({"chat_id": "c", "turn": 1}), StateView)
 
 
 _CALL = _object({"id": _TEXT, "name": _TEXT, "arguments": _TEXT}, ("id", "name"))
@@ -141,7 +143,7 @@ _MESSAGE = _object({"role": st.sampled_from(["user", "assistant", "tool", "syste
 @given(st.one_of(_MESSAGE.map(json.dumps), st.just("{broken"), st.just("[]")))
 def test_a_transcript_row_the_view_reads_is_printed_as_the_models(body: str) -> None:
     try:
-        view = cli_reads.message_view(body)
+        view = cli_views.message_view(body)
     except NotPlain:
         return
     model = ChatMessage.model_validate(json.loads(body))
@@ -153,7 +155,7 @@ def test_every_message_the_store_writes_is_read_by_the_view() -> None:
     for message in (ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=""),
                     ChatMessage(role="assistant", tool_calls=[ToolCall(id="1", name="w", arguments='{"a": 1}')]),
                     ChatMessage(role="tool", content="ok", tool_call_id="1", name="w")):
-        view = cli_reads.message_view(codec.message_body(message))
+        view = cli_views.message_view(codec.message_body(message))
         assert json.dumps(view.public()) == json.dumps(message.public())
 
 
@@ -177,7 +179,7 @@ def test_an_event_row_the_view_reads_is_printed_as_the_models(chat: str, seq: An
                                                               created_at: Any) -> None:
     row = _row(chat_id=chat, seq=seq, type=type_, payload=payload, created_at=created_at)
     try:
-        view = cli_reads.event_view(row)
+        view = cli_views.event_view(row)
     except NotPlain:
         return
     model = codec.decode_event(row)
@@ -195,7 +197,7 @@ def test_a_turn_row_the_view_reads_is_the_state_the_model_shows(status: str, rea
     row = _row(chat_id="c", turn=2, run_id="r", status=status, reason=reason, recovery_id="g",
                can_continue=can_continue, attempts=attempts, started_at=started, updated_at=updated)
     try:
-        view = cli_reads.turn_row_state(row)
+        view = cli_views.turn_row_state(row)
     except NotPlain:
         return
     model = state_of(codec.decode_turn(row))
@@ -254,7 +256,7 @@ def test_reads_of_the_sqlite_file_are_the_stores(tmp_path: Path) -> None:
     finally:
         reads.close()
     stored_history, stored_events, stored_state = asyncio.run(_store_reads(settings_.sqlite_path))
-    assert all(isinstance(r, cli_reads.MessageView) for r in history)
+    assert all(isinstance(r, cli_views.MessageView) for r in history)
     assert _printed(history) == _printed(stored_history)
     assert [m.public() for m in history] == [m.public() for m in stored_history]
     assert _printed(events) == _printed(stored_events) and len(events) == 3

@@ -1,0 +1,127 @@
+"""The `turnkeeper` commands that decide a turn: `continue` and `dismiss` (the
+user's answer to an interrupted turn) and `stop` (the running one).
+
+Each is a coroutine of its exit code, or raises `Refused`; `turnkeeper.cli`
+parses the arguments and dispatches here. The commands that send and read
+(send, status, history, events, list, replay) are in turnkeeper.cli_commands.
+They talk gRPC: the Temporal SDK, the models and the store are imported in
+the functions that use them, as in every command (tests/process/test_cli_startup.py).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from turnkeeper import client as tk
+from turnkeeper.cli_common import (
+    EXIT_OK,
+    ClientOnDemand,
+    NoWorker,
+    Refused,
+    Undecryptable,
+    connect_client,
+    describe_run,
+    open_session_store,
+    query_state,
+)
+from turnkeeper.cli_output import describe_gate
+from turnkeeper.config import Settings
+from turnkeeper.statuses import OPEN_STATUSES
+
+if TYPE_CHECKING:
+    from turnkeeper.models import TurnState
+
+
+async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
+    from turnkeeper.failed_turns import state_of
+    from turnkeeper.models import TurnState
+
+    store = await open_session_store(settings)
+    try:
+        record = await store.get_turn(chat_id)
+    finally:
+        await store.close()
+    return TurnState(chat_id=chat_id) if record is None else state_of(record)
+
+
+async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
+    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    from turnkeeper.workflows.recovery import NOT_WAITING  # the commands refuse in its words
+
+    client = await connect_client(settings)
+    desc = await describe_run(client, args.chat)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
+        # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
+        from turnkeeper.failed_turns import NotDecided, decide_failed_turn
+
+        store = await open_session_store(settings)
+        try:
+            decided = await decide_failed_turn(store, args.chat, "dismiss" if update == "dismiss_turn" else "continue")
+        except NotDecided as err:
+            raise Refused(str(err)) from None
+        finally:
+            await store.close()
+        print(describe_gate(decided))
+        return EXIT_OK
+    state = await query_state(client, args.chat)
+    if not state.recovery_id:
+        raise Refused(NOT_WAITING)
+    store = await open_session_store(settings) if getattr(args, "wait", False) else None
+    try:
+        after = await store.follow_from(args.chat) if store else 0
+        try:
+            new_state = await tk.decide(client, args.chat, update, state.recovery_id)
+        except WorkflowUpdateFailedError as err:
+            raise Refused(str(err.cause.message if err.cause else err)) from None
+        except RPCError as err:
+            if "already completed" in str(err):
+                raise Refused(NOT_WAITING) from None
+            raise
+        print(describe_gate(new_state), flush=True)
+        if store is None:
+            return EXIT_OK
+        from turnkeeper.cli_follow import follow_turn
+
+        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, None, after, args.timeout,
+                                  task_queue=settings.task_queue, turn=new_state.turn)
+    finally:
+        if store is not None:
+            await store.close()
+
+
+async def cmd_continue(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, "continue_turn")
+
+
+async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
+    return await _decide(args, settings, "dismiss_turn")
+
+
+async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    client = await connect_client(settings)
+    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
+    if (await describe_run(client, args.chat)).status != WorkflowExecutionStatus.RUNNING:
+        raise Refused(f"no turn of chat {args.chat!r} is running")
+    later = ""
+    try:
+        state = await query_state(client, args.chat)
+    except NoWorker as err:
+        # A signal is durable: the run acts on it once a worker serves it again.
+        state = await _stored_turn(settings, args.chat)
+        later = (f" ({err}: the turn stops once a worker can read it)" if isinstance(err, Undecryptable)
+                 else " (no worker is serving it now: the turn stops when one starts)")
+    if state.status not in OPEN_STATUSES or not state.turn:
+        raise Refused(f"no turn of chat {args.chat!r} is running")
+    try:
+        await handle.signal("stop", {})
+    except RPCError as err:
+        if "already completed" in str(err):
+            raise Refused(f"no turn of chat {args.chat!r} is running") from None
+        raise
+    print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
+    return EXIT_OK
