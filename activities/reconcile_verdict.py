@@ -1,6 +1,7 @@
-"""What an abnormally ended turn left behind, judged by the reason table
-(README, "When a turn is interrupted"). Pure functions, no I/O: the reconciler reads the run's history and the
-store's rows of the turn and acts on the verdict.
+"""The reconciler's verdict on a turn whose run ended abnormally: what it left
+behind, judged by the reason table (README, "When a turn is interrupted").
+Pure functions, no I/O: the reconciler (activities/reconciler.py) reads the
+run's history and the store's rows of the turn and acts on the verdict.
 
 The run's event history is the checkpoint: every model call and tool call is its
 own activity, so its scheduled input and completed result are there, decoded

@@ -1,5 +1,5 @@
 """The reconciler (docs/contract.md, "Reconciler"): finds turns the store shows open whose run
-is no longer running, judges what remains (activities/checkpoint.py) and either
+is no longer running, judges what remains (activities/reconcile_verdict.py) and either
 closes the turn (`committed`, `answer_restored`) or starts a `ChatTurn` run in
 recovery mode, which opens the gate and waits for Continue or Dismiss.
 
@@ -23,7 +23,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import metrics
-from turnkeeper.activities import checkpoint
+from turnkeeper.activities import reconcile_verdict
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.activities.store.base import TurnRef
 from turnkeeper.client import WORKFLOW_TYPE, workflow_id
@@ -63,13 +63,13 @@ _TRANSIENT_RPC = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EX
 
 async def _readable(events: Sequence[HistoryEvent], client: Client) -> Sequence[HistoryEvent]:
     """A fetched history holds payloads as stored (encrypted under TURNKEEPER_ENCRYPTION_KEYS):
-    decode those the checkpoint reads with the client's codec. One that does not decrypt
+    decode those reconcile_verdict reads with the client's codec. One that does not decrypt
     stays as it is, and the verdict names its key id."""
     codec = client.data_converter.payload_codec
     if codec is None:
         return events
     for event in events:
-        payloads = checkpoint.payloads_read(event)
+        payloads = reconcile_verdict.payloads_read(event)
         if payloads is None or not payloads.payloads:
             continue
         try:
@@ -144,10 +144,10 @@ class Reconciler:
         try:
             rows = await self._store.turn_messages(ref.chat_id, ref.turn)
         except CorruptRowError as err:
-            verdict = replace(checkpoint.invalid(str(err)),
-                              messages=checkpoint.acknowledged(events) if events is not None else ())
+            verdict = replace(reconcile_verdict.invalid(str(err)),
+                              messages=reconcile_verdict.acknowledged(events) if events is not None else ())
         else:
-            verdict = (checkpoint.judge_store(rows) if events is None else checkpoint.judge_history(
+            verdict = (reconcile_verdict.judge_store(rows) if events is None else reconcile_verdict.judge_history(
                 events, rows, resuming=record.status == TurnStatus.RESUMING))
         log.info("chat %s turn %d: %s (%s)", ref.chat_id, ref.turn, verdict.reason.value, verdict.detail)
         pending = await self._uncommitted(ref.chat_id, verdict.messages)
@@ -213,7 +213,7 @@ class Reconciler:
     async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
         events = await _readable(
             (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client)
-        lost = await self._uncommitted(chat_id, checkpoint.acknowledged(events))
+        lost = await self._uncommitted(chat_id, reconcile_verdict.acknowledged(events))
         if lost:
             # A run that holds the chat now may have them already (handed on by an earlier pass).
             live = client.get_workflow_handle(workflow_id_)
@@ -226,7 +226,7 @@ class Reconciler:
             await self._hand_on(client, chat_id, lost)
         return len(lost)
 
-    async def _close(self, ref: TurnRef, record: TurnRecord, verdict: checkpoint.Verdict) -> None:
+    async def _close(self, ref: TurnRef, record: TurnRecord, verdict: reconcile_verdict.Verdict) -> None:
         """Persist, then announce: the store writes recovery_state, session_updated, turn_end."""
         if verdict.reason == Reason.ANSWER_RESTORED:
             # The step after the turn's last one. The run id stays the ended run's (a

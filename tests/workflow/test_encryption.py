@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError
 from tests.support import Stack, until
 from tests.web_support import request, serving
 from turnkeeper import client as tk
-from turnkeeper.activities import checkpoint
+from turnkeeper.activities import reconcile_verdict
 from turnkeeper.activities.reconciler import _readable
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.dev_server import (
@@ -622,8 +622,8 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
         return list((await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()).events)
 
     readable = await _readable(await fetched(), await connect(server, KEYS_2_1))
-    assert [m.text for m in checkpoint.acknowledged(readable)] == ["hello", "are you there?"]
-    verdict = checkpoint.judge_history(await _readable(await fetched(), await connect(server, KEYS_2)), [])
+    assert [m.text for m in reconcile_verdict.acknowledged(readable)] == ["hello", "are you there?"]
+    verdict = reconcile_verdict.judge_history(await _readable(await fetched(), await connect(server, KEYS_2)), [])
     assert verdict.reason == Reason.CHECKPOINT_UNKNOWN and "key id 'k1'" in verdict.detail
 
     stack.client = await connect(server, KEYS_2_1)  # reads what k2 now seals

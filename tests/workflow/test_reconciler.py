@@ -1,5 +1,5 @@
 """The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
-the pure checkpoint judge on recorded histories, then real passes on the dev
+the pure verdict (activities/reconcile_verdict.py) on recorded histories, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, the cost of a pass over many healthy chats, and quiet passes
 deleted by the passes after them."""
@@ -38,9 +38,9 @@ from temporalio.worker import Worker
 from tests.support import HISTORIES, Stack
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
-from turnkeeper.activities import checkpoint, quiet_passes
+from turnkeeper.activities import quiet_passes, reconcile_verdict
 from turnkeeper.activities.assemble import build_activities
-from turnkeeper.activities.checkpoint import UnansweredCall
+from turnkeeper.activities.reconcile_verdict import UnansweredCall
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.quiet_passes import QuietPasses, quiet_passes_query
 from turnkeeper.activities.reconciler import Reconciler
@@ -79,7 +79,7 @@ from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
 
-# -- checkpoint.py on a recorded history ---------------------------------------------------
+# -- reconcile_verdict.py on a recorded history ---------------------------------------------------
 #
 # test_two_sequential_tool_calls-0: model call (event 8, reply 10: call_0_0 write_file),
 # tool 14/16, model call 20 (reply 22: call_1_0 read_file), tool 26/28, model call 32
@@ -123,7 +123,7 @@ def _edit(raw: dict[str, Any], event_id: int, change: Callable[[dict[str, Any]],
 
 
 def test_recorded_history_is_the_one_described() -> None:
-    """Guards the event ids the checkpoint tests above rely on."""
+    """Guards the event ids the verdict tests above rely on."""
     raw = _recorded()
     names = {int(e["eventId"]): e["eventType"] for e in raw["events"]}
     assert names[14] == names[26] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
@@ -131,7 +131,7 @@ def test_recorded_history_is_the_one_described() -> None:
 
 
 def test_a_final_answer_in_the_history_is_restored() -> None:
-    verdict = checkpoint.judge_history(_events(_recorded()), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = reconcile_verdict.judge_history(_events(_recorded()), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert verdict.reason == Reason.ANSWER_RESTORED and verdict.final_text == "a.txt says alpha"
     assert [m.text for m in verdict.messages] == ["write then read"]
 
@@ -139,30 +139,30 @@ def test_a_final_answer_in_the_history_is_restored() -> None:
 def test_a_persisted_completion_wins() -> None:
     raw = _recorded()
     _payload(raw, 16)["metadata"]["encoding"] = base64.b64encode(b"binary/encrypted").decode()
-    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
+    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
     assert verdict.reason == Reason.COMMITTED and verdict.closes_turn
 
 
 def test_a_tool_scheduled_without_a_close_event_may_have_acted() -> None:
-    verdict = checkpoint.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1])
+    verdict = reconcile_verdict.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.TOOL_STATE_UNKNOWN, True)
     assert verdict.unanswered == (UnansweredCall("call_1_0", "read_file", started=True),)
     # Once its interrupted row exists, nothing is left to answer (idempotent).
     answered = ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file")
-    again = checkpoint.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1, answered])
+    again = reconcile_verdict.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1, answered])
     assert again.reason == Reason.TOOL_STATE_UNKNOWN and again.unanswered == ()
 
 
 def test_only_completed_steps_ask_to_restart() -> None:
-    lost_model_call = checkpoint.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0])
+    lost_model_call = reconcile_verdict.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0])
     assert (lost_model_call.reason, lost_model_call.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert lost_model_call.unanswered == ()
     # A reply whose tool was never scheduled: it did not run, and its row says so.
-    unscheduled = checkpoint.judge_history(_events(_recorded(), through=23), [USER, ASK_0, DONE_0, ASK_1])
+    unscheduled = reconcile_verdict.judge_history(_events(_recorded(), through=23), [USER, ASK_0, DONE_0, ASK_1])
     assert unscheduled.reason == Reason.RESTART_REQUIRES_CONFIRMATION
     assert unscheduled.unanswered == (UnansweredCall("call_1_0", "read_file", started=False),)
     # The resumed step lost again: the live run would have said loop_guard too.
-    resumed = checkpoint.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0], resuming=True)
+    resumed = reconcile_verdict.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0], resuming=True)
     assert resumed.reason == Reason.LOOP_GUARD
 
 
@@ -175,7 +175,7 @@ def test_an_undecodable_payload_is_checkpoint_unknown(case: str) -> None:
         _payload(raw, 22)["data"] = base64.b64encode(b'{"schema": 99, "reply": "v2"}').decode()
     else:
         _edit(raw, 26, lambda body: body.pop("call"))
-    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_UNKNOWN, False)
 
 
@@ -200,7 +200,7 @@ def test_a_malformed_history_is_checkpoint_invalid(event_id: int, change: Callab
                                                    why: str) -> None:
     raw = _recorded()
     _edit(raw, event_id, change)
-    verdict = checkpoint.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
     assert why in verdict.detail
 
@@ -210,7 +210,7 @@ def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate() -> None:
     start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
         turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False))
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = checkpoint.judge_history(_events(raw, through=7), [USER])
+    verdict = reconcile_verdict.judge_history(_events(raw, through=7), [USER])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
 
 
@@ -220,29 +220,29 @@ def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve() 
     start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
         turn=1, reason=Reason.APPROVAL_REQUIRED, approvals=[ToolCall(id="call_0_0", name="write_file")]))
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = checkpoint.judge_history(_events(raw, through=7), [USER, ASK_0])
+    verdict = reconcile_verdict.judge_history(_events(raw, through=7), [USER, ASK_0])
     assert (verdict.reason, verdict.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert verdict.unanswered == (UnansweredCall("call_0_0", "write_file", started=False),)
 
 
 def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
     raw = json.loads((HISTORIES / "first-release" / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
-    messages = checkpoint.acknowledged(_events(raw))
+    messages = reconcile_verdict.acknowledged(_events(raw))
     assert len(messages) == 2 and messages[0].message_id != messages[1].message_id
 
 
 def test_judging_the_store_alone() -> None:
-    assert checkpoint.judge_store([USER, FINAL]).reason == Reason.COMMITTED
-    alone = checkpoint.judge_store([USER])
+    assert reconcile_verdict.judge_store([USER, FINAL]).reason == Reason.COMMITTED
+    alone = reconcile_verdict.judge_store([USER])
     assert (alone.reason, alone.can_continue) == (Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False)
-    saved = checkpoint.judge_store([USER, ASK_0, DONE_0, ASK_1])
+    saved = reconcile_verdict.judge_store([USER, ASK_0, DONE_0, ASK_1])
     assert (saved.reason, saved.can_continue) == (Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True)
     assert saved.unanswered == (UnansweredCall("call_1_0", "read_file"),)
     duplicate = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="x")])
     orphan = ChatMessage(role="tool", content="?", tool_call_id="nobody", name="x")
     empty = ChatMessage(role="assistant", content=" ")
     for rows in ([USER, ASK_0, duplicate], [USER, ASK_0, orphan], [USER, empty]):
-        bad = checkpoint.judge_store(rows)
+        bad = reconcile_verdict.judge_store(rows)
         assert (bad.reason, bad.can_continue) == (Reason.CHECKPOINT_INVALID, False), rows
 
 
