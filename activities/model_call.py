@@ -13,7 +13,7 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper import metrics
 from turnkeeper.activities.context import ContextBuilder, context_budget
 from turnkeeper.activities.drafts import DraftWriter
@@ -35,8 +35,8 @@ class ModelCallActivity:
         self._registry = registry
         self._context = ContextBuilder(store, provider, context_budget(settings, provider), guard=_unless_shutdown)
 
-    @activity.defn(name=io.MODEL_CALL)
-    async def model_call(self, inp: io.ModelCallInput) -> io.ModelCallResult:
+    @activity.defn(name=activity_io.MODEL_CALL)
+    async def model_call(self, inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
         async with heartbeating():
             tools = self._registry.specs(self._settings.tools)
             try:
@@ -49,11 +49,11 @@ class ModelCallActivity:
             except CorruptRowError as err:
                 # Retrying reads the same row: the user sees it named, and can Dismiss.
                 raise ApplicationError(f"the chat's stored transcript cannot be read: {err}",
-                                       type=io.CHECKPOINT_INVALID_ERROR, non_retryable=True) from None
+                                       type=activity_io.CHECKPOINT_INVALID_ERROR, non_retryable=True) from None
             except StoreUnavailable as err:
                 # No answer was asked of the provider yet (a summary made is kept or made
                 # again): the workflow waits and calls again.
-                raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
+                raise ApplicationError(str(err), type=activity_io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             except ProviderError as err:
                 raise _model_failed(err) from None  # summarising the older rows failed
             started = time.monotonic()
@@ -76,14 +76,14 @@ class ModelCallActivity:
             except StoreUnavailable as err:
                 # The answer is not lost with the store: the workflow records it once it is back.
                 activity.logger.warning("the reply of chat %s is recorded later: %s", inp.chat_id, err)
-                return io.ModelCallResult(reply=reply, committed_ids=committed, recorded=False)
-            return io.ModelCallResult(reply=reply, committed_ids=committed)
+                return activity_io.ModelCallResult(reply=reply, committed_ids=committed, recorded=False)
+            return activity_io.ModelCallResult(reply=reply, committed_ids=committed)
 
 
 def _model_failed(err: ProviderError) -> ApplicationError:
     # The provider's own retries are spent: the user decides what happens next.
     kind = "transient" if err.retryable else "permanent"
-    return ApplicationError(f"model provider failed ({kind}): {err}", type=io.MODEL_FAILED_ERROR,
+    return ApplicationError(f"model provider failed ({kind}): {err}", type=activity_io.MODEL_FAILED_ERROR,
                             non_retryable=True)
 
 
@@ -102,4 +102,4 @@ async def _unless_shutdown(call: "asyncio.Future[T] | object") -> T:
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
     raise ApplicationError("the worker is shutting down; the model call goes to the next worker",
-                           type=io.WORKER_SHUTDOWN_ERROR, non_retryable=True)
+                           type=activity_io.WORKER_SHUTDOWN_ERROR, non_retryable=True)

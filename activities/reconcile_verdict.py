@@ -20,7 +20,7 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.history.v1 import HistoryEvent
 
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper.models import (
     DISMISSED_TEXT,
     INTERRUPTED_TURN_TEXT,
@@ -181,8 +181,8 @@ class _Step:
     """One model_call or tool_call activity of the run."""
 
     kind: str
-    input: io.ModelCallInput | io.ToolCallInput
-    result: io.ModelCallResult | io.ToolCallResult | None = None
+    input: activity_io.ModelCallInput | activity_io.ToolCallInput
+    result: activity_io.ModelCallResult | activity_io.ToolCallResult | None = None
     never_started: bool = False
 
 
@@ -232,10 +232,10 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             sched = event.activity_task_scheduled_event_attributes
             name = sched.activity_type.name
-            if name == io.MODEL_CALL:
-                step = _Step(name, _decode(sched.input, io.ModelCallInput, f"event {event.event_id} input"))
-            elif name == io.TOOL_CALL:
-                step = _Step(name, _decode(sched.input, io.ToolCallInput, f"event {event.event_id} input"))
+            if name == activity_io.MODEL_CALL:
+                step = _Step(name, _decode(sched.input, activity_io.ModelCallInput, f"event {event.event_id} input"))
+            elif name == activity_io.TOOL_CALL:
+                step = _Step(name, _decode(sched.input, activity_io.ToolCallInput, f"event {event.event_id} input"))
             else:
                 continue
             by_id[event.event_id] = step
@@ -244,8 +244,8 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
             done = event.activity_task_completed_event_attributes
             found = by_id.get(done.scheduled_event_id)
             if found is not None:
-                model: type[io.ModelCallResult] | type[io.ToolCallResult] = (
-                    io.ModelCallResult if found.kind == io.MODEL_CALL else io.ToolCallResult)
+                model: type[activity_io.ModelCallResult] | type[activity_io.ToolCallResult] = (
+                    activity_io.ModelCallResult if found.kind == activity_io.MODEL_CALL else activity_io.ToolCallResult)
                 found.result = _decode(done.result, model, f"event {event.event_id} result")
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
             # A failed, cancelled or timed-out attempt may have acted, like one without
@@ -261,7 +261,7 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
 def _history_problem(run: _Run) -> str | None:
     made: set[str] = set()
     for step in run.steps:
-        if isinstance(step.result, io.ModelCallResult):
+        if isinstance(step.result, activity_io.ModelCallResult):
             reply = step.result.reply
             if reply.is_final and not (reply.text or "").strip():
                 return "the final answer is empty"
@@ -271,12 +271,12 @@ def _history_problem(run: _Run) -> str | None:
                 made.add(call.id)
     results: set[str] = set()
     for step in run.steps:
-        if not isinstance(step.input, io.ToolCallInput):
+        if not isinstance(step.input, activity_io.ToolCallInput):
             continue
         call_id = step.input.call.id
         if call_id not in made:
             return f"tool call {call_id!r} ran, but no model reply asked for it"
-        if isinstance(step.result, io.ToolCallResult):
+        if isinstance(step.result, activity_io.ToolCallResult):
             if step.result.tool_call_id != call_id:
                 return f"tool call {call_id!r} got the result of {step.result.tool_call_id!r}"
             if call_id in results:
@@ -317,14 +317,14 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
         return replace(invalid(problem), messages=messages)
 
     finals = [s.result.reply for s in run.steps
-              if isinstance(s.result, io.ModelCallResult) and s.result.reply.is_final]
+              if isinstance(s.result, activity_io.ModelCallResult) and s.result.reply.is_final]
     if finals:
         return Verdict(Reason.ANSWER_RESTORED, True, final_text=finals[-1].text, messages=messages,
                        detail="a final answer is in the history")
 
     # Tool activities of this run, by call id; and the calls its model replies made.
-    tool_steps = {s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, io.ToolCallInput)}
-    made_here = {c.id for s in run.steps if isinstance(s.result, io.ModelCallResult)
+    tool_steps = {s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, activity_io.ToolCallInput)}
+    made_here = {c.id for s in run.steps if isinstance(s.result, activity_io.ModelCallResult)
                  for c in s.result.reply.tool_calls}
     uncertain = [inp.call.id for inp, step in tool_steps.values()
                  if step.result is None and not step.never_started]

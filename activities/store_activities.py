@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
@@ -16,8 +16,8 @@ class StoreActivities:
         self._store = store
         self._confirm_tools = list(confirm_tools if confirm_tools is not None else settings.confirm_tools)
 
-    @activity.defn(name=io.BEGIN_TURN)
-    async def begin_turn(self, inp: io.BeginTurnInput) -> io.BeginTurnResult:
+    @activity.defn(name=activity_io.BEGIN_TURN)
+    async def begin_turn(self, inp: activity_io.BeginTurnInput) -> activity_io.BeginTurnResult:
         # A run learns the configured message limit here: its first messages are judged now.
         limit = self._settings.max_message_bytes
         oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes) if size > limit]
@@ -28,47 +28,48 @@ class StoreActivities:
         if latest is None:
             record = await self._store.get_turn(inp.chat_id)
             latest = record.turn if record else 0
-        return io.BeginTurnResult(turn=turn, latest_turn=latest, duplicate_ids=begun.duplicate_ids if begun else [],
-                                  closed_turn=begun.closed_turn if begun else None,
-                                  settings=self._turn_settings(), oversized_ids=oversized)
+        return activity_io.BeginTurnResult(turn=turn, latest_turn=latest,
+                                           duplicate_ids=begun.duplicate_ids if begun else [],
+                                           closed_turn=begun.closed_turn if begun else None,
+                                           settings=self._turn_settings(), oversized_ids=oversized)
 
-    @activity.defn(name=io.ADOPT_TURN)
-    async def adopt_turn(self, inp: io.AdoptTurnInput) -> io.AdoptTurnResult:
+    @activity.defn(name=activity_io.ADOPT_TURN)
+    async def adopt_turn(self, inp: activity_io.AdoptTurnInput) -> activity_io.AdoptTurnResult:
         next_step = await self._store.adopt_turn(inp.chat_id, inp.turn, inp.run_id)
-        return io.AdoptTurnResult(next_step=next_step, settings=self._turn_settings())
+        return activity_io.AdoptTurnResult(next_step=next_step, settings=self._turn_settings())
 
-    def _turn_settings(self) -> io.TurnSettings:
+    def _turn_settings(self) -> activity_io.TurnSettings:
         s = self._settings
-        return io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
-                               model_timeout_s=s.model_timeout,
-                               tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
-                               heartbeat_timeout_s=s.heartbeat_timeout, confirm_tools=self._confirm_tools)
+        return activity_io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
+                                        model_timeout_s=s.model_timeout,
+                                        tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
+                                        heartbeat_timeout_s=s.heartbeat_timeout, confirm_tools=self._confirm_tools)
 
-    @activity.defn(name=io.RECORD_TOOL_RESULT)
-    async def record_tool_result(self, inp: io.RecordToolResultInput) -> None:
+    @activity.defn(name=activity_io.RECORD_TOOL_RESULT)
+    async def record_tool_result(self, inp: activity_io.RecordToolResultInput) -> None:
         await self._store.record_tool_result(inp.chat_id, inp.turn, inp.tool_call_id, inp.name,
                                              inp.content, inp.status)
 
-    @activity.defn(name=io.COMMIT_MESSAGES)
-    async def commit_messages(self, inp: io.CommitMessagesInput) -> list[str]:
+    @activity.defn(name=activity_io.COMMIT_MESSAGES)
+    async def commit_messages(self, inp: activity_io.CommitMessagesInput) -> list[str]:
         if inp.answer_lost_calls:
             await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
         return await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.messages)
 
-    @activity.defn(name=io.RECORD_ASSISTANT)
-    async def record_assistant(self, inp: io.RecordAssistantInput) -> None:
+    @activity.defn(name=activity_io.RECORD_ASSISTANT)
+    async def record_assistant(self, inp: activity_io.RecordAssistantInput) -> None:
         await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, inp.reply, final=inp.final)
 
-    @activity.defn(name=io.UPDATE_TURN)
-    async def update_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
+    @activity.defn(name=activity_io.UPDATE_TURN)
+    async def update_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         ended = await self._ended(inp)
         if ended is not None:
             return ended
         await self._store.update_turn(inp.chat_id, inp.turn, _update(inp))
-        return io.TurnWriteResult(status=inp.status, reason=inp.reason)
+        return activity_io.TurnWriteResult(status=inp.status, reason=inp.reason)
 
-    @activity.defn(name=io.FINISH_TURN)
-    async def finish_turn(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult:
+    @activity.defn(name=activity_io.FINISH_TURN)
+    async def finish_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         # A model call lost or cancelled after writing its tool calls: answer them first,
         # so each tool row follows its call before any user row (providers refuse else).
         await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
@@ -78,9 +79,9 @@ class StoreActivities:
         if ended is not None:
             return ended
         await self._store.finish_turn(inp.chat_id, inp.turn, _update(inp), closing_text=inp.closing_text)
-        return io.TurnWriteResult(status=inp.status, reason=inp.reason)
+        return activity_io.TurnWriteResult(status=inp.status, reason=inp.reason)
 
-    async def _ended(self, inp: io.UpdateTurnInput) -> io.TurnWriteResult | None:
+    async def _ended(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult | None:
         """The turn's ending if the store already has one: e.g. a final answer
         committed by a model call whose completion was then lost."""
         record = await self._store.get_turn(inp.chat_id, inp.turn)
@@ -88,17 +89,17 @@ class StoreActivities:
             return None
         if (record.status, record.reason) == (inp.status, inp.reason):
             return None  # a retry of this very write: idempotent in the store
-        return io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
+        return activity_io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
-    @activity.defn(name=io.HELD_MESSAGES)
-    async def held_messages(self, inp: io.HeldMessagesInput) -> list[str]:
+    @activity.defn(name=activity_io.HELD_MESSAGES)
+    async def held_messages(self, inp: activity_io.HeldMessagesInput) -> list[str]:
         return await self._store.held_message_ids(inp.chat_id, inp.message_ids)
 
-    @activity.defn(name=io.APPEND_EVENTS)
-    async def append_events(self, inp: io.AppendEventsInput) -> None:
+    @activity.defn(name=activity_io.APPEND_EVENTS)
+    async def append_events(self, inp: activity_io.AppendEventsInput) -> None:
         await self._store.append_events(inp.chat_id, inp.events, keys=inp.keys)
 
 
-def _update(inp: io.UpdateTurnInput) -> TurnUpdate:
+def _update(inp: activity_io.UpdateTurnInput) -> TurnUpdate:
     return TurnUpdate(status=inp.status, reason=inp.reason, recovery_id=inp.recovery_id,
                       can_continue=inp.can_continue, attempts=inp.attempts, detail=inp.detail)

@@ -10,7 +10,7 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper import metrics
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.store import SessionStore, StoreUnavailable
@@ -35,8 +35,8 @@ class ToolCallActivity:
         self._store = store
         self._registry = registry
 
-    @activity.defn(name=io.TOOL_CALL)
-    async def tool_call(self, inp: io.ToolCallInput) -> io.ToolCallResult:
+    @activity.defn(name=activity_io.TOOL_CALL)
+    async def tool_call(self, inp: activity_io.ToolCallInput) -> activity_io.ToolCallResult:
         outcome = FAILED
         try:
             result, outcome = await self._call(inp)
@@ -45,7 +45,7 @@ class ToolCallActivity:
             outcome = CANCELLED  # a Stop, a Dismiss, or the end of the shutdown grace
             raise
         except ApplicationError as err:
-            if err.type == io.STORE_UNAVAILABLE_ERROR:
+            if err.type == activity_io.STORE_UNAVAILABLE_ERROR:
                 outcome = STORE_UNAVAILABLE
             raise
         finally:
@@ -54,7 +54,7 @@ class ToolCallActivity:
             known = name in self._settings.tools and self._registry.get(name) is not None
             metrics.tool_called(activity.metric_meter(), name if known else metrics.UNKNOWN_TOOL, outcome)
 
-    async def _call(self, inp: io.ToolCallInput) -> tuple[io.ToolCallResult, str]:
+    async def _call(self, inp: activity_io.ToolCallInput) -> tuple[activity_io.ToolCallResult, str]:
         """The call's result, and its outcome for the metric."""
         call = inp.call
         async with heartbeating():
@@ -65,7 +65,7 @@ class ToolCallActivity:
                 first = unapproved or await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
             except StoreUnavailable as err:
                 # Not recorded, so not run: the workflow runs the call once the store is back.
-                raise ApplicationError(str(err), type=io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
+                raise ApplicationError(str(err), type=activity_io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
             if unapproved:
                 status, content = "error", NOT_APPROVED_TEXT
                 outcome = NOT_APPROVED
@@ -87,6 +87,7 @@ class ToolCallActivity:
             except StoreUnavailable as err:
                 # The tool has acted: its result goes back to the workflow, which records it later.
                 activity.logger.warning("the result of %s is recorded later: %s", inp.idempotency_key, err)
-                return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content,
-                                         recorded=False), outcome
-            return io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content), outcome
+                return activity_io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content,
+                                                  recorded=False), outcome
+            return activity_io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status,
+                                              content=content), outcome

@@ -20,7 +20,7 @@ from temporalio.exceptions import (
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.models import ToolCall
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
@@ -29,27 +29,27 @@ NO_RETRY = RetryPolicy(maximum_attempts=1)
 # any other store error fails the run, and the reconciler finds the turn.
 STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=6,
                           maximum_interval=timedelta(seconds=2),
-                          non_retryable_error_types=[io.STORE_UNAVAILABLE_ERROR])
+                          non_retryable_error_types=[activity_io.STORE_UNAVAILABLE_ERROR])
 STORE_TIMEOUT = timedelta(seconds=30)
 
 
-def start_model_call(arg: io.ModelCallInput,
-                     settings: io.TurnSettings) -> workflow.ActivityHandle[io.ModelCallResult]:
+def start_model_call(arg: activity_io.ModelCallInput,
+                     settings: activity_io.TurnSettings) -> workflow.ActivityHandle[activity_io.ModelCallResult]:
     return workflow.start_activity(
-        io.MODEL_CALL, arg,
-        result_type=io.ModelCallResult, summary=f"model call {arg.step + 1} of turn {arg.turn}",
+        activity_io.MODEL_CALL, arg,
+        result_type=activity_io.ModelCallResult, summary=f"model call {arg.step + 1} of turn {arg.turn}",
         **_step_options(settings, settings.model_timeout_s))
 
 
-def start_tool_call(arg: io.ToolCallInput,
-                    settings: io.TurnSettings) -> workflow.ActivityHandle[io.ToolCallResult]:
+def start_tool_call(arg: activity_io.ToolCallInput,
+                    settings: activity_io.TurnSettings) -> workflow.ActivityHandle[activity_io.ToolCallResult]:
     return workflow.start_activity(
-        io.TOOL_CALL, arg,
-        result_type=io.ToolCallResult, summary=tool_summary(arg.call),
+        activity_io.TOOL_CALL, arg,
+        result_type=activity_io.ToolCallResult, summary=tool_summary(arg.call),
         **_step_options(settings, settings.tool_timeout_s))
 
 
-def _step_options(settings: io.TurnSettings, timeout_s: int) -> dict[str, Any]:
+def _step_options(settings: activity_io.TurnSettings, timeout_s: int) -> dict[str, Any]:
     """A model or tool call: never retried by Temporal, lost within seconds of its
     worker's death, and on the resume window's clock when no worker takes it."""
     return dict(

@@ -16,7 +16,7 @@ from typing import Literal
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.models import (
         DENIED_TOOL_TEXT,
         UNAPPROVED_TOOL_TEXT,
@@ -39,7 +39,7 @@ def split_for_approval(calls: list[ToolCall], confirm_tools: list[str]) -> tuple
 class Approvals(TurnGate):
     """Needs `_settings`, `_approvals` (the patch flag), `_held` and the tool step from the workflow."""
 
-    _settings: io.TurnSettings
+    _settings: activity_io.TurnSettings
     _approvals: bool
     _held: list[ToolCall]
     _tool_step: Callable[[list[ToolCall], bool], Awaitable[Reason | None | Literal["ended"]]]
@@ -89,7 +89,7 @@ class Approvals(TurnGate):
             denied = self._state.reason == Reason.DISMISSED
             views = {v.id: v for v in self._state.tool_calls}
             for call in self._release():
-                await self._store_call(io.RECORD_TOOL_RESULT, io.RecordToolResultInput(
+                await self._store_call(activity_io.RECORD_TOOL_RESULT, activity_io.RecordToolResultInput(
                     chat_id=self._state.chat_id, turn=self._state.turn, tool_call_id=call.id, name=call.name,
                     status="error", content=DENIED_TOOL_TEXT if denied else UNAPPROVED_TOOL_TEXT))
                 if call.id in views:

@@ -24,7 +24,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     # Passed through: re-importing pydantic models in every run's sandbox is slow.
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper import metrics
     from turnkeeper.models import (
         OPEN_STATUSES,
@@ -87,7 +87,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._state = TurnState(chat_id=input.chat_id)
         self._inbox = Inbox()
         self._events: list[NewEvent] = []  # announced at the next boundary
-        self._settings = io.TurnSettings()
+        self._settings = activity_io.TurnSettings()
         self._settings_known = False
         self._decision: recovery.Action | None = None
         self._decision_id: str | None = None
@@ -241,7 +241,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
             # Too much for one activity input: committed first, in chunks, and so no
             # longer the call's to lose.
             for chunk in chunks(batch):
-                await self._store_call(io.COMMIT_MESSAGES, io.CommitMessagesInput(
+                await self._store_call(activity_io.COMMIT_MESSAGES, activity_io.CommitMessagesInput(
                     chat_id=self._state.chat_id, turn=self._state.turn, messages=chunk,
                     answer_lost_calls=after_loss), list[str])
                 self._inbox.in_flight = self._inbox.in_flight[len(chunk):]
@@ -250,9 +250,9 @@ class ChatTurn(TurnStart, ToolOutcomes):
             if self._interrupt is not None and not self._at_wait_points:
                 raise _Cancelled()  # later runs: `_settle` cancels the call it has just started
             handle = start_model_call(
-                io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
-                                  new_messages=self._inbox.in_flight, closes_turn=not resuming,
-                                  answer_lost_calls=after_loss),
+                activity_io.ModelCallInput(chat_id=self._state.chat_id, turn=self._state.turn, step=step,
+                                           new_messages=self._inbox.in_flight, closes_turn=not resuming,
+                                           answer_lost_calls=after_loss),
                 self._settings)
             if await self._settle([handle]):
                 raise _Cancelled()
@@ -260,24 +260,24 @@ class ChatTurn(TurnStart, ToolOutcomes):
                 result = await handle
             except ActivityError as err:
                 kind = error_type(err)
-                if kind == io.WORKER_SHUTDOWN_ERROR:
+                if kind == activity_io.WORKER_SHUTDOWN_ERROR:
                     shutdowns += 1
                     if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
                         continue  # nothing happened outside: the next worker takes it
                     raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
-                if kind == io.STORE_UNAVAILABLE_ERROR:
+                if kind == activity_io.STORE_UNAVAILABLE_ERROR:
                     await self._wait_for_store(failure_text(err))  # raised before the provider was asked
                     continue
-                if kind == io.MODEL_FAILED_ERROR:
+                if kind == activity_io.MODEL_FAILED_ERROR:
                     # Raised after the activity committed the messages.
                     raise _Interrupted(Reason.MODEL_FAILED, committed=True, detail=failure_text(err)) from None
-                if kind == io.CHECKPOINT_INVALID_ERROR:
+                if kind == activity_io.CHECKPOINT_INVALID_ERROR:
                     raise _Interrupted(Reason.CHECKPOINT_INVALID, can_continue=False,
                                        detail=failure_text(err)) from None
                 raise _Interrupted(Reason.RESTART_REQUIRES_CONFIRMATION) from None
             self._store_answers()
             if not result.recorded:
-                await self._store_call(io.RECORD_ASSISTANT, io.RecordAssistantInput(
+                await self._store_call(activity_io.RECORD_ASSISTANT, activity_io.RecordAssistantInput(
                     chat_id=self._state.chat_id, turn=self._state.turn, step=step, reply=result.reply,
                     final=result.reply.is_final and not resuming))
             return result.reply
@@ -304,8 +304,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         todo = list(zip(calls, views))
         lost: list[Reason | None] = []
         while True:
-            handles = [start_tool_call(io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn,
-                                                        call=call, approved=approved), self._settings)
+            handles = [start_tool_call(activity_io.ToolCallInput(chat_id=self._state.chat_id, turn=self._state.turn,
+                                                                 call=call, approved=approved), self._settings)
                        for call, _ in todo]
             for handle, (_, view) in zip(handles, todo):
                 handle.add_done_callback(lambda h, v=view: show_result(h, v))

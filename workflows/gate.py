@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper import metrics
     from turnkeeper.models import (
         DISMISSED_TEXT,
@@ -68,7 +68,8 @@ class TurnGate(TurnPersistence):
             return True
         ids, self._superseding = self._superseding, []
         held = set(await self._store_call(
-            io.HELD_MESSAGES, io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids), list[str]))
+            activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids),
+            list[str]))
         if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids) or self._superseding:
             return True
         self._inbox.drop(held)

@@ -14,7 +14,7 @@ from temporalio.common import RawValue
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.models import NewEvent, Reason, UserMessage
     from turnkeeper.workflows import recovery
     from turnkeeper.workflows.inbox import Inbox, wire_size
@@ -33,7 +33,7 @@ class MessageIntake(TurnPersistence):
     """Needs the inbox, the settings, the interrupt fields and the patch flags from the workflow."""
 
     _inbox: Inbox
-    _settings: io.TurnSettings
+    _settings: activity_io.TurnSettings
     _settings_known: bool
     _interrupt: Reason | None
     _superseding: list[str]

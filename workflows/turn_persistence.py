@@ -13,7 +13,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.models import (
         NewEvent,
         TurnState,
@@ -43,7 +43,7 @@ class TurnPersistence:
                 result = await call_store(activity, arg, result_type)
             except (ActivityError, ApplicationError) as err:
                 # A local activity's failure arrives as the ApplicationError itself.
-                if error_type(err) != io.STORE_UNAVAILABLE_ERROR:
+                if error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
                     raise
                 await self._wait_for_store(failure_text(err))
                 continue
@@ -68,8 +68,8 @@ class TurnPersistence:
         """Persist, then announce: the store row and its events, then the search
         attributes. False when the store had already ended the turn (its
         completion wins): the state then follows the store."""
-        written: io.TurnWriteResult | None = await self._store_call(
-            io.UPDATE_TURN, self._turn_update(), io.TurnWriteResult | None)
+        written: activity_io.TurnWriteResult | None = await self._store_call(
+            activity_io.UPDATE_TURN, self._turn_update(), activity_io.TurnWriteResult | None)
         self._follow_store(written)
         self._upsert_search_attributes()
         return written is None or written.written
@@ -79,22 +79,22 @@ class TurnPersistence:
         update = self._turn_update()
         update.closing_text = closing_text
         update.commit_messages = commit_messages or []
-        written: io.TurnWriteResult | None = await self._store_call(
-            io.FINISH_TURN, update, io.TurnWriteResult | None)
+        written: activity_io.TurnWriteResult | None = await self._store_call(
+            activity_io.FINISH_TURN, update, activity_io.TurnWriteResult | None)
         self._follow_store(written)
         self._upsert_search_attributes()
 
-    def _follow_store(self, written: io.TurnWriteResult | None) -> None:
+    def _follow_store(self, written: activity_io.TurnWriteResult | None) -> None:
         # None: recorded by a release whose store writes returned nothing.
         if written is not None and not written.written:
             self._state.status = written.status
             self._state.reason = written.reason
 
-    def _turn_update(self) -> io.UpdateTurnInput:
+    def _turn_update(self) -> activity_io.UpdateTurnInput:
         s = self._state
-        return io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
-                                  recovery_id=s.recovery_id, can_continue=s.can_continue,
-                                  attempts=s.attempts, detail=s.detail)
+        return activity_io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
+                                           recovery_id=s.recovery_id, can_continue=s.can_continue,
+                                           attempts=s.attempts, detail=s.detail)
 
     async def _announce_refusals(self) -> None:
         # Refusals that arrive while one batch is being written go in the next.
@@ -108,8 +108,8 @@ class TurnPersistence:
         run_id, first = workflow.info().run_id, self._events_numbered
         self._events_numbered += len(events)
         keys = [f"{run_id}/{first + i}" for i in range(len(events))]
-        await self._store_call(io.APPEND_EVENTS, io.AppendEventsInput(chat_id=self._state.chat_id, events=events,
-                                                                      keys=keys))
+        await self._store_call(activity_io.APPEND_EVENTS,
+                               activity_io.AppendEventsInput(chat_id=self._state.chat_id, events=events, keys=keys))
 
     def _search_attributes_current(self) -> bool:
         """Our client sets them at start; an operator's signal-with-start does not."""

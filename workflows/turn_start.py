@@ -15,7 +15,7 @@ from typing import Literal
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.models import Reason, RecoveryStart, TurnStatus, UserMessage
     from turnkeeper.workflows.approval import Approvals
     from turnkeeper.workflows.intake import MessageIntake
@@ -30,7 +30,7 @@ class TurnStart(Approvals, MessageIntake):
     _turn_taken: bool
     _turn_loop: Callable[[int, list[UserMessage]], Awaitable[None]]
 
-    def _apply_settings(self, settings: io.TurnSettings) -> None:
+    def _apply_settings(self, settings: activity_io.TurnSettings) -> None:
         self._settings = settings
         self._settings_known = True
 
@@ -50,12 +50,12 @@ class TurnStart(Approvals, MessageIntake):
         """Number the turn from the store and close any earlier turn left open."""
         while self._inbox.waiting:
             waiting = self._inbox.waiting
-            begun: io.BeginTurnResult = await self._store_call(
-                io.BEGIN_TURN,
-                io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
-                                  message_ids=[m.message_id for m in waiting],
-                                  message_sizes=[len(m.text.encode()) for m in waiting]),
-                io.BeginTurnResult)
+            begun: activity_io.BeginTurnResult = await self._store_call(
+                activity_io.BEGIN_TURN,
+                activity_io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
+                                           message_ids=[m.message_id for m in waiting],
+                                           message_sizes=[len(m.text.encode()) for m in waiting]),
+                activity_io.BeginTurnResult)
             self._apply_settings(begun.settings)
             for message in waiting:
                 if message.message_id in begun.oversized_ids:
@@ -76,10 +76,10 @@ class TurnStart(Approvals, MessageIntake):
     async def _recover(self, start: RecoveryStart) -> None:
         """A run started by the reconciler, or handed on by a long gate: take the
         turn over and ask its user."""
-        adopted: io.AdoptTurnResult = await self._store_call(
-            io.ADOPT_TURN,
-            io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
-            io.AdoptTurnResult)
+        adopted: activity_io.AdoptTurnResult = await self._store_call(
+            activity_io.ADOPT_TURN,
+            activity_io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
+            activity_io.AdoptTurnResult)
         self._apply_settings(adopted.settings)
         self._turn_taken = True
         # A gate handed on by a long run (continue-as-new) was counted where it opened.

@@ -205,7 +205,7 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
     longer shows (it was folded) must not have its result dropped as a duplicate."""
     from temporalio.testing import ActivityEnvironment
 
-    from turnkeeper import activity_io as io
+    from turnkeeper import activity_io
     from turnkeeper.activities.model_call import ModelCallActivity
     from turnkeeper.activities.tools import default_registry
     from turnkeeper.config import Settings
@@ -220,7 +220,7 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
     model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path, context_tokens=800), store,
                               Reuser(), default_registry())
     await store.begin_turn(CHAT, "run-15", ["m15"])
-    result = await ActivityEnvironment().run(model.model_call, io.ModelCallInput(
+    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
         chat_id=CHAT, turn=15, step=0, new_messages=[UserMessage(message_id="m15", text="again")]))
     assert (await store.context_rows(CHAT)).summary is not None  # turn 1 was folded
     (call,) = result.reply.tool_calls

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import ActivityEnvironment
 
 from tests.support import Stack
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.activities.tool_call import NOT_APPROVED_TEXT, ToolCallActivity
@@ -269,11 +269,12 @@ async def test_the_tool_activity_refuses_an_unapproved_call(tmp_path: Path) -> N
         await store.begin_turn("c", "run", ["m"])
         activity = ToolCallActivity(Settings(tools=("launch",), workspace=tmp_path), store, registry)
         call = ToolCall(id="t1", name="launch", arguments='{"target": "moon"}')
-        refused = await ActivityEnvironment().run(activity.tool_call, io.ToolCallInput(chat_id="c", turn=1, call=call))
+        refused = await ActivityEnvironment().run(activity.tool_call,
+                                                  activity_io.ToolCallInput(chat_id="c", turn=1, call=call))
         assert (refused.status, refused.content, ran) == ("error", NOT_APPROVED_TEXT, [])
         call2 = call.model_copy(update={"id": "t2"})
-        ok = await ActivityEnvironment().run(activity.tool_call, io.ToolCallInput(chat_id="c", turn=1, call=call2,
-                                                                                   approved=True))
+        ok = await ActivityEnvironment().run(
+            activity.tool_call, activity_io.ToolCallInput(chat_id="c", turn=1, call=call2, approved=True))
         assert (ok.status, ran) == ("done", ["moon"])
         assert [e.type for e in await store.events("c")].count("tool_started") == 1
     finally:

@@ -36,7 +36,7 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from tests.support import HISTORIES, Stack
-from turnkeeper import activity_io as io
+from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities import quiet_passes, reconcile_verdict
 from turnkeeper.activities.assemble import build_activities
@@ -434,7 +434,7 @@ async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack:
 
         async def model_call_scheduled() -> bool:
             pending = (await handle.describe()).raw_description.pending_activities
-            return any(a.activity_type.name == io.MODEL_CALL for a in pending)
+            return any(a.activity_type.name == activity_io.MODEL_CALL for a in pending)
 
         await until(model_call_scheduled, "the model call is scheduled")
     # The answer is given and stored while no worker runs the workflow's next task.
