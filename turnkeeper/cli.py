@@ -113,7 +113,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
         if args.command == "web":
-            from turnkeeper.web.server import WebConfig, serve
+            from turnkeeper.web.main import serve
+            from turnkeeper.web.server import WebConfig
 
             return serve(settings, WebConfig.from_env())
         if args.command == "codec-server":

@@ -12,9 +12,9 @@ from turnkeeper.activities.providers.base import (
     PermanentProviderError,
     ProviderError,
     RetryableProviderError,
-    load_provider,
 )
 from turnkeeper.activities.providers.demo import DemoProvider
+from turnkeeper.activities.providers.loading import load_provider
 from turnkeeper.activities.providers.scripted import ScriptedProvider
 
 if TYPE_CHECKING:

@@ -1,23 +1,20 @@
-"""The model provider interface, its errors, and `load_provider`.
+"""The model provider interface, its errors, and what the providers share.
 
 A provider turns the committed history plus the enabled tools into one
-`ModelReply`. Providers are used from activities only (they do I/O).
+`ModelReply`. Providers are used from activities only (they do I/O). Which one
+TURNKEEPER_MODEL names is chosen in `loading.py`, above the providers: this
+module imports none of them.
 """
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel
 
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
-
-ACCEPTED_SPECS = "'demo', 'scripted:<path to a JSON file>' or 'openai:<model>'"
 
 # Local OpenAI-compatible servers ignore the key, but the client refuses to start without one.
 PLACEHOLDER_API_KEY = "not-needed"
@@ -182,60 +179,3 @@ def ensure_tool_call_ids(
         taken.add(new_id)
         out.append(call if new_id == call.id else call.model_copy(update={"id": new_id}))
     return out
-
-
-def load_script(path: str | Path) -> list[dict[str, object]]:
-    """Read and validate a scripted-model file (see `scripted.validate_script`)."""
-    from turnkeeper.activities.providers.scripted import validate_script
-
-    p = Path(path).expanduser()
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValueError(f"scripted model file not found: {p}") from None
-    except OSError as e:
-        raise ValueError(f"cannot read scripted model file {p}: {e.strerror or e}") from None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"scripted model file {p} is not valid JSON: {e}") from None
-    try:
-        return validate_script(data)
-    except ValueError as e:
-        raise ValueError(f"scripted model file {p}: {e}") from None
-
-
-def load_provider(spec: str, *, env: Mapping[str, str] | None = None) -> ModelProvider:
-    """Build the provider named by `spec` (the TURNKEEPER_MODEL value).
-
-    `demo`, `scripted:<path>` (the file is read and validated once, now) or
-    `openai:<model>` (OPENAI_BASE_URL and OPENAI_API_KEY come from `env`).
-    """
-    # Each provider is imported in its branch (the provider modules import this one):
-    # `import openai` takes about a third of a worker's start, which a worker on
-    # `demo` or a script, restarted after a crash, need not wait for.
-    env = os.environ if env is None else env
-    spec = (spec or "").strip()
-    kind, sep, arg = spec.partition(":")
-    arg = arg.strip()
-    if spec == "demo":
-        from turnkeeper.activities.providers.demo import DemoProvider
-
-        return DemoProvider()
-    if sep and kind == "scripted":
-        if not arg:
-            raise ValueError(f"model spec {spec!r} is missing the script path; expected {ACCEPTED_SPECS}")
-        from turnkeeper.activities.providers.scripted import ScriptedProvider
-
-        return ScriptedProvider(load_script(arg))
-    if sep and kind == "openai":
-        if not arg:
-            raise ValueError(f"model spec {spec!r} is missing the model name; expected {ACCEPTED_SPECS}")
-        from turnkeeper.activities.providers.openai_chat import OpenAIChatProvider
-
-        return OpenAIChatProvider(
-            arg,
-            base_url=env.get("OPENAI_BASE_URL") or None,
-            api_key=env.get("OPENAI_API_KEY") or None,
-        )
-    raise ValueError(f"unknown model spec {spec!r}; expected {ACCEPTED_SPECS}")

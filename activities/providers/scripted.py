@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from turnkeeper.activities.providers.base import (
@@ -61,6 +62,25 @@ def validate_script(data: object) -> list[dict[str, Any]]:
     if not isinstance(data, list):
         raise ValueError(f"a script must be a JSON list of items, each one of {ITEM_FORMS}")
     return [_validate_item(i, item) for i, item in enumerate(data)]
+
+
+def load_script(path: str | Path) -> list[dict[str, object]]:
+    """Read and validate a scripted-model file (see `validate_script`)."""
+    p = Path(path).expanduser()
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"scripted model file not found: {p}") from None
+    except OSError as e:
+        raise ValueError(f"cannot read scripted model file {p}: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"scripted model file {p} is not valid JSON: {e}") from None
+    try:
+        return validate_script(data)
+    except ValueError as e:
+        raise ValueError(f"scripted model file {p}: {e}") from None
 
 
 class ScriptedProvider(ModelProvider):

@@ -12,7 +12,8 @@ from .registry import (
 )
 from .workspace import WorkspaceEscape, resolve_in_workspace
 
-# Imported for its side effect: registers the built-ins into the default registry.
+# Imported for its side effect: registers the built-ins into the default registry
+# (`default_registry()` counts on it).
 from . import builtin as _builtin  # noqa: E402,F401  (after registry: builtin imports it)
 
 __all__ = [

@@ -176,9 +176,9 @@ _JSON_KINDS: dict[type, str] = {
 
 
 def default_registry() -> ToolRegistry:
-    """The registry `@tool` fills, with the built-in tools registered."""
-    from turnkeeper.activities.tools import builtin  # noqa: F401  (imported for its registrations)
-
+    """The registry `@tool` fills, with the built-in tools registered: this module is
+    imported through its package, whose `__init__` imports `builtin` right after it
+    (so the registry never imports the tools that register into it)."""
     return _DEFAULT
 
 

@@ -1,7 +1,8 @@
-"""Where `turnkeeper web` listens, whether it may, and running it under uvicorn.
+"""Where `turnkeeper web` listens, whether it may, and running an app under uvicorn.
 
 `turnkeeper codec-server` reads its log level and runs under uvicorn the same
-way (`uvicorn_log_level`, `run_uvicorn`)."""
+way (`uvicorn_log_level`, `run_uvicorn`). Nothing here imports the web app:
+turnkeeper.web.main builds and serves it."""
 from __future__ import annotations
 
 import ipaddress
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from turnkeeper.config import ConfigError, Settings
+from turnkeeper.config import ConfigError
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -92,21 +93,6 @@ def check_exposure(config: WebConfig) -> None:
         raise ConfigError(
             f"refusing to listen on {config.host}:{config.port} without a token: anyone who reaches it "
             "could read and drive every chat. Set TURNKEEPER_WEB_TOKEN, or listen on 127.0.0.1")
-
-
-def serve(settings: Settings, config: WebConfig) -> int:
-    check_exposure(config)
-    from turnkeeper.telemetry import check_tracing
-
-    check_tracing(settings)  # before it listens: the first send is not the place to find out
-    from turnkeeper.web.app import create_app
-
-    app = create_app(settings, config)
-    guard = "a token is required" if config.token else "no token: this machine only"
-    hosted = "; a worker runs in this process" if config.worker else ""
-    print(f"turnkeeper web: {config.url} ({guard}{hosted})", flush=True)
-    run_uvicorn(app, config.host, config.port, config.log_level)
-    return 0
 
 
 def run_uvicorn(app: ASGIApp, host: str, port: int, log_level: str) -> None:
