@@ -238,11 +238,12 @@ def test_every_cell_has_exactly_one_outcome(status: TurnStatus) -> None:
                     assert (outcome.refusal is not None) == (outcome.effect == Effect.REFUSE)
 
 
-def test_the_readme_shows_the_table() -> None:
+@pytest.mark.parametrize("page", ["README.md", "docs/recovery.md"])
+def test_the_docs_show_the_table(page: str) -> None:
     from tests.support import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    assert recovery.table() in readme, "README.md's recovery table is out of date: paste recovery.table()"
+    text = (ROOT / page).read_text()
+    assert recovery.table() in text, f"{page}'s recovery table is out of date: paste recovery.table()"
 
 
 def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
