@@ -70,6 +70,9 @@ async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> Non
         assert gate.reason is not None and gate.reason.value == "model_failed"
         await tk.decide(stack.client, chat, "continue_turn", gate.recovery_id or "")
         await stack.wait_turn_done(chat, 1)
+        # The run closes first: a message that reaches the task completing it fails
+        # that task (UnhandledCommand), and its retry counts the turn's end again.
+        await stack.client.get_workflow_handle(tk.workflow_id(chat)).result()
         await stack.send(chat, "once more")
         await stack.wait_turn_done(chat, 2)
 
