@@ -393,11 +393,12 @@ class Checker:
         report.latency_served = {"n": len(served), "max_s": round(max(served, default=0.0), 3),
                                  "p99_s": round(percentile(served, 99), 3)}
         for a in log.unanswered(bound):
-            if a.latency_s is not None and a.latency_s - unserved_s(a.at_s, a.latency_s, gaps) <= bound:
+            unserved = unserved_s(a.at_s, a.latency_s, gaps) if a.latency_s is not None else 0.0
+            if a.latency_s is not None and a.latency_s - unserved <= bound:
                 self.det["late_only_while_no_worker_served"] += 1
                 report.anomalies.append(
                     f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took {a.latency_s:.2f} s, of which "
-                    f"{unserved_s(a.at_s, a.latency_s, gaps):.2f} s with no worker serving")
+                    f"{unserved:.2f} s with no worker serving")
                 continue
             detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
             took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"

@@ -90,7 +90,7 @@ from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.dev_server import TASK_DISPATCH, server_settings
-from turnkeeper.models import TurnState, TurnStatus
+from turnkeeper.models import TurnStatus
 from turnkeeper.worker import STICKY_SCHEDULE_TO_START, event_loop_factory
 
 WARMUP_TURNS = 5

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -118,12 +118,6 @@ class ApprovalItem:
     idempotency_key: str
 
 
-STATE_FIELDS = ("chat_id", "turn", "status", "reason", "recovery_id", "can_continue", "attempts",
-                "pending_followups", "tool_calls", "detail", "store_unavailable", "approvals")
-TOOL_CALL_VIEW_FIELDS = ("id", "name", "status")
-APPROVAL_FIELDS = ("id", "name", "arguments", "idempotency_key")
-
-
 @dataclass(repr=False, eq=False)
 class StateView:
     """models.TurnState: the same fields, in the same order, with the same defaults."""
@@ -155,6 +149,11 @@ class StateView:
             "approvals": [{"id": a.id, "name": a.name, "arguments": a.arguments,
                            "idempotency_key": a.idempotency_key} for a in self.approvals],
         }
+
+
+STATE_FIELDS = tuple(f.name for f in fields(StateView))
+TOOL_CALL_VIEW_FIELDS = tuple(f.name for f in fields(ToolCallItem))
+APPROVAL_FIELDS = tuple(f.name for f in fields(ApprovalItem))
 
 
 def state_view(data: Any) -> StateView:

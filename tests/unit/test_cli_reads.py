@@ -43,7 +43,6 @@ from turnkeeper.models import (
     ChatTurnInput,
     Event,
     ModelReply,
-    NewEvent,
     Reason,
     ToolCall,
     ToolCallView,
