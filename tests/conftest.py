@@ -2,6 +2,7 @@
 and per-test stacks (own task queue, data dir, workspace and scripted model)."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support import Stack
 from turnkeeper.client import data_converter
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import temporal_binary
+from turnkeeper.dev_server import DYNAMIC_CONFIG, temporal_binary
 from turnkeeper.search_attributes import SEARCH_ATTRIBUTE_KEYS
 
 _exit_status = 0
@@ -35,7 +36,10 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=data_converter(Settings()),  # as every client of ours: plain payloads
         search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
         dev_server_log_level="error",
-        dev_server_extra_args=["--http-port", str(_HTTP_PORT)],
+        # The shipped server's dynamic config (the signal cap among it), as `worker.py` starts it.
+        dev_server_extra_args=["--http-port", str(_HTTP_PORT),
+                               *(arg for key, value in DYNAMIC_CONFIG.items()
+                                 for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}"))],
     )
     try:
         yield env

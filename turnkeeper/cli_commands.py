@@ -120,7 +120,10 @@ def _send_over_http(settings: Settings, chat_id: str, message_id: str, text: str
 
 async def _send_over_grpc(settings: Settings, chat_id: str, message_id: str, text: str) -> None:
     client = await connect_client(settings)
-    await tk.send_message(client, settings, chat_id, tk.new_message(text, settings, message_id=message_id))
+    try:
+        await tk.send_message(client, settings, chat_id, tk.new_message(text, settings, message_id=message_id))
+    except tk.TurnTakesNoMoreMessages as err:
+        raise Refused(str(err)) from None
 
 
 async def _follow_sent(settings: Settings, chat_id: str, message_id: str, after: int, timeout: float) -> int:
@@ -140,7 +143,12 @@ async def _send_with_the_sdk(args: argparse.Namespace, settings: Settings, messa
     store = await open_session_store(settings) if not args.no_wait else None
     # A retry of a message the chat already holds starts no turn: it follows the one that took it.
     after = await store.follow_from(args.chat, message.message_id) if store is not None else 0
-    await tk.send_message(client, settings, args.chat, message)
+    try:
+        await tk.send_message(client, settings, args.chat, message)
+    except tk.TurnTakesNoMoreMessages as err:
+        if store is not None:
+            await store.close()
+        raise Refused(str(err)) from None
     if store is None:
         print(f"sent {message.message_id} to chat {args.chat}")
         return EXIT_OK

@@ -27,6 +27,15 @@ class MessageTooLarge(ValueError):
     pass
 
 
+class TurnTakesNoMoreMessages(Exception):
+    """The server refused the message: the running turn's run has taken as many
+    signals as the server allows one run (`history.maximumSignalsPerExecution`)."""
+
+
+# The server's words for that refusal (INVALID_ARGUMENT).
+_SIGNAL_LIMIT = "exceeded workflow execution limit for signal"
+
+
 def workflow_id(chat_id: str) -> str:
     return f"chat-{chat_id}"
 
@@ -123,7 +132,7 @@ def signal_with_start_request(settings: Settings, chat_id: str, message_id: str,
     return {
         "workflowType": {"name": WORKFLOW_TYPE},
         "taskQueue": {"name": settings.task_queue},
-        "input": {"payloads": [json_payload(model_json({"chat_id": chat_id, "pending": [], "recovery": None}))]},
+        "input": {"payloads": [json_payload(model_json({"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None}))]},
         "workflowTaskTimeout": f"{TURN_TASK_TIMEOUT.total_seconds():g}s",
         # The SDK's default identity and a fresh request id, as `Client.start_workflow` sets them.
         "identity": f"{os.getpid()}@{socket.gethostname()}",
@@ -177,10 +186,19 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL, request_eager_start=True, **common)
         except WorkflowAlreadyStartedError:
             pass  # a turn runs: the message joins it below
-    return await client.start_workflow(
-        WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id),
-        start_signal="user_message", start_signal_args=[message],
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, **common)
+    from temporalio.service import RPCError
+
+    try:
+        return await client.start_workflow(
+            WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id),
+            start_signal="user_message", start_signal_args=[message],
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, **common)
+    except RPCError as err:
+        if _SIGNAL_LIMIT not in str(err):
+            raise
+        raise TurnTakesNoMoreMessages(
+            f"chat {chat_id}: the running turn takes no more messages (the server's limit of signals a run "
+            f"takes); the message was not sent: send it again once the turn has ended") from None
 
 
 # The server's answer when the workflow task that carried an update failed (say, a

@@ -103,6 +103,8 @@ class ChatTurnInput(LazyModel):
     """Messages acknowledged by an earlier run and not yet committed (continue-as-new)."""
     recovery: RecoveryStart | None = None
     """Set by the reconciler: take over this turn at a gate instead of starting one."""
+    carry_on: CarryOn | None = None
+    """Set by a running turn whose history grew long: take its next step in this run."""
 
 
 # --- transcript rows ------------------------------------------------------------
@@ -186,6 +188,15 @@ class TurnState(LazyModel):
     """The session store does not answer: the turn waits and goes on when it returns."""
     approvals: list[ApprovalRequest] = Field(default_factory=list)
     """With `approval_required`: the calls that run once the user approves (Continue)."""
+
+
+class CarryOn(LazyModel):
+    """A running turn handed on to a fresh run between two steps (continue-as-new),
+    so that no run's history grows too long to replay: the turn as it stood, and
+    the step it takes next."""
+
+    state: TurnState
+    step: int
 
 
 # --- event log (contract: the store's per-chat ordered log) ------------------------

@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE,
         RECOVERY_MACHINE_3,
         RECOVERY_MACHINE_4,
+        RECOVERY_MACHINE_5,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -97,7 +98,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._store_wait_s = STORE_WAIT_FIRST_S
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_4 = workflow.patched(RECOVERY_MACHINE_4)
+        self._machine_5 = workflow.patched(RECOVERY_MACHINE_5)
+        self._machine_4 = self._machine_5 or workflow.patched(RECOVERY_MACHINE_4)
         self._machine_3 = self._machine_4 or workflow.patched(RECOVERY_MACHINE_3)
         self._machine = self._machine_3 or workflow.patched(RECOVERY_MACHINE)
         self._complete = self._machine or workflow.patched(COMPLETE_MACHINE)
@@ -108,7 +110,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._approvals = self._machine_3 or (self._signals_at_wait_points and workflow.patched(APPROVALS))
         self._held: list[ToolCall] = []  # calls waiting for the user's approval
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
-        self._before_turn = input.recovery is None
+        self._before_turn = input.recovery is None and input.carry_on is None
         self._idle_refusals: asyncio.Task[None] | None = None
         self._turn_taken = False  # this run began or adopted a turn: its end is counted here
         for message in input.pending:
@@ -165,6 +167,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
             self._upsert_search_attributes()
         if input.recovery is not None:
             await self._recover(input.recovery)
+        elif input.carry_on is not None:
+            await self._carry_on(input.carry_on)
         else:
             while await self._wait_for_first_message():
                 begun = await self._begin()
@@ -230,6 +234,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
                 return
             if held and not await self._run_approved(held):
                 return
+            if self._machine_5:
+                self._hand_on_if_long(step)  # returns only when it does not
             self._inbox.in_flight = self._inbox.take()
 
     async def _call_model(self, step: int, after_loss: bool) -> ModelReply:
@@ -338,6 +344,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
                 lambda: all(h.done() for h in handles) or self._interrupt is not None
                 or (self._at_wait_points and bool(self._events)) or bool(self._signalled))
             if all(h.done() for h in handles):
+                self._woke_at_store_calls = self._store_calls
                 return False
             self._judge_signalled()
             if self._interrupt is None:

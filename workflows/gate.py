@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         TurnState,
     )
     from turnkeeper.workflows import recovery
+    from turnkeeper.workflows.history_bound import history_long
     from turnkeeper.workflows.inbox import Inbox
     from turnkeeper.workflows.patches import REFUSE_UNDECODABLE, SUPERSEDE_CHECKS_STORE
     from turnkeeper.workflows.payloads import Undecodable, decode_payload, first_error
@@ -38,7 +39,8 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows.turn_persistence import TurnPersistence
 
 # A gate whose history grows this long (refused signals, say) hands itself on to a
-# fresh run of the same turn, long before Temporal's own limits.
+# fresh run of the same turn, long before Temporal's own limits. Runs recorded
+# before RECOVERY_MACHINE_5; later ones use the shorter RUN_HISTORY_EVENTS.
 GATE_HISTORY_EVENTS = 10_000
 
 
@@ -53,6 +55,7 @@ class TurnGate(TurnPersistence):
     _dismissed_pending: set[str]
     _complete: bool
     _machine_4: bool
+    _machine_5: bool
     _at_wait_points: bool
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
@@ -142,8 +145,7 @@ class TurnGate(TurnPersistence):
                 and not self._signalled and self._gate_history_long())
 
     def _gate_history_long(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > GATE_HISTORY_EVENTS
+        return history_long(None if self._machine_5 else GATE_HISTORY_EVENTS)
 
     async def _hand_on_gate(self) -> None:
         """Continue the waiting gate in a fresh run: same turn, same recovery id."""

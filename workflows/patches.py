@@ -58,3 +58,8 @@ RECOVERY_MACHINE_3 = "recovery-machine-3"
 # taken in such a task is in the store, and the retried task may meet a Continue
 # first. Runs recorded with RECOVERY_MACHINE_3 went on with the Continue.
 RECOVERY_MACHINE_4 = "recovery-machine-4"
+# What new runs ask instead of RECOVERY_MACHINE_4: one marker for all of the above,
+# and no run's history grows too long to replay within the workflow task timeout
+# (workflows/history_bound.py): a running turn hands itself on between steps, and a
+# gate at that bound instead of GATE_HISTORY_EVENTS.
+RECOVERY_MACHINE_5 = "recovery-machine-5"

@@ -34,10 +34,13 @@ class TurnPersistence:
     _before_turn: bool
     _store_wait_s: float
     _events_numbered: int = 0  # this run's events so far: each one's store key
+    _store_calls: int = 0  # store calls made by this run so far
+    _woke_at_store_calls: int = -1  # `_store_calls` when a step's wait last ended
 
     async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
         """A store local activity that waits out an outage: the turn shows
         `store_unavailable` and goes on, in order, when the store answers again."""
+        self._store_calls += 1
         while True:
             try:
                 result = await call_store(activity, arg, result_type)

@@ -3,7 +3,9 @@
 A run started by a message waits for its first one, then `begin_turn` numbers
 the turn from the store (closing any earlier turn left open) and refuses what
 is over the configured limit. A run started by the reconciler, or handed on by
-a long gate, adopts its turn instead and asks its user at the same gate.
+a long gate, adopts its turn instead and asks its user at the same gate. A
+running turn whose history grew long hands itself on between two steps, and the
+fresh run adopts it and takes the next step (workflows/history_bound.py).
 """
 from __future__ import annotations
 
@@ -16,12 +18,16 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io
-    from turnkeeper.models import Reason, RecoveryStart, TurnStatus, UserMessage
+    from turnkeeper.models import TURN_TASK_TIMEOUT, CarryOn, ChatTurnInput, Reason, RecoveryStart, TurnStatus, UserMessage
     from turnkeeper.workflows.approval import Approvals
+    from turnkeeper.workflows.history_bound import history_long
     from turnkeeper.workflows.intake import MessageIntake
 
 # A run started without a message (e.g. `temporal workflow start`) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
+# The latest tool calls a handed-on turn keeps showing in `state` (the store keeps all):
+# the run's input stays small however many steps the turn takes.
+CARRIED_TOOL_CALLS = 256
 
 
 class TurnStart(Approvals, MessageIntake):
@@ -94,3 +100,34 @@ class TurnStart(Approvals, MessageIntake):
             goes_on = await self._run_approved(start.approvals)
         if goes_on:
             await self._turn_loop(step=adopted.next_step, batch=self._inbox.take())
+
+    def _hand_on_if_long(self, step: int) -> None:
+        """Between two steps, with nothing in flight: a long history goes on in a
+        fresh run of the same turn. Only straight from the wait for the step, in
+        the same activation: what signals leave is read at wait points only (see
+        patches.WAIT_POINTS). Anything waiting to be acted on (a Stop, a decision,
+        refusals to announce, an update's handler) goes first, and the turn hands
+        on after a later step instead. A signal that reaches the server while this
+        task runs fails its continue-as-new, and the retried task sees it."""
+        if self._store_calls != self._woke_at_store_calls or not history_long():
+            return
+        if (self._interrupt is not None or self._signalled or self._events or self._superseding
+                or self._dismissed_pending or self._held or not workflow.all_handlers_finished()):
+            return
+        state = self._state.model_copy(update={"pending_followups": [], "approvals": [],
+                                               "tool_calls": self._state.tool_calls[-CARRIED_TOOL_CALLS:]})
+        workflow.continue_as_new(ChatTurnInput(chat_id=state.chat_id, pending=self._inbox.waiting,
+                                               carry_on=CarryOn(state=state, step=step)),
+                                 task_timeout=TURN_TASK_TIMEOUT)
+
+    async def _carry_on(self, carry: CarryOn) -> None:
+        """A running turn handed on between steps: adopt it and take its next step."""
+        adopted: activity_io.AdoptTurnResult = await self._store_call(
+            activity_io.ADOPT_TURN,
+            activity_io.AdoptTurnInput(chat_id=self._state.chat_id, turn=carry.state.turn,
+                                       run_id=workflow.info().run_id),
+            activity_io.AdoptTurnResult)
+        self._apply_settings(adopted.settings)
+        self._turn_taken = True
+        self._state = carry.state.model_copy(update={"chat_id": self._state.chat_id})
+        await self._turn_loop(step=carry.step, batch=self._inbox.take())

@@ -179,9 +179,9 @@ async def test_a_newer_message_supersedes_the_wait(stack: Stack) -> None:
 
 async def test_a_waiting_approval_handed_on_keeps_its_calls(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """A gate whose history grows long goes on in a fresh run: the calls still wait."""
-    from turnkeeper.workflows import gate as gate_module
+    from turnkeeper.workflows import history_bound
 
-    monkeypatch.setattr(gate_module, "GATE_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 60)
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
     stack.script([{"tool_calls": [_call("guarded_write", path="h.txt", content="h")]}, {"text": "written"}])

@@ -294,9 +294,9 @@ async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stac
 async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused signals at a gate add to its history: past the bound the gate goes on
     in a fresh run of the same turn, with the same recovery id and pending messages."""
-    from turnkeeper.workflows import gate
+    from turnkeeper.workflows import history_bound
 
-    monkeypatch.setattr(gate, "GATE_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 60)
     with FakeChatServer([{"status": 400, "message": "no"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
@@ -319,6 +319,43 @@ async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, mon
                     if e.type == "recovery_action_rejected"]
         assert len(rejected) == 30
         await _answers_next_message(stack, chat)
+
+
+async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between two steps, a run past the history bound hands the turn on to a fresh
+    run (continue-as-new), which takes the next step: every tool runs once, a
+    follow-up sent meanwhile lands once, and the turn ends as one turn."""
+    from turnkeeper.workflows import history_bound
+
+    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 25)
+    ledger = stack.dir / "ledger.txt"
+    monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tools run in this process
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
+                            "TK_LEDGER": str(ledger)})
+    steps = 8
+    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": f"k{i}.txt", "content": "x",
+                                                                        "seconds": 0.2}}]} for i in range(steps)]
+                 + [{"text": "all written"}, {"text": "here"}])
+    await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
+    chat = stack.chat()
+    first = await stack.send(chat, "write them all")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), 30, "the first tool to start")
+    await stack.send(chat, "and then say so", message_id="follow-up")
+    done = await stack.wait_turn_done(chat, 1, timeout=60)
+    assert done.status == TurnStatus.COMPLETED, done
+    runs = [wf async for wf in stack.client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'")]
+    assert len(runs) >= 3, [r.status for r in runs]
+    assert sum(r.status == WorkflowExecutionStatus.CONTINUED_AS_NEW for r in runs) == len(runs) - 1
+    assert first.first_execution_run_id in {r.run_id for r in runs}
+    assert ledger.read_text().count("start") == steps and ledger.read_text().count("done") == steps
+    rows = await stack.history(chat)
+    assert [r["content"] for r in rows if r["role"] == "user"] == ["write them all", "and then say so"]
+    assert sum(r["role"] == "tool" for r in rows) == steps
+    assert rows[-1] == {**rows[-1], "role": "assistant", "content": "all written"}
+    turn = await (await stack.store()).get_turn(chat)
+    assert turn is not None and turn.turn == 1 and turn.status == TurnStatus.COMPLETED
+    await _answers_next_message(stack, chat)
 
 
 @workflow.defn(name="ChatTurn")

@@ -66,7 +66,10 @@ async def send_message(request: Request) -> Response:
         raise ApiError(413, str(err)) from None
     # Durable once it returns; the workflow keeps one message per id.
     b = backends(request)
-    await tk.send_message(await b.client(), settings, chat_id, message, eager=b.eager)
+    try:
+        await tk.send_message(await b.client(), settings, chat_id, message, eager=b.eager)
+    except tk.TurnTakesNoMoreMessages as err:
+        raise ApiError(429, str(err)) from None
     return JSONResponse({"message_id": message.message_id}, status_code=202)
 
 
