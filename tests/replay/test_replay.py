@@ -10,9 +10,12 @@ started by an earlier release must still replay (`complete-machine/`: recorded b
 `machine-2/`: before `recovery-machine-3` stood for that one and `tools-ask-first`; its
 runs of tests/workflow/test_approval.py, with an approval gate in each, fail here if the
 `tools-ask-first` gate is removed; `machine-3/`: before `recovery-machine-4` stood for
-`recovery-machine-3` and a Continue whose store write finds the turn closed). Runs of
-`test_a_gate_whose_history_grows_long_hands_itself_on` (recorded with a patched limit) and
-of the run that fails on purpose are not kept.
+`recovery-machine-3` and a Continue whose store write finds the turn closed; `machine-4/`:
+before `recovery-machine-5` handed running turns on between steps and gates at the same,
+shorter bound). The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
+`test_a_waiting_approval_handed_on_keeps_its_calls` and
+`test_a_running_turn_whose_history_grows_long_hands_itself_on` (recorded with a patched
+limit) and the run that fails on purpose are not kept.
 `before-unreadable-signals/` holds runs recorded before unreadable signal payloads were
 refused, two of them (`unreadable_*`) fed such payloads on purpose: they fail here if a
 `workflow.patched` gate in `ChatTurn` is removed.

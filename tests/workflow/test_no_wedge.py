@@ -358,6 +358,29 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
     await _answers_next_message(stack, chat)
 
 
+async def test_a_turn_of_many_steps_goes_on_in_fresh_runs_at_the_real_bound(stack: Stack) -> None:
+    """At the shipped bound: a turn of 150 steps is taken by at least two runs, none of
+    whose histories passes the bound by more than one step, and ends as one turn."""
+    from turnkeeper.workflows.history_bound import RUN_HISTORY_EVENTS
+
+    steps = 150
+    stack.script([{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps
+                 + [{"text": "listed"}])
+    await stack.start_worker()
+    chat = stack.chat()
+    await stack.send(chat, "list it again and again")
+    done = await stack.wait_turn_done(chat, 1, timeout=120)
+    assert done.status == TurnStatus.COMPLETED, done
+    runs = [wf async for wf in stack.client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'")]
+    assert len(runs) >= 2
+    for run in runs:
+        length = (await stack.client.get_workflow_handle(run.id, run_id=run.run_id).describe()).history_length
+        assert length < RUN_HISTORY_EVENTS + 30, (run.run_id, length)
+    rows = await stack.history(chat)
+    assert sum(r["role"] == "tool" for r in rows) == steps
+    assert rows[-1]["content"] == "listed"
+
+
 @workflow.defn(name="ChatTurn")
 class _OtherChatTurn:
     """What another release's `ChatTurn` might have recorded: a history that today's
