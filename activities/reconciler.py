@@ -128,6 +128,12 @@ class Reconciler:
             described = await _describe(handle)
             if described is not None and described.status not in _ENDED:
                 return "healthy"
+            if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
+                # A long history handed on: the run it continued in adopts the turn in
+                # its first workflow task (which may wait for a worker).
+                current = await _describe(client.get_workflow_handle(workflow_id(ref.chat_id)))
+                if current is not None and current.status == WorkflowExecutionStatus.RUNNING:
+                    return "busy"
         # Read again: the turn may have closed, or been adopted, since the listing.
         record = await self._store.get_turn(ref.chat_id, ref.turn)
         if record is None or record.status not in OPEN_STATUSES or record.run_id != ref.run_id:
