@@ -96,6 +96,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._superseding: list[str] = []  # ids received at a gate, to check against the store
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
+        self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
         self._machine_5 = workflow.patched(RECOVERY_MACHINE_5)

@@ -61,5 +61,6 @@ RECOVERY_MACHINE_4 = "recovery-machine-4"
 # What new runs ask instead of RECOVERY_MACHINE_4: one marker for all of the above,
 # and no run's history grows too long to replay within the workflow task timeout
 # (workflows/history_bound.py): a running turn hands itself on between steps, and a
-# gate at that bound instead of GATE_HISTORY_EVENTS.
+# gate at that bound instead of GATE_HISTORY_EVENTS. Its runs also key the events they
+# announce by what they say, not by their position in the run (TurnPersistence._content_key).
 RECOVERY_MACHINE_5 = "recovery-machine-5"

@@ -7,6 +7,7 @@ events, then to the search attributes. Every store call waits out an outage
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from temporalio import workflow
@@ -33,7 +34,8 @@ class TurnPersistence:
     _events: list[NewEvent]
     _before_turn: bool
     _store_wait_s: float
-    _events_numbered: int = 0  # this run's events so far: each one's store key
+    _events_numbered: int = 0  # this run's events so far: each one's store key (before RECOVERY_MACHINE_5)
+    _machine_5: bool
     _store_calls: int = 0  # store calls made by this run so far
     _woke_at_store_calls: int = -1  # `_store_calls` when a step's wait last ended
 
@@ -110,9 +112,23 @@ class TurnPersistence:
         events, self._events = self._events, []
         run_id, first = workflow.info().run_id, self._events_numbered
         self._events_numbered += len(events)
-        keys = [f"{run_id}/{first + i}" for i in range(len(events))]
+        if self._machine_5:
+            keys = [self._content_key(run_id, event) for event in events]
+        else:
+            keys = [f"{run_id}/{first + i}" for i in range(len(events))]
         await self._store_call(activity_io.APPEND_EVENTS,
                                activity_io.AppendEventsInput(chat_id=self._state.chat_id, events=events, keys=keys))
+
+    def _content_key(self, run_id: str, event: NewEvent) -> str:
+        """The event's store key: what it says, and how many times this run said it
+        before. A workflow task that timed out (its worker killed) keeps the store
+        writes of its local activities; its retry may announce the same refusals in
+        another order, or others besides. A key by position then matched another
+        event's, and the store dropped that one as written already."""
+        digest = hashlib.sha256(event.model_dump_json().encode()).hexdigest()[:32]
+        seen = self._event_keys_seen.get(digest, 0)
+        self._event_keys_seen[digest] = seen + 1
+        return f"{run_id}/{digest}/{seen}"
 
     def _search_attributes_current(self) -> bool:
         """Our client sets them at start; an operator's signal-with-start does not."""
