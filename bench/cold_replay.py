@@ -4,7 +4,7 @@ replay a history, by history length, for the two ways a turn's history grows.
     .venv/bin/python bench/cold_replay.py [--steps 300] [--signals 950] [--repeat 5]
 
 A worker that has not cached a turn replays its whole history inside one
-workflow task, which has TURN_TASK_TIMEOUT (3 s): a history it cannot replay in
+workflow task, which has TURN_TASK_TIMEOUT (2 s): a history it cannot replay in
 time times out on every retry. This script records, on the embedded server's
 settings and the real worker (scripted model):
 
@@ -40,7 +40,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.models import TurnState, TurnStatus
+from turnkeeper.models import TURN_TASK_TIMEOUT, TurnState, TurnStatus
 from turnkeeper.worker import run_worker
 from turnkeeper.workflows import history_bound
 from turnkeeper.workflows.chat_turn import ChatTurn
@@ -123,7 +123,8 @@ async def main(steps: int, signals: int, repeat: int) -> None:
     logging.disable(logging.CRITICAL)  # the refusals' warnings would be timed too
     replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
                         workflow_runner=UnsandboxedWorkflowRunner())
-    print(f"cold replay, median of {repeat} (Replayer, no sandbox); task timeout 3 s")
+    print(f"cold replay, median of {repeat} (Replayer, no sandbox); task timeout "
+          f"{TURN_TASK_TIMEOUT.total_seconds():g} s, bound {history_bound.RUN_HISTORY_EVENTS} events")
     print(f"{'history':<10} {'events':>7} {'ms':>8} {'ms/event':>9}")
     shipped = history_bound.RUN_HISTORY_EVENTS
     for name, history in histories.items():

@@ -57,7 +57,7 @@ TASK_DISPATCH: Mapping[str, object] = {
 # A run takes at most this many signals (the server's default is 10,000). A worker
 # that has not cached a turn replays its whole history within one workflow task
 # (TURN_TASK_TIMEOUT): 1,000 signals during one long step replay in about 0.5 s,
-# 10,000 in about 5 s, which no retry of the task would ever finish. A message past
+# 10,000 in about 3 s, which no retry of the task would ever finish. A message past
 # the cap is refused by the server, so `send` fails visibly and nothing is
 # acknowledged that the turn does not keep. Long runs also hand themselves on
 # between steps and at gates (workflows/history_bound.py).

@@ -122,12 +122,13 @@ class TurnStart(Approvals, MessageIntake):
 
     async def _carry_on(self, carry: CarryOn) -> None:
         """A running turn handed on between steps: adopt it and take its next step."""
+        # `state` shows the turn as it stood from the run's first task on.
+        self._state = carry.state.model_copy(update={"chat_id": self._state.chat_id})
+        self._turn_taken = True
         adopted: activity_io.AdoptTurnResult = await self._store_call(
             activity_io.ADOPT_TURN,
             activity_io.AdoptTurnInput(chat_id=self._state.chat_id, turn=carry.state.turn,
                                        run_id=workflow.info().run_id),
             activity_io.AdoptTurnResult)
         self._apply_settings(adopted.settings)
-        self._turn_taken = True
-        self._state = carry.state.model_copy(update={"chat_id": self._state.chat_id})
         await self._turn_loop(step=carry.step, batch=self._inbox.take())
