@@ -104,7 +104,18 @@ class TurnGate(TurnPersistence):
             # at this gate before the gate opens: it is kept for it.)
             self._decision = None
         if not await self._persist_state():
-            return "ended"  # e.g. the lost call had committed the final answer
+            # The store had closed the turn: the lost call committed the final answer,
+            # or a task that timed out (its worker killed) wrote the turn's end before
+            # its retry got here. What the lost call held and the store does not goes
+            # to the next turn (chaos seed 523 lost such a message).
+            if self._machine_5 and self._inbox.in_flight:
+                held = set(await self._store_call(
+                    activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
+                        chat_id=self._state.chat_id, message_ids=[m.message_id for m in self._inbox.in_flight]),
+                    list[str]))
+                self._inbox.return_in_flight()
+                self._inbox.drop(held)
+            return "ended"
         if self._count_gate:
             metrics.gate_opened(workflow.metric_meter(), reason.value)
         self._count_gate = True
