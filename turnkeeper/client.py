@@ -132,7 +132,8 @@ def signal_with_start_request(settings: Settings, chat_id: str, message_id: str,
     return {
         "workflowType": {"name": WORKFLOW_TYPE},
         "taskQueue": {"name": settings.task_queue},
-        "input": {"payloads": [json_payload(model_json({"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None}))]},
+        "input": {"payloads": [json_payload(model_json(
+            {"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None}))]},
         "workflowTaskTimeout": f"{TURN_TASK_TIMEOUT.total_seconds():g}s",
         # The SDK's default identity and a fresh request id, as `Client.start_workflow` sets them.
         "identity": f"{os.getpid()}@{socket.gethostname()}",

@@ -55,7 +55,6 @@ class TurnGate(TurnPersistence):
     _dismissed_pending: set[str]
     _complete: bool
     _machine_4: bool
-    _machine_5: bool
     _at_wait_points: bool
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
@@ -70,14 +69,18 @@ class TurnGate(TurnPersistence):
         if self._interrupt != Reason.SUPERSEDED or not (self._complete or workflow.patched(SUPERSEDE_CHECKS_STORE)):
             return True
         ids, self._superseding = self._superseding, []
-        held = set(await self._store_call(
-            activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=ids),
-            list[str]))
+        held = await self._held_ids(ids)
         if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids) or self._superseding:
             return True
         self._inbox.drop(held)
         self._interrupt = None
         return False
+
+    async def _held_ids(self, message_ids: list[str]) -> set[str]:
+        """Which of these messages the store holds already."""
+        return set(await self._store_call(
+            activity_io.HELD_MESSAGES,
+            activity_io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=message_ids), list[str]))
 
     async def _end_by_user(self) -> None:
         """Stop, Dismiss or a superseding message ended the turn: keep what is known,
@@ -109,10 +112,7 @@ class TurnGate(TurnPersistence):
             # its retry got here. What the lost call held and the store does not goes
             # to the next turn (chaos seed 523 lost such a message).
             if self._machine_5 and self._inbox.in_flight:
-                held = set(await self._store_call(
-                    activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
-                        chat_id=self._state.chat_id, message_ids=[m.message_id for m in self._inbox.in_flight]),
-                    list[str]))
+                held = await self._held_ids([m.message_id for m in self._inbox.in_flight])
                 self._inbox.return_in_flight()
                 self._inbox.drop(held)
             return "ended"

@@ -18,7 +18,15 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io
-    from turnkeeper.models import TURN_TASK_TIMEOUT, CarryOn, ChatTurnInput, Reason, RecoveryStart, TurnStatus, UserMessage
+    from turnkeeper.models import (
+        TURN_TASK_TIMEOUT,
+        CarryOn,
+        ChatTurnInput,
+        Reason,
+        RecoveryStart,
+        TurnStatus,
+        UserMessage,
+    )
     from turnkeeper.workflows.approval import Approvals
     from turnkeeper.workflows.history_bound import history_long
     from turnkeeper.workflows.intake import MessageIntake
