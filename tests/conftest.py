@@ -28,6 +28,12 @@ def _free_port() -> int:
 
 _HTTP_PORT = _free_port()
 
+# A deleted closed run leaves the visibility list only once the transfer queue's
+# ack level passes its close (Temporal saves that level every 30 s by default).
+# The reconciler's tests check that deleted passes leave the list, not how soon:
+# saving it every second spares them half a minute each.
+TEST_ONLY_CONFIG = {"history.transferProcessorUpdateAckInterval": "1s"}
+
 
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
@@ -36,9 +42,10 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=data_converter(Settings()),  # as every client of ours: plain payloads
         search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
         dev_server_log_level="error",
-        # The shipped server's dynamic config (the signal cap among it), as `worker.py` starts it.
+        # The shipped server's dynamic config (the signal cap among it), as `worker.py` starts it,
+        # plus TEST_ONLY_CONFIG.
         dev_server_extra_args=["--http-port", str(_HTTP_PORT),
-                               *(arg for key, value in DYNAMIC_CONFIG.items()
+                               *(arg for key, value in {**DYNAMIC_CONFIG, **TEST_ONLY_CONFIG}.items()
                                  for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}"))],
     )
     try:

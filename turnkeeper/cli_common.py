@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 # A worker answers `state` in milliseconds; without one the server would hold the query.
-QUERY_TIMEOUT = timedelta(seconds=10)
+# 5 s covers the worst wait while a worker lives: a task held by a killed worker
+# (TURN_TASK_TIMEOUT, 2 s) and then a cold replay of a bounded history (< 0.5 s).
+QUERY_TIMEOUT = timedelta(seconds=5)
 
 
 class Refused(Exception):
