@@ -454,3 +454,48 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
         await until_async(answered, timeout=30, what="the follow-up answered")
         assert sorted(await _user_rows(stack, chat)) == ["one", "three", "two"]
         assert (await run_pass(stack)).handed_on == 0  # once
+
+
+async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_on(stack: Stack) -> None:
+    """A lost model call held a message the store never took; before the gate's
+    first write, another task (its worker killed, its write kept) ended the turn in
+    the store. The gate follows the store, and the message starts the next turn
+    instead of vanishing with the lost call."""
+    from turnkeeper.activities.assemble import build_activities
+    from turnkeeper.activities.providers import load_provider
+    from turnkeeper.activities.store import open_store
+    from turnkeeper.activities.store.base import TurnUpdate
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.workflows.chat_turn import ChatTurn
+
+    stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
+    # Nobody takes the model call within the window: the call is lost with its message.
+    settings = stack.settings(TURNKEEPER_RESUME_WINDOW="3")
+    store = open_store(settings)
+    await store.open()
+    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
+                            activities=build_activities(settings, store, load_provider(settings.model),
+                                                        default_registry()),
+                            no_remote_activities=True)
+    chat = stack.chat()
+    try:
+        async with workflows_only:
+            await stack.send(chat, "hello", message_id="m1")
+            await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
+            # What the discarded task wrote: a Stop's end, with none of the call's messages.
+            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED))
+            await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+        await stack.start_worker()
+        done = await stack.wait_turn_done(chat, 2)
+        assert done.status == TurnStatus.COMPLETED
+        turn1 = await store.get_turn(chat, 1)
+        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+        assert await _user_rows(stack, chat) == ["hello"]
+        assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
+        await _answers_next_message(stack, chat)
+    finally:
+        await store.close()
+
+
+async def _turn_exists(store: Any, chat: str, turn: int) -> bool:
+    return await store.get_turn(chat, turn) is not None
