@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 import pytest
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
@@ -33,7 +33,7 @@ from temporalio.client import (
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.support import HISTORIES, Stack
 from turnkeeper import activity_io
@@ -640,6 +640,77 @@ class FaultyStore:
         if chat_id in self._faults:
             raise self._faults[chat_id]
         return await self._inner.turn_messages(chat_id, turn)
+
+
+_HANDED_ON_QUEUE = f"idle-{uuid.uuid4().hex[:8]}"  # no worker polls it
+
+
+@workflow.defn(name=tk.WORKFLOW_TYPE)
+class _HandsItselfOn:
+    """A turn's run that takes a model step asking for a tool, then hands itself on
+    before the tool step, into a run no worker takes yet: the moment between a
+    hand-on and the new run's first task."""
+
+    @workflow.run
+    async def run(self, inp: ChatTurnInput) -> None:
+        await workflow.execute_activity(
+            activity_io.MODEL_CALL, activity_io.ModelCallInput(chat_id=inp.chat_id, turn=1, step=0),
+            result_type=activity_io.ModelCallResult, start_to_close_timeout=timedelta(seconds=30))
+        workflow.continue_as_new(inp, task_queue=_HANDED_ON_QUEUE)
+
+
+async def test_a_turn_whose_run_handed_itself_on_is_left_to_the_run_it_continued_in(stack: Stack) -> None:
+    """The store still names the run that handed on (the new run adopts the turn in
+    its first task), and its history ends with a tool call not yet made. While the
+    new run runs, a pass leaves the turn alone, writing nothing (the new run makes
+    that call); once no run runs, the pass recovers it."""
+    client, store, settings = stack.client, await stack.store(), stack.settings()
+    chat = stack.chat("handed-on")
+    asks_for_a_tool = ModelReply(tool_calls=[ToolCall(id="t1", name="write_file")])
+    turn_begun = asyncio.Event()
+
+    @activity.defn(name=activity_io.MODEL_CALL)
+    async def model_call(inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
+        await turn_begun.wait()
+        await store.record_assistant(chat, 1, 0, asks_for_a_tool, final=False)
+        return activity_io.ModelCallResult(reply=asks_for_a_tool)
+
+    async with Worker(client, task_queue=stack.task_queue, workflows=[_HandsItselfOn], activities=[model_call],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        handle = await client.start_workflow(_HandsItselfOn.run, ChatTurnInput(chat_id=chat), id=tk.workflow_id(chat),
+                                             task_queue=stack.task_queue, execution_timeout=timedelta(minutes=3))
+        first_run = handle.result_run_id
+        assert first_run
+        await store.begin_turn(chat, first_run, ["m1"])
+        await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+        turn_begun.set()
+
+        async def handed_on() -> bool:
+            described = await client.get_workflow_handle(tk.workflow_id(chat), run_id=first_run).describe()
+            return described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+
+        await _eventually(handed_on, "the run handed itself on")
+    rows = [m.public() for m in await store.history(chat)]
+    reconciler = Reconciler(settings, store)
+    env = ActivityEnvironment(client=client)
+    summary = await env.run(reconciler.reconcile_pass)
+    assert (summary.examined, summary.busy, summary.outcomes, summary.failed) == (1, 1, {}, 0), summary
+    turn = await store.get_turn(chat, 1)
+    assert (turn.status, turn.run_id) == (TurnStatus.RUNNING, first_run)
+    assert [m.public() for m in await store.history(chat)] == rows  # no "not run" answer to t1
+
+    await client.get_workflow_handle(tk.workflow_id(chat)).terminate(reason="test: the new run is gone")
+    summary = await env.run(reconciler.reconcile_pass)
+    assert summary.busy == 0 and sum(summary.outcomes.values()) == 1, summary
+    with contextlib.suppress(RPCError):
+        await client.get_workflow_handle(tk.workflow_id(chat)).terminate(reason="test over")
+
+
+async def _eventually(pred: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        await asyncio.sleep(0.1)
 
 
 @pytest.mark.usefixtures("contract_schedule_points_nowhere")
