@@ -132,6 +132,7 @@ class Report:
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> n, max_s, p99_s
     # the same, less the time in which no worker was serving (the bound applies to this)
     latency_served: dict[str, float] = field(default_factory=dict)
+    latency_live: dict[str, float] = field(default_factory=dict)  # less the killed holders' time too
     no_worker_gaps: dict[str, float] = field(default_factory=dict)  # count, total_s, longest_s
     bursts: list[dict[str, Any]] = field(default_factory=list)
     outages: list[dict[str, Any]] = field(default_factory=list)
@@ -197,6 +198,9 @@ class Report:
             f"{self.latency_served.get('p99_s', 0):.2f} s (less the time no worker served: "
             f"{int(self.no_worker_gaps.get('count', 0))} spans, {self.no_worker_gaps.get('total_s', 0):.1f} s "
             f"in all, longest {self.no_worker_gaps.get('longest_s', 0):.1f} s)",
+            f"  at a live worker max {self.latency_live.get('max_s', 0):.2f} s, p99 "
+            f"{self.latency_live.get('p99_s', 0):.2f} s (less also the time the chat's task sat with a killed "
+            "worker, until it timed out)",
             f"gates answered     {kv(self.gates_answered)}; refused {kv(self.gate_rejections)}",
             f"stale-id probes    {kv(self.stale_probes)}; Stop pressed {self.stops} times",
             *(f"  refusal '{k}' e.g.: {v}" for k, v in self.rejection_samples.items() if k == "other"),

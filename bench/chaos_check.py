@@ -71,9 +71,41 @@ def no_worker_gaps(windows: list[tuple[float, float]], t0: float, from_s: float,
 
 
 def unserved_s(at_s: float, took_s: float, gaps: list[tuple[float, float]]) -> float:
-    """How much of [at_s, at_s + took_s] fell in a span with no worker serving."""
+    """How much of [at_s, at_s + took_s] fell in one of `gaps` (overlaps counted once)."""
     end = at_s + took_s
-    return sum(max(0.0, min(b, end) - max(a, at_s)) for a, b in gaps)
+    total, reached = 0.0, at_s
+    for a, b in sorted(gaps):
+        a, b = max(a, reached), min(b, end)
+        if b > a:
+            total += b - a
+            reached = b
+    return total
+
+
+def held_by_killed_workers(histories: list[WorkflowHistory], killed_pids: set[int]) -> dict[str, list[tuple[float, float]]]:
+    """Per chat, the spans (unix time) in which a run's workflow task sat with a
+    killed worker: started by it and timed out, or sent to its sticky queue and
+    timed out there. No live worker could act on the chat then: Temporal hands the
+    task on only when it times out."""
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for hist in histories:
+        chat_id = hist.workflow_id.removeprefix("chat-")
+        scheduled: float | None = None
+        started: tuple[float, int | None] | None = None
+        for ev in hist.events:
+            et, at = ev.event_type, ev.event_time.ToMicroseconds() / 1e6
+            if et == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+                scheduled, started = at, None
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                pid = ev.workflow_task_started_event_attributes.identity.partition("@")[0]
+                started = (at, int(pid) if pid.isdigit() else None)
+            elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                if started is not None and started[1] in killed_pids:
+                    spans[chat_id].append((started[0], at))
+                elif started is None and scheduled is not None:  # a dead worker's sticky queue
+                    spans[chat_id].append((scheduled, at))
+                scheduled = started = None
+    return spans
 
 
 class Checker:
@@ -111,9 +143,9 @@ class Checker:
         self._messages()
         self._transcripts()
         self._stuck()
-        self._actions()
         self._probes_and_idle_runs()
         histories = await self._runs_and_histories()
+        self._actions(histories)
         self._approvals()
         self._why_late(histories)
         await self._nondeterminism(histories)
@@ -372,7 +404,7 @@ class Checker:
             self.fail("run_errors", text)
 
     # -- 1 (issue). every action answered in time --------------------------------------------------
-    def _actions(self) -> None:
+    def _actions(self, histories: list[WorkflowHistory]) -> None:
         h, report = self.h, self.report
         log = h.actions
         report.user_actions = log.counts()
@@ -392,6 +424,18 @@ class Checker:
                   if a.latency_s is not None and a.kind != "burst"]
         report.latency_served = {"n": len(served), "max_s": round(max(served, default=0.0), 3),
                                  "p99_s": round(percentile(served, 99), 3)}
+        # Likewise the time the chat's task sat with a worker the killer had killed
+        # (the contract's clock starts when an action reaches a live worker).
+        held = held_by_killed_workers(histories, {k["pid"] for k in h.kill_log})
+
+        def held_gaps(a: Any) -> list[tuple[float, float]]:
+            offset = a.unix - a.at_s
+            return [(u0 - offset, u1 - offset) for u0, u1 in held[a.chat_id]]
+
+        live = [a.latency_s - unserved_s(a.at_s, a.latency_s, gaps + held_gaps(a)) for a in log.actions
+                if a.latency_s is not None and a.kind != "burst"]
+        report.latency_live = {"n": len(live), "max_s": round(max(live, default=0.0), 3),
+                               "p99_s": round(percentile(live, 99), 3)}
         for a in log.unanswered(bound):
             unserved = unserved_s(a.at_s, a.latency_s, gaps) if a.latency_s is not None else 0.0
             if a.latency_s is not None and a.latency_s - unserved <= bound:
@@ -399,6 +443,13 @@ class Checker:
                 report.anomalies.append(
                     f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took {a.latency_s:.2f} s, of which "
                     f"{unserved:.2f} s with no worker serving")
+                continue
+            dead = unserved_s(a.at_s, a.latency_s, gaps + held_gaps(a)) if a.latency_s is not None else 0.0
+            if a.latency_s is not None and a.latency_s - dead <= bound:
+                self.det["late_only_while_a_killed_worker_held_its_task"] += 1
+                report.anomalies.append(
+                    f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took {a.latency_s:.2f} s, of which "
+                    f"{dead:.2f} s with no worker serving or the chat's task held by a killed worker")
                 continue
             detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
             took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"

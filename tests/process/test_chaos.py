@@ -18,7 +18,7 @@ import pytest
 
 import bench.chaos as chaos
 from bench.chaos_base import Action, ActionLog, error_kind, percentile
-from bench.chaos_check import no_worker_gaps, unserved_s
+from bench.chaos_check import held_by_killed_workers, no_worker_gaps, unserved_s
 from bench.chaos_infra import WorkerPool, WorkerProc
 
 
@@ -107,6 +107,37 @@ def test_time_with_no_worker_serving_is_not_counted_against_an_answer(tmp_path: 
     # An update sent at 9 s and answered at 15 s (6 s) waited 3 s with no worker: 3 s counted.
     assert unserved_s(9.0, 6.0, gaps) == 3.0
     assert unserved_s(20.0, 1.0, gaps) == 0.0
+    # Overlapping spans (no worker, and a dead worker's task) count once.
+    assert unserved_s(9.0, 6.0, [(10.0, 13.0), (12.0, 14.0)]) == 4.0
+
+
+def test_the_time_a_killed_worker_held_a_task_is_read_from_the_history() -> None:
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.history.v1 import HistoryEvent
+    from temporalio.client import WorkflowHistory
+
+    def event(kind: int, at: float, identity: str | None = None) -> HistoryEvent:
+        ev = HistoryEvent(event_type=kind, event_time=Timestamp(seconds=int(at), nanos=int(at % 1 * 1e9)))
+        if identity is not None:
+            ev.workflow_task_started_event_attributes.identity = identity
+        return ev
+
+    E = EventType
+    events = [
+        # Started by pid 41, which was killed: held from 100 s until it timed out.
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 99.5), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 100.0, "41@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 102.0),
+        # Sent to a dead worker's sticky queue: never started, timed out after 1 s.
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 110.0), event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 111.0),
+        # Started by a live worker (pid 7, never killed) that was slow: not the killer's time.
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 120.0), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 120.1, "7@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 122.1),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 122.1), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 122.2, "8@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED, 122.3),
+    ]
+    spans = held_by_killed_workers([WorkflowHistory("chat-c1", events)], killed_pids={41})
+    assert spans == {"c1": [(100.0, 102.0), (110.0, 111.0)]}
 
 
 def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
