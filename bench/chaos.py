@@ -79,8 +79,10 @@ probe message, and the runs still running are looked at twice. The checker
    ledger start of it belongs to such an activity, and no call answered
    `denied by the user` (or not run for want of approval) has a ledger start;
 6. every action answered in time: each update returned or was rejected, each
-   signal and signal-with-start was accepted by the server, within 5 s
-   (latencies reported: max and p99);
+   signal and signal-with-start was accepted by the server, within 5 s,
+   less the time no worker served and the time the chat's workflow task sat
+   with a killed worker until it timed out (latencies reported on each clock:
+   max and p99);
 7. every chat answers the probe: its turn closes with an assistant row within
    60 s;
 8. no run running with nothing to do: after the probes, no ChatTurn run is

@@ -87,11 +87,14 @@ class Approvals(TurnGate):
         # otherwise answer them as interrupted, outcome unknown).
         if self._held:
             denied = self._state.reason == Reason.DISMISSED
-            views = {v.id: v for v in self._state.tool_calls}
-            for call in self._release():
+            held = self._release()
+            # Shown before the writes: `state` already says the turn ended, and a
+            # query between two writes must not show a call still waiting.
+            for view in self._state.tool_calls:
+                if view.id in {c.id for c in held}:
+                    view.status = ToolCallStatus.ERROR
+            for call in held:
                 await self._store_call(activity_io.RECORD_TOOL_RESULT, activity_io.RecordToolResultInput(
                     chat_id=self._state.chat_id, turn=self._state.turn, tool_call_id=call.id, name=call.name,
                     status="error", content=DENIED_TOOL_TEXT if denied else UNAPPROVED_TOOL_TEXT))
-                if call.id in views:
-                    views[call.id].status = ToolCallStatus.ERROR
         await super()._finish_turn(closing_text, commit_messages)

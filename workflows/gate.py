@@ -109,12 +109,9 @@ class TurnGate(TurnPersistence):
         if not await self._persist_state():
             # The store had closed the turn: the lost call committed the final answer,
             # or a task that timed out (its worker killed) wrote the turn's end before
-            # its retry got here. What the lost call held and the store does not goes
-            # to the next turn (chaos seed 523 lost such a message).
-            if self._machine_5 and self._inbox.in_flight:
-                held = await self._held_ids([m.message_id for m in self._inbox.in_flight])
-                self._inbox.return_in_flight()
-                self._inbox.drop(held)
+            # its retry got here.
+            if self._machine_5:
+                await self._hand_on_what_the_store_lacks()
             return "ended"
         if self._count_gate:
             metrics.gate_opened(workflow.metric_meter(), reason.value)
@@ -139,9 +136,11 @@ class TurnGate(TurnPersistence):
             recovery.accept_continue(self._state)
             self._state.detail = None
             if not await self._persist_state() and self._machine_4:
-                # The store has closed the turn (a discarded workflow task's Dismiss,
-                # say): its ending stands, and nothing the gate held runs.
+                # The store has closed the turn (a discarded workflow task's Dismiss or
+                # Stop, say): its ending stands, and nothing the gate held runs.
                 self._state.approvals = []
+                if self._machine_5:
+                    await self._hand_on_what_the_store_lacks()
                 return "ended"
             return "continue"
         recovery.end_recovered(self._state, Reason.DISMISSED)
@@ -149,6 +148,18 @@ class TurnGate(TurnPersistence):
         self._inbox.return_in_flight()
         await self._finish_turn(closing_text=DISMISSED_TEXT, commit_messages=self._inbox.take())
         return "dismiss"
+
+    async def _hand_on_what_the_store_lacks(self) -> None:
+        """The store closed the turn without this run. What the lost call held and
+        the store does not goes to the next turn, never with the call (chaos seeds
+        523 and 525 lost such messages: a task that wrote a Stop's end, its worker
+        killed before the task completed, left its retry here). Runs of machine 5
+        only, with no marker of its own: one asked after a local activity can land
+        in another task on replay (patches.py), and the run ends right after this."""
+        if self._inbox.in_flight:
+            held = await self._held_ids([m.message_id for m in self._inbox.in_flight])
+            self._inbox.return_in_flight()
+            self._inbox.drop(held)
 
     def _should_hand_on(self) -> bool:
         """Undecided, quiet, and long: a decision or a message is acted on first."""

@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import ActivityEnvironment
 
-from tests.support import Stack
+from tests.support import Stack, until_async
 from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SQLiteStore
@@ -112,6 +112,11 @@ async def test_deny_answers_each_waiting_call_and_ends_the_turn_without_model_wo
     done = await stack.wait_turn_done(chat, 1)
     assert (done.status, done.reason, done.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
     assert [c.status for c in done.tool_calls] == [ToolCallStatus.ERROR, ToolCallStatus.ERROR]
+
+    async def stored() -> bool:  # `state` shows the ending before the store has written it
+        return "turn_end" in await stack.event_types(chat)
+
+    await until_async(stored, what="the turn's end stored")
     hist = await stack.history(chat)
     assert [(m["role"], m.get("content")) for m in hist[2:]] == [
         ("tool", DENIED_TOOL_TEXT), ("tool", DENIED_TOOL_TEXT), ("assistant", DISMISSED_TEXT)]

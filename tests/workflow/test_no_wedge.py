@@ -499,3 +499,46 @@ async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_o
 
 async def _turn_exists(store: Any, chat: str, turn: int) -> bool:
     return await store.get_turn(chat, turn) is not None
+
+
+async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messages_on(stack: Stack) -> None:
+    """As above, at the Continue: the gate opened and was answered, and the store
+    write of the Continue finds the turn ended by another task (chaos seed 525:
+    a Stop's end written by a task whose worker was killed). The ending stands,
+    nothing is resumed, and the lost call's message starts the next turn."""
+    from turnkeeper.activities.assemble import build_activities
+    from turnkeeper.activities.providers import load_provider
+    from turnkeeper.activities.store import open_store
+    from turnkeeper.activities.store.base import TurnUpdate
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.workflows.chat_turn import ChatTurn
+
+    stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
+    settings = stack.settings(TURNKEEPER_RESUME_WINDOW="2")
+    store = open_store(settings)
+    await store.open()
+    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
+                            activities=build_activities(settings, store, load_provider(settings.model),
+                                                        default_registry()),
+                            no_remote_activities=True)
+    chat = stack.chat()
+    try:
+        async with workflows_only:
+            await stack.send(chat, "hello", message_id="m1")
+            gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+            assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
+            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED,
+                                                               recovery_id=gate.recovery_id))
+            handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+            await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
+                                        result_type=TurnState)
+            await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+        await stack.start_worker()
+        done = await stack.wait_turn_done(chat, 2)
+        assert done.status == TurnStatus.COMPLETED
+        turn1 = await store.get_turn(chat, 1)
+        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+        assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
+        await _answers_next_message(stack, chat)
+    finally:
+        await store.close()
