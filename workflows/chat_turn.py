@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE_3,
         RECOVERY_MACHINE_4,
         RECOVERY_MACHINE_5,
+        RECOVERY_MACHINE_6,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -99,7 +100,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_5 = workflow.patched(RECOVERY_MACHINE_5)
+        self._machine_6 = workflow.patched(RECOVERY_MACHINE_6)
+        self._machine_5 = self._machine_6 or workflow.patched(RECOVERY_MACHINE_5)
         self._machine_4 = self._machine_5 or workflow.patched(RECOVERY_MACHINE_4)
         self._machine_3 = self._machine_4 or workflow.patched(RECOVERY_MACHINE_3)
         self._machine = self._machine_3 or workflow.patched(RECOVERY_MACHINE)
@@ -110,6 +112,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
         self._approvals = self._machine_3 or (self._signals_at_wait_points and workflow.patched(APPROVALS))
         self._held: list[ToolCall] = []  # calls waiting for the user's approval
+        self._numbering = False  # the store is numbering this run's turn (machine 6)
+        self._stop_while_numbering = False  # judged once the turn has its number
         # Until a turn begins no step announces events: refusals are announced by a task of their own.
         self._before_turn = input.recovery is None and input.carry_on is None
         self._idle_refusals: asyncio.Task[None] | None = None
@@ -127,6 +131,14 @@ class ChatTurn(TurnStart, ToolOutcomes):
         # Whatever it carries: Stop needs no argument.
         if not readable(payload) and not (self._complete or workflow.patched(REFUSE_UNDECODABLE)):
             return  # earlier runs never saw such a signal
+        if self._numbering:
+            # Before or after the store call's result, as the SDK hands them over:
+            # either way the turn being numbered stops (patches.RECOVERY_MACHINE_6).
+            self._stop_while_numbering = True
+            return
+        self._take_stop()
+
+    def _take_stop(self) -> None:
         if self._state.turn and recovery.decide(self._state.status, Input.STOP).accepted:
             self._interrupt = Reason.STOPPED  # the user's explicit word wins
 

@@ -64,3 +64,9 @@ RECOVERY_MACHINE_4 = "recovery-machine-4"
 # gate at that bound instead of GATE_HISTORY_EVENTS. Its runs also key the events they
 # announce by what they say, not by their position in the run (TurnPersistence._content_key).
 RECOVERY_MACHINE_5 = "recovery-machine-5"
+# What new runs ask instead of RECOVERY_MACHINE_5: one marker for all of the above,
+# and a Stop that reaches the run while the store numbers its turn (`begin_turn`, or
+# the reconciler's run adopting one) stops that turn. Earlier runs ignored such a
+# Stop when it came before the store call's result and took it when it came after;
+# the SDK can hand a replay the two in the other order (chaos seed 525).
+RECOVERY_MACHINE_6 = "recovery-machine-6"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import workflow
 
@@ -39,10 +39,28 @@ CARRIED_TOOL_CALLS = 256
 
 
 class TurnStart(Approvals, MessageIntake):
-    """Needs `_turn_taken` and the turn loop from the workflow."""
+    """Needs `_turn_taken`, the turn loop and the Stop flags from the workflow."""
 
     _turn_taken: bool
     _turn_loop: Callable[[int, list[UserMessage]], Awaitable[None]]
+    _machine_6: bool
+    _numbering: bool
+    _stop_while_numbering: bool
+    _take_stop: Callable[[], None]
+
+    async def _numbered(self, call: Awaitable[Any]) -> Any:
+        """A store call that numbers or adopts the turn. A Stop that comes meanwhile
+        is judged once the caller has set the turn (`_stop_now_numbered`)."""
+        self._numbering = self._machine_6
+        try:
+            return await call
+        finally:
+            self._numbering = False
+
+    def _stop_now_numbered(self) -> None:
+        if self._stop_while_numbering:
+            self._stop_while_numbering = False
+            self._take_stop()
 
     def _apply_settings(self, settings: activity_io.TurnSettings) -> None:
         self._settings = settings
@@ -64,12 +82,12 @@ class TurnStart(Approvals, MessageIntake):
         """Number the turn from the store and close any earlier turn left open."""
         while self._inbox.waiting:
             waiting = self._inbox.waiting
-            begun: activity_io.BeginTurnResult = await self._store_call(
+            begun: activity_io.BeginTurnResult = await self._numbered(self._store_call(
                 activity_io.BEGIN_TURN,
                 activity_io.BeginTurnInput(chat_id=self._state.chat_id, run_id=workflow.info().run_id,
                                            message_ids=[m.message_id for m in waiting],
                                            message_sizes=[len(m.text.encode()) for m in waiting]),
-                activity_io.BeginTurnResult)
+                activity_io.BeginTurnResult))
             self._apply_settings(begun.settings)
             for message in waiting:
                 if message.message_id in begun.oversized_ids:
@@ -79,7 +97,9 @@ class TurnStart(Approvals, MessageIntake):
             self._inbox.drop(set(begun.duplicate_ids) | set(begun.oversized_ids))
             if begun.turn is not None:
                 self._state.turn = begun.turn
+                self._stop_now_numbered()
                 return "begun"
+            self._stop_while_numbering = False  # no turn began: nothing to stop
             self._state.turn = begun.latest_turn
             if begun.oversized_ids and not begun.duplicate_ids and not self._inbox.waiting:
                 return "refused"
@@ -90,10 +110,10 @@ class TurnStart(Approvals, MessageIntake):
     async def _recover(self, start: RecoveryStart) -> None:
         """A run started by the reconciler, or handed on by a long gate: take the
         turn over and ask its user."""
-        adopted: activity_io.AdoptTurnResult = await self._store_call(
+        adopted: activity_io.AdoptTurnResult = await self._numbered(self._store_call(
             activity_io.ADOPT_TURN,
             activity_io.AdoptTurnInput(chat_id=self._state.chat_id, turn=start.turn, run_id=workflow.info().run_id),
-            activity_io.AdoptTurnResult)
+            activity_io.AdoptTurnResult))
         self._apply_settings(adopted.settings)
         self._turn_taken = True
         # A gate handed on by a long run (continue-as-new) was counted where it opened.
@@ -101,6 +121,7 @@ class TurnStart(Approvals, MessageIntake):
         self._state.turn = start.turn
         self._state.recovery_id = start.recovery_id
         self._state.attempts = start.attempts
+        self._stop_now_numbered()
         asks = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)  # a handed-on approval gate
         goes_on = asks or await self._gate(start.reason, can_continue=start.can_continue,
                                            detail=start.detail) == "continue"

@@ -542,3 +542,35 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
         await _answers_next_message(stack, chat)
     finally:
         await store.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_stop_while_the_store_numbers_the_turn_stops_that_turn(stack: Stack) -> None:
+    """A Stop that reaches the run while its first store call (the one that numbers
+    the turn) waits stops that turn, whichever the SDK hands over first (chaos seed
+    525: live it came first and was ignored, the replay took the result first and
+    the Stop with it). Nothing is lost: the turn's message, never committed, is the
+    next turn's, and the chat answers its next message."""
+    with FakeChatServer(responder=_ok) as server:
+        server.script([{"text": "warm"}, {"text": "answered in turn 2"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        await (await stack.send(stack.chat("warm"), "warm up")).result()  # the store exists
+        chat = stack.chat()
+        blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            handle = await stack.send(chat, "one", message_id="m1")
+            await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=40)
+            await handle.signal("stop", {})
+            await asyncio.sleep(0.5)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        done = await stack.wait_turn_done(chat, 2, timeout=60)
+        assert done.status == TurnStatus.COMPLETED
+        turn1 = await (await stack.store()).get_turn(chat, 1)
+        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+        assert len(server.requests) == 2  # the warm chat's and turn 2's: turn 1 never asked the model
+        assert await _user_rows(stack, chat) == ["one"]
+        await _answers_next_message(stack, chat)
