@@ -90,8 +90,9 @@ class Approvals(TurnGate):
             held = self._release()
             # Shown before the writes: `state` already says the turn ended, and a
             # query between two writes must not show a call still waiting.
+            held_ids = {c.id for c in held}
             for view in self._state.tool_calls:
-                if view.id in {c.id for c in held}:
+                if view.id in held_ids:
                     view.status = ToolCallStatus.ERROR
             for call in held:
                 await self._store_call(activity_io.RECORD_TOOL_RESULT, activity_io.RecordToolResultInput(

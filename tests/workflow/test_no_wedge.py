@@ -4,8 +4,10 @@ committed once (or refused visibly, with its id)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -456,45 +458,58 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
         assert (await run_pass(stack)).handed_on == 0  # once
 
 
+@contextlib.asynccontextmanager
+async def _workflows_only(stack: Stack, resume_window: int) -> AsyncIterator[Any]:
+    """Workflow tasks and store calls in this process, and no worker for the model
+    call: nobody takes it within the resume window, so it is lost with its message.
+    Yields the store."""
+    from turnkeeper.activities.assemble import build_activities
+    from turnkeeper.activities.providers import load_provider
+    from turnkeeper.activities.store import open_store
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.workflows.chat_turn import ChatTurn
+
+    settings = stack.settings(TURNKEEPER_RESUME_WINDOW=str(resume_window))
+    store = open_store(settings)
+    await store.open()
+    try:
+        async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
+                          activities=build_activities(settings, store, load_provider(settings.model),
+                                                      default_registry()),
+                          no_remote_activities=True):
+            yield store
+    finally:
+        await store.close()
+
+
+async def _stopped_turn_hands_its_message_to_turn_2(stack: Stack, chat: str) -> None:
+    """Turn 1 stays as the store ended it; its lost message is turn 2's, answered once."""
+    await stack.start_worker()
+    done = await stack.wait_turn_done(chat, 2)
+    assert done.status == TurnStatus.COMPLETED
+    turn1 = await (await stack.store()).get_turn(chat, 1)
+    assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+    assert await _user_rows(stack, chat) == ["hello"]
+    assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
+    await _answers_next_message(stack, chat)
+
+
 async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_on(stack: Stack) -> None:
     """A lost model call held a message the store never took; before the gate's
     first write, another task (its worker killed, its write kept) ended the turn in
     the store. The gate follows the store, and the message starts the next turn
     instead of vanishing with the lost call."""
-    from turnkeeper.activities.assemble import build_activities
-    from turnkeeper.activities.providers import load_provider
-    from turnkeeper.activities.store import open_store
     from turnkeeper.activities.store.base import TurnUpdate
-    from turnkeeper.activities.tools import default_registry
-    from turnkeeper.workflows.chat_turn import ChatTurn
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
-    # Nobody takes the model call within the window: the call is lost with its message.
-    settings = stack.settings(TURNKEEPER_RESUME_WINDOW="3")
-    store = open_store(settings)
-    await store.open()
-    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                            activities=build_activities(settings, store, load_provider(settings.model),
-                                                        default_registry()),
-                            no_remote_activities=True)
     chat = stack.chat()
-    try:
-        async with workflows_only:
-            await stack.send(chat, "hello", message_id="m1")
-            await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
-            # What the discarded task wrote: a Stop's end, with none of the call's messages.
-            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED))
-            await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
-        await stack.start_worker()
-        done = await stack.wait_turn_done(chat, 2)
-        assert done.status == TurnStatus.COMPLETED
-        turn1 = await store.get_turn(chat, 1)
-        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
-        assert await _user_rows(stack, chat) == ["hello"]
-        assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
-        await _answers_next_message(stack, chat)
-    finally:
-        await store.close()
+    async with _workflows_only(stack, resume_window=3) as store:
+        await stack.send(chat, "hello", message_id="m1")
+        await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
+        # What the discarded task wrote: a Stop's end, with none of the call's messages.
+        assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED))
+        await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+    await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
 
 
 async def _turn_exists(store: Any, chat: str, turn: int) -> bool:
@@ -506,43 +521,21 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
     write of the Continue finds the turn ended by another task (chaos seed 525:
     a Stop's end written by a task whose worker was killed). The ending stands,
     nothing is resumed, and the lost call's message starts the next turn."""
-    from turnkeeper.activities.assemble import build_activities
-    from turnkeeper.activities.providers import load_provider
-    from turnkeeper.activities.store import open_store
     from turnkeeper.activities.store.base import TurnUpdate
-    from turnkeeper.activities.tools import default_registry
-    from turnkeeper.workflows.chat_turn import ChatTurn
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
-    settings = stack.settings(TURNKEEPER_RESUME_WINDOW="2")
-    store = open_store(settings)
-    await store.open()
-    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                            activities=build_activities(settings, store, load_provider(settings.model),
-                                                        default_registry()),
-                            no_remote_activities=True)
     chat = stack.chat()
-    try:
-        async with workflows_only:
-            await stack.send(chat, "hello", message_id="m1")
-            gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
-            assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
-            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED,
-                                                               recovery_id=gate.recovery_id))
-            handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-            await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
-                                        result_type=TurnState)
-            await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
-        await stack.start_worker()
-        done = await stack.wait_turn_done(chat, 2)
-        assert done.status == TurnStatus.COMPLETED
-        turn1 = await store.get_turn(chat, 1)
-        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
-        assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
-        await _answers_next_message(stack, chat)
-    finally:
-        await store.close()
-
+    async with _workflows_only(stack, resume_window=2) as store:
+        await stack.send(chat, "hello", message_id="m1")
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+        assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
+        assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED,
+                                                           recovery_id=gate.recovery_id))
+        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+        await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
+                                    result_type=TurnState)
+        await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+    await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
 
 @pytest.mark.timeout(120)
 async def test_a_stop_while_the_store_numbers_the_turn_stops_that_turn(stack: Stack) -> None:
