@@ -1,5 +1,5 @@
 """Heartbeats from a background task, so a dead worker is noticed within seconds
-even while the activity awaits a slow model, a tool or a busy store."""
+even while the activity awaits a slow model or tool."""
 from __future__ import annotations
 
 import asyncio
@@ -8,17 +8,15 @@ from collections.abc import AsyncIterator
 
 from temporalio import activity
 
+DEFAULT_INTERVAL_S = 2.0
+
 
 @contextlib.asynccontextmanager
 async def heartbeating() -> AsyncIterator[None]:
     timeout = activity.info().heartbeat_timeout
-    if not timeout:
-        # A local activity, or one called without a heartbeat timeout: nobody watches.
-        yield
-        return
     # A third of the timeout (the worker's throttle lets them through): two beats
     # may be late before a live worker's step is taken for lost.
-    interval = timeout.total_seconds() / 3
+    interval = timeout.total_seconds() / 3 if timeout else DEFAULT_INTERVAL_S
 
     async def beat() -> None:
         # Sleep first: most calls end before the first beat is due, and every

@@ -1,33 +1,13 @@
-"""Store calls the workflow makes directly. All are idempotent. `begin_turn` runs as
-a local activity (no extra round trip on a turn's quickest path); the others are
-ordinary activities for runs of `recovery-machine-7` and local before it."""
+"""Store writes the workflow asks for directly. They run as local activities:
+idempotent, cheap, and no extra round trip to the server."""
 from __future__ import annotations
-
-import functools
-from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
 
 from temporalio import activity
 
 from turnkeeper import activity_io
-from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _beating(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """As an ordinary activity, a call that waits on a busy store beats, so its
-    worker's death is noticed at the heartbeat timeout, not the call's."""
-    @functools.wraps(fn)
-    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        async with heartbeating():
-            return await fn(*args, **kwargs)
-    return call
 
 
 class StoreActivities:
@@ -37,7 +17,6 @@ class StoreActivities:
         self._confirm_tools = list(confirm_tools if confirm_tools is not None else settings.confirm_tools)
 
     @activity.defn(name=activity_io.BEGIN_TURN)
-    @_beating
     async def begin_turn(self, inp: activity_io.BeginTurnInput) -> activity_io.BeginTurnResult:
         # A run learns the configured message limit here: its first messages are judged now.
         limit = self._settings.max_message_bytes
@@ -55,7 +34,6 @@ class StoreActivities:
                                            settings=self._turn_settings(), oversized_ids=oversized)
 
     @activity.defn(name=activity_io.ADOPT_TURN)
-    @_beating
     async def adopt_turn(self, inp: activity_io.AdoptTurnInput) -> activity_io.AdoptTurnResult:
         next_step = await self._store.adopt_turn(inp.chat_id, inp.turn, inp.run_id)
         return activity_io.AdoptTurnResult(next_step=next_step, settings=self._turn_settings())
@@ -68,25 +46,21 @@ class StoreActivities:
                                         heartbeat_timeout_s=s.heartbeat_timeout, confirm_tools=self._confirm_tools)
 
     @activity.defn(name=activity_io.RECORD_TOOL_RESULT)
-    @_beating
     async def record_tool_result(self, inp: activity_io.RecordToolResultInput) -> None:
         await self._store.record_tool_result(inp.chat_id, inp.turn, inp.tool_call_id, inp.name,
                                              inp.content, inp.status)
 
     @activity.defn(name=activity_io.COMMIT_MESSAGES)
-    @_beating
     async def commit_messages(self, inp: activity_io.CommitMessagesInput) -> list[str]:
         if inp.answer_lost_calls:
             await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
         return await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.messages)
 
     @activity.defn(name=activity_io.RECORD_ASSISTANT)
-    @_beating
     async def record_assistant(self, inp: activity_io.RecordAssistantInput) -> None:
         await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, inp.reply, final=inp.final)
 
     @activity.defn(name=activity_io.UPDATE_TURN)
-    @_beating
     async def update_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         ended = await self._ended(inp)
         if ended is not None:
@@ -95,7 +69,6 @@ class StoreActivities:
         return activity_io.TurnWriteResult(status=inp.status, reason=inp.reason)
 
     @activity.defn(name=activity_io.FINISH_TURN)
-    @_beating
     async def finish_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         # A model call lost or cancelled after writing its tool calls: answer them first,
         # so each tool row follows its call before any user row (providers refuse else).
@@ -119,12 +92,10 @@ class StoreActivities:
         return activity_io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
     @activity.defn(name=activity_io.HELD_MESSAGES)
-    @_beating
     async def held_messages(self, inp: activity_io.HeldMessagesInput) -> list[str]:
         return await self._store.held_message_ids(inp.chat_id, inp.message_ids)
 
     @activity.defn(name=activity_io.APPEND_EVENTS)
-    @_beating
     async def append_events(self, inp: activity_io.AppendEventsInput) -> None:
         await self._store.append_events(inp.chat_id, inp.events, keys=inp.keys)
 

@@ -1,10 +1,8 @@
 """How `ChatTurn` calls its activities, with their options defined once.
 
 Model and tool calls are steps: never retried by Temporal, so a lost one opens a
-gate instead of acting twice. Store calls are retried (they are idempotent) until
-the store is reported unavailable, which the turn waits out. They are ordinary
-activities for runs of `recovery-machine-7` (but the first, `begin_turn`) and
-local activities before it (see patches.RECOVERY_MACHINE_7).
+gate instead of acting twice. Store calls are local activities, retried (they are
+idempotent) until the store is reported unavailable, which the turn waits out.
 """
 from __future__ import annotations
 
@@ -64,19 +62,11 @@ def _step_options(settings: activity_io.TurnSettings, timeout_s: int) -> dict[st
     )
 
 
-async def call_store(activity: str, arg: Any, result_type: Any = None, *,
-                     local: bool, heartbeat_timeout_s: int) -> Any:
-    """One store call; its outage is the caller's to wait out."""
-    if local:
-        return await workflow.execute_local_activity(
-            activity, arg, result_type=result_type,
-            start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
-    return await workflow.execute_activity(
-        activity, arg, result_type=result_type, summary=f"store: {activity.removeprefix('turnkeeper.')}",
-        start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY,
-        # A worker killed while it writes: the next attempt runs elsewhere within
-        # seconds, not at the 30 s timeout. The store activity beats while it waits.
-        heartbeat_timeout=timedelta(seconds=heartbeat_timeout_s))
+async def call_store(activity: str, arg: Any, result_type: Any = None) -> Any:
+    """One store local activity; its outage is the caller's to wait out."""
+    return await workflow.execute_local_activity(
+        activity, arg, result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
 
 
 def error_type(err: ActivityError | ApplicationError) -> str | None:

@@ -70,12 +70,3 @@ RECOVERY_MACHINE_5 = "recovery-machine-5"
 # Stop when it came before the store call's result and took it when it came after;
 # the SDK can hand a replay the two in the other order (chaos seed 525).
 RECOVERY_MACHINE_6 = "recovery-machine-6"
-# What new runs ask instead of RECOVERY_MACHINE_6: one marker for all of the above,
-# and the store calls after a turn is numbered are ordinary activities, not local
-# ones. The SDK can hand a local activity's result to a live run one workflow task
-# later than to its replay, together with signals that came meanwhile (chaos seeds
-# 516, 525, 528, 529); an ordinary activity's result is an event in the history,
-# which a live run and its replay take in the same task. `begin_turn` stays local:
-# it is the run's first store call, on every turn's quickest path, and what can
-# meet it (a Stop, a newer message) is judged the same in either order (machine 6).
-RECOVERY_MACHINE_7 = "recovery-machine-7"

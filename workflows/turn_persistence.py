@@ -36,20 +36,16 @@ class TurnPersistence:
     _store_wait_s: float
     _events_numbered: int = 0  # this run's events so far: each one's store key (before RECOVERY_MACHINE_5)
     _machine_5: bool
-    _machine_7: bool
-    _settings: activity_io.TurnSettings
     _store_calls: int = 0  # store calls made by this run so far
     _woke_at_store_calls: int = -1  # `_store_calls` when a step's wait last ended
 
     async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
-        """A store call that waits out an outage: the turn shows `store_unavailable`
-        and goes on, in order, when the store answers again."""
+        """A store local activity that waits out an outage: the turn shows
+        `store_unavailable` and goes on, in order, when the store answers again."""
         self._store_calls += 1
-        local = not self._machine_7 or activity == activity_io.BEGIN_TURN
         while True:
             try:
-                result = await call_store(activity, arg, result_type, local=local,
-                                          heartbeat_timeout_s=self._settings.heartbeat_timeout_s)
+                result = await call_store(activity, arg, result_type)
             except (ActivityError, ApplicationError) as err:
                 # A local activity's failure arrives as the ApplicationError itself.
                 if error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.support import Stack, until, until_async
-from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
@@ -459,31 +458,25 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
         assert (await run_pass(stack)).handed_on == 0  # once
 
 
-@activity.defn(name=activity_io.MODEL_CALL)
-async def _never_answers(arg: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
-
-
 @contextlib.asynccontextmanager
-async def _workflows_only(stack: Stack) -> AsyncIterator[Any]:
-    """Workflow tasks and store calls in this process, and a model call that never
-    answers nor beats: lost at the heartbeat timeout, with its message. Yields the store."""
+async def _workflows_only(stack: Stack, resume_window: int) -> AsyncIterator[Any]:
+    """Workflow tasks and store calls in this process, and no worker for the model
+    call: nobody takes it within the resume window, so it is lost with its message.
+    Yields the store."""
     from turnkeeper.activities.assemble import build_activities
     from turnkeeper.activities.providers import load_provider
     from turnkeeper.activities.store import open_store
     from turnkeeper.activities.tools import default_registry
     from turnkeeper.workflows.chat_turn import ChatTurn
 
-    settings = stack.settings()
+    settings = stack.settings(TURNKEEPER_RESUME_WINDOW=str(resume_window))
     store = open_store(settings)
     await store.open()
-    steps = {"model_call", "tool_call"}
-    activities = [a for a in build_activities(settings, store, load_provider(settings.model), default_registry())
-                  if a.__name__ not in steps]
     try:
         async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          activities=[*activities, _never_answers]):
+                          activities=build_activities(settings, store, load_provider(settings.model),
+                                                      default_registry()),
+                          no_remote_activities=True):
             yield store
     finally:
         await store.close()
@@ -510,7 +503,7 @@ async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_o
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
-    async with _workflows_only(stack) as store:
+    async with _workflows_only(stack, resume_window=3) as store:
         await stack.send(chat, "hello", message_id="m1")
         await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
         # What the discarded task wrote: a Stop's end, with none of the call's messages.
@@ -532,7 +525,7 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
-    async with _workflows_only(stack) as store:
+    async with _workflows_only(stack, resume_window=2) as store:
         await stack.send(chat, "hello", message_id="m1")
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
         assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION

@@ -58,14 +58,6 @@ def _ok(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _reach(stack: Stack, chat: str, column: Column) -> TurnState:
-    reached = await _reach_state(stack, chat, column)
-    if column[0] != TurnStatus.RUNNING:
-        # An answer is the decision; the store records it a moment later.
-        await _until_turn(stack, chat, 1, (reached.status, reached.reason))
-    return reached
-
-
-async def _reach_state(stack: Stack, chat: str, column: Column) -> TurnState:
     status, reason = column
     await stack.send(chat, "hello")
     if reason == Reason.APPROVAL_REQUIRED:
