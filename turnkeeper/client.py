@@ -205,6 +205,9 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
 # The server's answer when the workflow task that carried an update failed (say, a
 # signal raced the run's completion): the update was never taken, so asking again is safe.
 _UPDATE_TASK_FAILED = "unexpected workflow task failure"
+# The run closed (its turn ended, or it handed on) before a task took the update:
+# asked again, it reaches the next run, or finds none and is refused as not waiting.
+_UPDATE_ABORTED_BY_CLOSE = "update was aborted by closing workflow"
 DECISION_ATTEMPTS = 5
 
 
@@ -223,7 +226,8 @@ async def decide(client: Client, chat_id: str, update: str, recovery_id: str) ->
             return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id),
                                                result_type=TurnState)
         except RPCError as err:
-            if _UPDATE_TASK_FAILED not in str(err) or attempt == DECISION_ATTEMPTS:
+            retry = _UPDATE_TASK_FAILED in str(err) or _UPDATE_ABORTED_BY_CLOSE in str(err)
+            if not retry or attempt == DECISION_ATTEMPTS:
                 raise
             await asyncio.sleep(0.1 * attempt)
     raise AssertionError("unreachable")
