@@ -4,7 +4,9 @@ closes the turn (`committed`, `answer_restored`) or starts a `ChatTurn` run in
 recovery mode, which opens the gate and waits for Continue or Dismiss.
 
 A pass reads the open turns only, so its cost grows with open turns, not with
-all chats; a turn whose run is running costs one describe and nothing else.
+all chats; a turn whose run is running costs one describe and nothing else, unless
+the run's workflow task keeps failing: a run that gets nowhere for a minute is
+ended and recovered like any other (activities/wedged_runs.py).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import metrics
-from turnkeeper.activities import reconcile_verdict
+from turnkeeper.activities import reconcile_verdict, wedged_runs
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.activities.store.base import TurnRef
 from turnkeeper.client import WORKFLOW_TYPE, workflow_id
@@ -127,7 +129,13 @@ class Reconciler:
         if ref.run_id is not None:
             described = await _describe(handle)
             if described is not None and described.status not in _ENDED:
-                return "healthy"
+                stuck = await wedged_runs.wedged(handle, described)
+                if stuck is None:
+                    return "healthy"
+                log.warning("chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id,
+                            stuck.describe())
+                await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
+                described = await _describe(handle)
             if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
                 # A long history handed on: the run it continued in adopts the turn in
                 # its first workflow task (which may wait for a worker).

@@ -567,3 +567,55 @@ async def test_a_stop_while_the_store_numbers_the_turn_stops_that_turn(stack: St
         assert len(server.requests) == 2  # the warm chat's and turn 2's: turn 1 never asked the model
         assert await _user_rows(stack, chat) == ["one"]
         await _answers_next_message(stack, chat)
+
+
+@workflow.defn(name="ChatTurn", sandboxed=False)
+class _FailsEveryTask:
+    """A fault no retry mends (in the code, or in the SDK: chaos seed 531's runs had
+    their every completion refused): each workflow task of the run fails."""
+
+    @workflow.run
+    async def run(self, input: Any) -> None:
+        raise ValueError("this run's every workflow task fails")
+
+
+async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_recovered(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Running to the server and going nowhere: a pass leaves such a run alone for a
+    minute of failures, then ends it and recovers the turn like any run that ended
+    abnormally. Its message is kept, and the chat answers again."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper.activities import wedged_runs
+    from turnkeeper.activities.reconciler import Reconciler
+
+    stack.script([{"text": "answered after the recovery"}, {"text": "ok"}])
+    chat = stack.chat()
+    store = await stack.store()
+    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        handle = await stack.send(chat, "hello", message_id="m1")
+        run_id = (await handle.describe()).run_id
+        await store.begin_turn(chat, run_id, ["m1"])  # as the run's first task would have
+
+        async def failing() -> bool:
+            raw = (await handle.describe()).raw_description
+            return raw.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
+        await until_async(failing, what="the run's task failing again and again")
+    reconciler = Reconciler(stack.settings(), store)
+    env = ActivityEnvironment(client=stack.client)
+    summary = await env.run(reconciler.reconcile_pass)
+    assert (summary.examined, summary.healthy) == (1, 1), summary  # within the minute: left alone
+
+    monkeypatch.setattr(wedged_runs, "WEDGED_AFTER", timedelta(seconds=0))
+    await stack.start_worker()
+    summary = await env.run(reconciler.reconcile_pass)
+    assert sum(summary.outcomes.values()) == 1 and summary.failed == 0, summary
+    ended = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id).describe()
+    assert ended.status == WorkflowExecutionStatus.TERMINATED
+    gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+    await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
+                                result_type=TurnState)
+    await _answers_next_message(stack, chat)
+    assert (await _user_rows(stack, chat)).count("hello") == 1
