@@ -118,5 +118,12 @@ def no_chat(chat_id: str) -> str:
     return f"no chat {chat_id!r}: nothing was ever sent to it"
 
 
+# The server's words when the run's workflow task fails: workers serve, but not this run.
+TASK_FAILING = "Workflow Task in failed state"
+
+
 def no_worker(chat_id: str, why: str) -> str:
+    if TASK_FAILING in why:
+        return (f"chat {chat_id!r}: its run's workflow task keeps failing ({why}); the worker's log says why, "
+                "and a reconcile pass ends such a run after a minute of failures and recovers its turn")
     return f"no worker answered for chat {chat_id!r} ({why}); start one with `turnkeeper worker`"

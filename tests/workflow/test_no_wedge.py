@@ -18,6 +18,7 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.support import Stack, until, until_async
+from tests.workflow.test_cli import tk as cli
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
@@ -602,6 +603,8 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
             raw = (await handle.describe()).raw_description
             return raw.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
         await until_async(failing, what="the run's task failing again and again")
+        shown = await cli(stack, "status", chat)  # says so, not that no worker serves
+        assert shown.returncode == 0 and "workflow task keeps failing" in shown.stderr, shown.stderr
     reconciler = Reconciler(stack.settings(), store)
     env = ActivityEnvironment(client=stack.client)
     summary = await env.run(reconciler.reconcile_pass)
