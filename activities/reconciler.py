@@ -134,7 +134,12 @@ class Reconciler:
                     return "healthy"
                 log.warning("chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id,
                             stuck.describe())
-                await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
+                try:
+                    await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
+                except RPCError as err:
+                    if err.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    # It ended by itself meanwhile: what follows judges it as it ended.
                 described = await _describe(handle)
             if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
                 # A long history handed on: the run it continued in adopts the turn in
