@@ -23,8 +23,6 @@ WEDGED_AFTER = timedelta(seconds=60)
 # The server marks a run with this search attribute once its tasks keep failing.
 REPORTED_PROBLEMS = "TemporalReportedProblems"
 
-_ENDS_A_TASK = {EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT}
-
 
 @dataclass(frozen=True)
 class Wedged:
@@ -53,19 +51,18 @@ async def wedged(handle: WorkflowHandle[Any, Any], described: WorkflowExecutionD
     events = (await handle.fetch_history()).events
     failures, first, cause = 0, None, "unknown cause"
     for event in reversed(events):
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             break
-        if event.event_type not in _ENDS_A_TASK:
-            continue
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-            attrs = event.workflow_task_timed_out_event_attributes
-            if not attrs.started_event_id:  # never started: waited for a worker
-                continue
-            if failures == 0:
-                cause = "timed out"
-        elif failures == 0:
-            attrs_f = event.workflow_task_failed_event_attributes
-            cause = attrs_f.failure.message or EventType.Name(event.event_type)
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            why = event.workflow_task_failed_event_attributes.failure.message or "failed"
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT and \
+                event.workflow_task_timed_out_event_attributes.started_event_id:
+            why = "timed out"
+        else:
+            continue  # another event, or a task that only waited for a worker
+        if failures == 0:
+            cause = why  # the latest
         failures += 1
         first = event.event_time.ToDatetime(tzinfo=timezone.utc)
     raw = described.raw_description
