@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.providers.base import SummaryRequest, ensure_tool_call_ids
-from turnkeeper.activities.store import SessionStore, StoredRow, Summary
+from turnkeeper.activities.store import ContextRows, SessionStore, StoredRow, Summary
 from turnkeeper.config import Settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
 
@@ -170,8 +170,10 @@ class ContextBuilder:
         self.budget = Budget(budget_tokens)
         self._guard = guard or _as_is  # the model activity's: a summary call gives way to a shutdown
 
-    async def build(self, chat_id: str, tools: Sequence[ToolSpec]) -> Context:
-        loaded = await self._store.context_rows(chat_id)
+    async def build(self, chat_id: str, tools: Sequence[ToolSpec], loaded: ContextRows | None = None) -> Context:
+        """`loaded`: the rows already read (`SessionStore.prepare_model_call`)."""
+        if loaded is None:
+            loaded = await self._store.context_rows(chat_id)
         summary, rows = loaded.summary, list(loaded.rows)
         sizes = [row_tokens(r.message) for r in rows]
         tools_cost = tools_tokens(tools)
@@ -192,6 +194,10 @@ class ContextBuilder:
         it was sent; one that a folded row used (a server that reuses ids) is replaced too."""
         if not reply.tool_calls:
             return reply
+        if context.summary is None and len(context.messages) == context.rows:
+            # The call was sent every row of the chat: checked here, without a read.
+            calls = ensure_tool_call_ids(reply.tool_calls, context.messages, call_index=context.call_index)
+            return reply if calls == reply.tool_calls else reply.model_copy(update={"tool_calls": calls})
         used = await self._store.answered_call_ids(chat_id, [c.id for c in reply.tool_calls])
         if not used:
             return reply

@@ -40,12 +40,12 @@ class ModelCallActivity:
         async with heartbeating():
             tools = self._registry.specs(self._settings.tools)
             try:
-                if inp.answer_lost_calls:
-                    await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
-                committed: list[str] = []
-                if inp.new_messages:
-                    committed = await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.new_messages)
-                context = await self._context.build(inp.chat_id, tools)
+                prepared = await self._store.prepare_model_call(inp.chat_id, inp.turn, inp.new_messages,
+                                                                answer_lost_calls=inp.answer_lost_calls)
+                committed = prepared.committed
+                if isinstance(prepared.context, CorruptRowError):
+                    raise prepared.context
+                context = await self._context.build(inp.chat_id, tools, prepared.context)
             except CorruptRowError as err:
                 # Retrying reads the same row: the user sees it named, and can Dismiss.
                 raise ApplicationError(f"the chat's stored transcript cannot be read: {err}",

@@ -8,6 +8,7 @@ rows and the events that announce them are written together or not at all.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -131,6 +132,14 @@ class ContextRows(LazyModel):
 
     summary: Summary | None = None
     rows: list[StoredRow] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """`SessionStore.prepare_model_call`: the ids it committed and the context it read."""
+
+    committed: list[str]
+    context: ContextRows | CorruptRowError
 
 
 class TurnRef(LazyModel):
@@ -295,6 +304,14 @@ class SessionStore(ABC):
         return None
 
     # -- what a model call sees --------------------------------------------------
+    @abstractmethod
+    async def prepare_model_call(self, chat_id: str, turn: int, messages: list[UserMessage],
+                                 answer_lost_calls: bool = False) -> PreparedCall:
+        """What a model call writes and reads before it asks the model, in one
+        transaction: `close_unanswered_calls` (with `answer_lost_calls`), then
+        `commit_user_messages`, then `context_rows`. The writes stand even when a
+        row cannot be read: the `CorruptRowError` is returned in `context`."""
+
     @abstractmethod
     async def context_rows(self, chat_id: str) -> ContextRows:
         """The chat's latest summary and the transcript rows after it, in order, in one

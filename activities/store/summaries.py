@@ -1,6 +1,7 @@
-"""What a model call reads of a chat (its latest summary and the rows after it),
-the summaries it keeps, and which tool calls have their rows: written once for
-every backend, a part of `SQLStore`, which supplies `_write` and `_run_read`."""
+"""What a model call reads of a chat (its latest summary and the rows after it,
+read in one transaction with what the call commits first), the summaries it
+keeps, and which tool calls have their rows: written once for every backend, a
+part of `SQLStore`, which supplies `_write`, `_run_read` and the commits."""
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
@@ -8,8 +9,9 @@ from functools import partial
 from typing import Any
 
 from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import ContextRows, Summary
+from turnkeeper.activities.store.base import ContextRows, CorruptRowError, PreparedCall, Summary
 from turnkeeper.activities.store.transaction import ChatWrite, Transaction
+from turnkeeper.models import UserMessage
 
 _SUMMARY_COLUMNS = "upto_id, text, tokens, assistant_rows"
 
@@ -18,6 +20,31 @@ class SummariesSQL:
     # Provided by SQLStore.
     _write: Callable[..., Coroutine[Any, Any, Any]]
     _run_read: Callable[..., Coroutine[Any, Any, Any]]
+    _answer_unanswered: Callable[..., Coroutine[Any, Any, Any]]
+    _commit_user_tx: Callable[..., Coroutine[Any, Any, Any]]
+
+    async def prepare_model_call(self, chat_id: str, turn: int, messages: list[UserMessage],
+                                 answer_lost_calls: bool = False) -> PreparedCall:
+        if not messages and not answer_lost_calls:
+            # Nothing to write: a read, which takes no writer's lock.
+            try:
+                return PreparedCall(committed=[], context=await self.context_rows(chat_id))
+            except CorruptRowError as err:
+                return PreparedCall(committed=[], context=err)
+        return await self._write(chat_id, self._prepare_tx, turn, list(messages), answer_lost_calls)
+
+    async def _prepare_tx(self, chat: ChatWrite, turn: int, messages: list[UserMessage],
+                          answer_lost_calls: bool) -> PreparedCall:
+        # One transaction instead of three: each costs a hop to the store's thread
+        # and a commit, on every turn's first model call.
+        if answer_lost_calls:
+            await self._answer_unanswered(chat, turn)
+        committed = await self._commit_user_tx(chat, turn, messages)
+        try:
+            context: ContextRows | CorruptRowError = await self._context_rows_tx(chat.tx, chat.chat_id)
+        except CorruptRowError as err:
+            context = err  # returned, not raised: the rows above are committed all the same
+        return PreparedCall(committed=committed, context=context)
 
     async def context_rows(self, chat_id: str) -> ContextRows:
         return await self._run_read(partial(self._context_rows_tx, chat_id=chat_id), snapshot=True)

@@ -302,6 +302,34 @@ async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: 
     assert (await store.context_rows("other")).summary is None
 
 
+async def test_prepare_model_call_answers_lost_calls_commits_and_reads_in_one_go(store: SessionStore) -> None:
+    turn = await start_turn(store, "run-1", "m1")
+    await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t")]), final=False)
+    prepared = await store.prepare_model_call(CHAT, turn, [user("m1"), user("m2")], answer_lost_calls=True)
+    assert prepared.committed == ["m2"]  # m1 was committed before: one row
+    assert not isinstance(prepared.context, CorruptRowError)
+    assert [(r.message.role, r.message.content) for r in prepared.context.rows] == [
+        ("user", "text of m1"), ("assistant", None), ("tool", INTERRUPTED_TOOL_TEXT), ("user", "text of m2")]
+    assert prepared.context == await store.context_rows(CHAT)
+    # Again (the same call made again after a loss): nothing new, the same context.
+    again = await store.prepare_model_call(CHAT, turn, [user("m2")], answer_lost_calls=True)
+    assert again.committed == [] and again.context == prepared.context
+    # Nothing to write: a read.
+    assert (await store.prepare_model_call(CHAT, turn, [])).context == prepared.context
+
+
+async def test_prepare_model_call_keeps_its_commits_when_a_row_cannot_be_read(
+        store: SessionStore, backend: Backend) -> None:
+    turn = await start_turn(store, "run-1", "m1")
+    ids = [r.id for r in (await store.context_rows(CHAT)).rows]
+    await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[0])
+    prepared = await store.prepare_model_call(CHAT, turn, [user("m2")])
+    assert prepared.committed == ["m2"]
+    assert isinstance(prepared.context, CorruptRowError) and f"id={ids[0]}" in str(prepared.context)
+    assert await store.held_message_ids(CHAT, ["m2"]) == ["m2"]
+    assert isinstance((await store.prepare_model_call(CHAT, turn, [])).context, CorruptRowError)
+
+
 async def test_answered_call_ids_are_those_with_a_tool_row(store: SessionStore) -> None:
     turn = await start_turn(store, "run-1", "m1")
     await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t"),

@@ -229,6 +229,39 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
     assert history[-1].tool_calls == [call]
 
 
+async def test_a_reply_reusing_a_call_id_it_was_sent_gets_a_fresh_one_without_a_read(
+        store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing folded: every row went to the model, so the ids it was sent are all
+    the chat has, and the check needs no store read."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper import activity_io
+    from turnkeeper.activities.model_call import ModelCallActivity
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.config import Settings
+
+    class Reuser(Summariser):
+        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
+                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
+            return ModelReply(tool_calls=[ToolCall(id="t1-0", name="read_file", arguments="{}"),
+                                          ToolCall(id="new", name="read_file", arguments="{}")])
+
+    async def no_read(*args: object) -> list[str]:
+        raise AssertionError("answered_call_ids read although every row was sent")
+
+    await add_turn(store, 1, tool_results=1)
+    monkeypatch.setattr(store, "answered_call_ids", no_read)
+    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path), store, Reuser(),
+                              default_registry())
+    await store.begin_turn(CHAT, "run-2", ["m2"])
+    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
+        chat_id=CHAT, turn=2, step=0, new_messages=[UserMessage(message_id="m2", text="again")]))
+    assert (await store.context_rows(CHAT)).summary is None
+    reused, kept = result.reply.tool_calls
+    assert reused.id not in ("t1-0", "new") and reused.id.startswith("call_") and kept.id == "new"
+    assert (await store.history(CHAT))[-1].tool_calls == [reused, kept]
+
+
 def test_rows_cost_their_json(tmp_path: Path) -> None:
     m = ChatMessage(role="user", content="x" * 400)
     assert row_tokens(m) == -(-len(json.dumps({"role": "user", "content": "x" * 400}, separators=(",", ":"))) // 4) + 4
