@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE_4,
         RECOVERY_MACHINE_5,
         RECOVERY_MACHINE_6,
+        RECOVERY_MACHINE_8,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -100,7 +101,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_6 = workflow.patched(RECOVERY_MACHINE_6)
+        self._machine_8 = workflow.patched(RECOVERY_MACHINE_8)
+        self._machine_6 = self._machine_8 or workflow.patched(RECOVERY_MACHINE_6)
         self._machine_5 = self._machine_6 or workflow.patched(RECOVERY_MACHINE_5)
         self._machine_4 = self._machine_5 or workflow.patched(RECOVERY_MACHINE_4)
         self._machine_3 = self._machine_4 or workflow.patched(RECOVERY_MACHINE_3)

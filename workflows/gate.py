@@ -55,6 +55,7 @@ class TurnGate(TurnPersistence):
     _dismissed_pending: set[str]
     _complete: bool
     _machine_4: bool
+    _machine_8: bool
     _at_wait_points: bool
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
@@ -70,6 +71,15 @@ class TurnGate(TurnPersistence):
             return True
         ids, self._superseding = self._superseding, []
         held = await self._held_ids(ids)
+        if self._machine_8:
+            # Only what was asked is judged: whether messages that came meanwhile
+            # are in `_superseding` yet depends on how the SDK groups the answer
+            # with them, which a replay may do otherwise. They wait for the next pass.
+            self._inbox.drop(held)
+            if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids):
+                return True
+            self._interrupt = Reason.SUPERSEDED if self._superseding else None
+            return False
         if self._interrupt != Reason.SUPERSEDED or any(i not in held for i in ids) or self._superseding:
             return True
         self._inbox.drop(held)

@@ -70,3 +70,11 @@ RECOVERY_MACHINE_5 = "recovery-machine-5"
 # Stop when it came before the store call's result and took it when it came after;
 # the SDK can hand a replay the two in the other order (chaos seed 525).
 RECOVERY_MACHINE_6 = "recovery-machine-6"
+# What new runs ask instead of RECOVERY_MACHINE_6: one marker for all of the above,
+# and a gate's store check of superseding messages judges only the ids it sent;
+# messages that came meanwhile are judged at the gate's next wait, as they are
+# when the check's answer comes first. The SDK hands a local activity's result to
+# a live run before or after the signals that came meanwhile, and a replay can do
+# the other (chaos seed 538). ("recovery-machine-7" was tried and reverted, never
+# released.)
+RECOVERY_MACHINE_8 = "recovery-machine-8"

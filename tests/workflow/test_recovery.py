@@ -196,6 +196,46 @@ async def test_a_late_retry_of_a_committed_message_does_not_supersede(stack: Sta
         assert [m["role"] for m in await stack.history(chat)].count("user") == 1
 
 
+async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_supersede(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate asks the store whether a message is a retry of one it holds. A
+    second retry that comes while it asks is judged on its own: whether the SDK
+    hands it to the workflow before or after the store's answer must not matter
+    (here before: the check outlives the workflow task, whose heartbeat brings the
+    signal in first). Earlier, a newcomer seen after the answer let the supersede
+    stand, and a retry closed the turn."""
+    from turnkeeper.activities.store.core import SQLStore
+    checked = SQLStore.held_message_ids
+
+    async def slow_check(self: SQLStore, chat_id: str, message_ids: list[str]) -> list[str]:
+        await asyncio.sleep(1.8)  # past the task's heartbeat, at 80% of its 2 s timeout
+        return await checked(self, chat_id, message_ids)
+
+    with FakeChatServer() as server:
+        server.script([{"text": "one"}, {"text": "two"}, {"status": 400, "message": "bad request"}])
+        _fake_model(stack, server)
+        await stack.start_worker()
+        chat = stack.chat()
+        for turn, message_id in enumerate(("m1", "m2"), start=1):
+            await stack.send(chat, f"text of {message_id}", message_id=message_id)
+            await stack.wait_turn_done(chat, turn)
+        await stack.send(chat, "text of m3", message_id="m3")
+        gate = await stack.wait_state(chat, lambda s: s.turn == 3 and _awaiting(s))
+        monkeypatch.setattr(SQLStore, "held_message_ids", slow_check)
+        await stack.send(chat, "text of m1", message_id="m1")  # late retries of committed messages
+        await asyncio.sleep(0.6)
+        await stack.send(chat, "text of m2", message_id="m2")
+        await asyncio.sleep(4.5)  # both checks
+        state = await stack.state(chat)
+        assert (state.turn, state.status, state.recovery_id) == (3, TurnStatus.AWAITING_USER, gate.recovery_id)
+        assert state.pending_followups == []
+        monkeypatch.setattr(SQLStore, "held_message_ids", checked)
+        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        assert done.reason == Reason.DISMISSED
+        users = [m["content"] for m in await stack.history(chat) if m["role"] == "user"]
+        assert users == ["text of m1", "text of m2", "text of m3"]
+
+
 async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stack) -> None:
     with FakeChatServer() as server:
         server.script([{"status": 400, "message": "bad request", "delay": 1.5}])
