@@ -13,7 +13,8 @@ runs of tests/workflow/test_approval.py, with an approval gate in each, fail her
 `recovery-machine-3` and a Continue whose store write finds the turn closed; `machine-4/`:
 before `recovery-machine-5` handed running turns on between steps and gates at the same,
 shorter bound; `machine-5/`: before `recovery-machine-6` took a Stop that comes while the
-store numbers the turn). The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
+store numbers the turn; `machine-6/`: before `recovery-machine-8` judged a gate's store
+check of superseding messages by the ids it sent alone). The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
 `test_a_waiting_approval_handed_on_keeps_its_calls` and
 `test_a_running_turn_whose_history_grows_long_hands_itself_on` (recorded with a patched
 limit) and the run that fails on purpose are not kept.
