@@ -25,7 +25,7 @@ worker: setup
 	$(BIN)/python worker.py
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: setup
 	$(BIN)/python bench/turn_latency.py

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from tests.support import HISTORIES as HISTORIES_DIR
 from turnkeeper.workflows.chat_turn import ChatTurn
@@ -52,7 +52,10 @@ async def _replayed(paths: list[Path]) -> AsyncIterator[WorkflowHistory]:
 async def test_replay() -> None:
     """Every kept history, through one replayer (one worker for all of them: half the
     time of a replayer each); every history that does not replay is named."""
-    replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter)
+    # Unsandboxed, as the worker runs them by default: a quarter of the time. The
+    # in-process worker tests run the same code in the sandbox.
+    replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter,
+                        workflow_runner=UnsandboxedWorkflowRunner())
     failures: list[str] = []
     replayed = 0
     async with replayer.workflow_replay_iterator(_replayed(HISTORIES)) as results:
