@@ -75,6 +75,8 @@ RECOVERY_MACHINE_6 = "recovery-machine-6"
 # messages that came meanwhile are judged at the gate's next wait, as they are
 # when the check's answer comes first. The SDK hands a local activity's result to
 # a live run before or after the signals that came meanwhile, and a replay can do
-# the other (chaos seed 538). ("recovery-machine-7" was tried and reverted, never
-# released.)
+# the other (chaos seed 538). Its runs also announce refusals made while their
+# last events were being written, before they end or hand on (chaos seed 539:
+# two follow-ups over the pending bound were refused during a store outage and
+# never announced). ("recovery-machine-7" was tried and reverted, never released.)
 RECOVERY_MACHINE_8 = "recovery-machine-8"
