@@ -622,3 +622,42 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
                                 result_type=TurnState)
     await _answers_next_message(stack, chat)
     assert (await _user_rows(stack, chat)).count("hello") == 1
+
+
+async def test_refusals_made_while_the_runs_last_events_are_written_are_announced(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's last event write waits out a store outage; a message refused
+    meanwhile is announced before the run ends, never dropped with it (chaos
+    seed 539: two follow-ups over the pending bound, acknowledged and then
+    neither committed nor refused)."""
+    from turnkeeper.activities.store import StoreUnavailable
+    from turnkeeper.activities.store.core import SQLStore
+    from turnkeeper.models import NewEvent
+    written = SQLStore.append_events
+    outage = {"on": True}
+
+    async def append_events(self: SQLStore, chat_id: str, events: list[NewEvent],
+                            keys: list[str] | None = None) -> None:
+        if outage["on"] and any(e.type == "message_rejected" for e in events):
+            raise StoreUnavailable("the store is out (test)")
+        await written(self, chat_id, events, keys=keys)
+
+    with FakeChatServer() as server:
+        server.script([{"text": "never delivered", "delay": 30}])
+        _fake_model(stack, server)
+        await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="200")
+        chat = stack.chat()
+        handle = await stack.send(chat, "one", message_id="m1")
+        await until(lambda: len(server.requests) == 1, what="the model call")
+        monkeypatch.setattr(SQLStore, "append_events", append_events)
+        await handle.signal("stop")
+        await stack.send(chat, "x" * 500, message_id="over-1")  # over the worker's 200 bytes
+        # The turn has ended; its run waits to write the first refusal.
+        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.store_unavailable)
+        await stack.send(chat, "y" * 500, message_id="over-2")
+        await asyncio.sleep(1.0)
+        outage["on"] = False
+        await handle.result()
+        store = await stack.store()
+        refused = [e.payload["message_id"] for e in await store.events(chat) if e.type == "message_rejected"]
+        assert refused == ["over-1", "over-2"]
