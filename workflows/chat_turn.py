@@ -200,15 +200,14 @@ class ChatTurn(TurnStart, ToolOutcomes):
             # Where the turn ends; a replay records nothing (the SDK's workflow meter).
             reason = self._state.reason.value if self._state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self._state.status.value, reason)
-        self._judge_signalled()  # the turn has ended: what is left is refused, and recorded
-        await self._flush_events()
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        while self._machine_8 and (self._events or self._signalled):
-            # Refused while the store wrote the last refusals (a store outage makes
-            # that seconds): announced too, or the run would hand on without them.
-            self._judge_signalled()
+        while True:
+            self._judge_signalled()  # the turn has ended: what is left is refused, and recorded
             await self._flush_events()
             await workflow.wait_condition(workflow.all_handlers_finished)
+            # Refused while the store wrote the last refusals (a store outage makes that
+            # seconds): announced too, or the run would hand on without them.
+            if not (self._machine_8 and (self._events or self._signalled)):
+                break
         if self._inbox.waiting:
             # What this turn did not consume is the next turn, in order.
             workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting),
