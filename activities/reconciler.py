@@ -6,7 +6,8 @@ recovery mode, which opens the gate and waits for Continue or Dismiss.
 A pass reads the open turns only, so its cost grows with open turns, not with
 all chats; a turn whose run is running costs one describe and nothing else, unless
 the run's workflow task keeps failing: a run that gets nowhere for a minute is
-ended and recovered like any other (activities/wedged_runs.py).
+ended and recovered like any other (activities/wedged_runs.py). Runs that wedge
+with no open turn are found by the server's mark on them, one list a pass.
 """
 from __future__ import annotations
 
@@ -118,14 +119,17 @@ class Reconciler:
                 summary.settled += 1
             else:
                 summary.busy += 1
-        summary.handed_on = await self._sweep_unrecorded_runs(client, {ref.run_id for ref in refs})
-        if summary.examined != summary.healthy or summary.handed_on:
+        open_runs = {ref.run_id for ref in refs}
+        summary.ended_wedged, handed = await self._end_wedged_runs_without_turn(client, open_runs)
+        summary.handed_on = handed + await self._sweep_unrecorded_runs(client, open_runs)
+        if summary.examined != summary.healthy or summary.handed_on or summary.ended_wedged:
             log.info("reconcile pass: %s", summary.model_dump_json())
         return summary
 
     async def _reconcile(self, client: Client, ref: TurnRef) -> Reason | Untouched:
         handle = client.get_workflow_handle(workflow_id(ref.chat_id), run_id=ref.run_id)
         described: WorkflowExecutionDescription | None = None
+        ended_here = False
         if ref.run_id is not None:
             described = await _describe(handle)
             if described is not None and described.status not in _ENDED:
@@ -134,12 +138,7 @@ class Reconciler:
                     return "healthy"
                 log.warning("chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id,
                             stuck.describe())
-                try:
-                    await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
-                except RPCError as err:
-                    if err.status != RPCStatusCode.NOT_FOUND:
-                        raise
-                    # It ended by itself meanwhile: what follows judges it as it ended.
+                ended_here = await _terminate(handle, stuck)
                 described = await _describe(handle)
             if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
                 # A long history handed on: the run it continued in adopts the turn in
@@ -150,6 +149,11 @@ class Reconciler:
         # Read again: the turn may have closed, or been adopted, since the listing.
         record = await self._store.get_turn(ref.chat_id, ref.turn)
         if record is None or record.status not in OPEN_STATUSES or record.run_id != ref.run_id:
+            if ended_here and ref.run_id is not None:
+                # Its turn closed meanwhile, but the run held messages for the next one: handed
+                # on now, before a newer message starts a turn (the end-of-pass sweep skips this run).
+                await self._sweep_run(client, ref.chat_id, workflow_id(ref.chat_id), ref.run_id)
+                self._swept.add(ref.run_id)
             return "settled"
 
         events = None
@@ -200,7 +204,44 @@ class Reconciler:
             return "busy"
         return verdict.reason
 
-    async def _sweep_unrecorded_runs(self, client: Client, open_runs: set[str]) -> int:
+    async def _end_wedged_runs_without_turn(self, client: Client, open_runs: set[str | None]) -> tuple[int, int]:
+        """Runs whose task keeps failing and that no open turn row leads to: wedged
+        before the store numbered their turn, or after it closed, holding the next
+        turn's messages. The server marks such runs (TemporalReportedProblems, which
+        dynamic config turns on); each is ended and its messages handed on in order,
+        before a newer message starts a turn. Returns (runs ended, messages handed on)."""
+        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND "
+                 f"ExecutionStatus = 'Running' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL")
+        ended = handed = 0
+        try:
+            runs = [run async for run in client.list_workflows(query)]
+        except RPCError as err:
+            if err.status != RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            return 0, 0  # a server that does not know the attribute: open turns are still judged
+        for run in runs:
+            if run.run_id in open_runs or not run.id.startswith(WORKFLOW_ID_PREFIX):
+                continue
+            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
+            handle = client.get_workflow_handle(run.id, run_id=run.run_id)
+            try:
+                described = await _describe(handle)
+                if described is None or described.status in _ENDED:
+                    continue  # the closed-run sweep looks at it
+                stuck = await wedged_runs.wedged(handle, described)
+                if stuck is None:
+                    continue
+                log.warning("chat %s: ending run %s, which holds no open turn: %s", chat_id, run.run_id,
+                            stuck.describe())
+                if await _terminate(handle, stuck):
+                    ended += 1
+                handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
+                self._swept.add(run.run_id)
+            except Exception as err:  # noqa: BLE001 — the next pass looks again
+                log.warning("chat %s run %s: not judged this pass: %s", chat_id, run.run_id, err)
+        return ended, handed
+
+    async def _sweep_unrecorded_runs(self, client: Client, open_runs: set[str | None]) -> int:
         """Runs that ended abnormally hold acknowledged messages that no open turn row
         leads to: a run that ended before the store recorded its turn (say, terminated
         while the store was down), or one whose turn a newer message closed before any
@@ -332,6 +373,17 @@ _ENDED = frozenset({
     WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CONTINUED_AS_NEW,
     WorkflowExecutionStatus.TIMED_OUT,
 })
+
+
+async def _terminate(handle: WorkflowHandle[Any, Any], stuck: wedged_runs.Wedged) -> bool:
+    """False when the run ended by itself meanwhile: it is then judged as it ended."""
+    try:
+        await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return False
+    return True
 
 
 async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:

@@ -63,7 +63,17 @@ TASK_DISPATCH: Mapping[str, object] = {
 # between steps and at gates (workflows/history_bound.py).
 SIGNALS_PER_RUN = 1000
 HISTORY_LIMITS: Mapping[str, object] = {"history.maximumSignalsPerExecution": SIGNALS_PER_RUN}
-DYNAMIC_CONFIG: Mapping[str, object] = {**SEARCH_ATTRIBUTE_CACHE, **TASK_DISPATCH, **HISTORY_LIMITS}
+# The server marks a run whose workflow task failed or timed out this many times in
+# a row with the TemporalReportedProblems search attribute (off by default). The
+# reconciler lists such runs, so a run that wedges before the store numbered its
+# turn, or after the turn closed, is ended and its messages handed on too; equal
+# to wedged_runs.WEDGED_TASK_FAILURES. Costs one visibility write when a run starts
+# failing and one when it recovers.
+TASK_PROBLEMS_MARKED_AFTER = 3
+TASK_PROBLEMS: Mapping[str, object] = {
+    "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute": TASK_PROBLEMS_MARKED_AFTER}
+DYNAMIC_CONFIG: Mapping[str, object] = {**SEARCH_ATTRIBUTE_CACHE, **TASK_DISPATCH, **HISTORY_LIMITS,
+                                        **TASK_PROBLEMS}
 
 
 class DevServerError(RuntimeError):

@@ -38,6 +38,9 @@ class ReconcileSummary(BaseModel):
     """Turns whose recovery raised: marked failed/recovery_failed."""
     deferred: int = 0
     """Turns skipped for a transient error (Temporal or the store unreachable): tried again next pass."""
+    ended_wedged: int = 0
+    """Runs that no open turn leads to, ended because their workflow task kept
+    failing; their messages are counted in `handed_on`."""
     handed_on: int = 0
     """Messages of runs that ended abnormally before the store recorded a turn for
     them (e.g. while the store was down), handed on to their chats."""
@@ -47,7 +50,7 @@ class ReconcileSummary(BaseModel):
 
     @property
     def outcome(self) -> PassOutcome:
-        if self.outcomes or self.failed or self.handed_on:
+        if self.outcomes or self.failed or self.handed_on or self.ended_wedged:
             return PassOutcome.ACTED
         if self.deferred:
             return PassOutcome.DEFERRED
@@ -60,7 +63,7 @@ class PassOutcome(str, Enum):
     QUIET = "quiet"
     """Nothing to do: every open turn was healthy, settled or busy. Deleted by a later pass."""
     ACTED = "acted"
-    """Closed or recovered a turn, marked one failed, or handed messages on. Kept."""
+    """Closed or recovered a turn, marked one failed, ended a wedged run or handed messages on. Kept."""
     DEFERRED = "deferred"
     """Nothing done, but a turn was left for the next pass (Temporal or the store unreachable). Kept."""
 

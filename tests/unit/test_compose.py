@@ -18,7 +18,7 @@ from tests.support import ROOT
 from turnkeeper import config
 from turnkeeper.activities.store import PostgresStore, open_store
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import HISTORY_LIMITS, TASK_DISPATCH
+from turnkeeper.dev_server import HISTORY_LIMITS, TASK_DISPATCH, TASK_PROBLEMS
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -170,6 +170,9 @@ def test_temporal_runs_with_the_projects_dynamic_config(services: dict[str, dict
         assert config[host_cap][0]["value"] >= config[key][0]["value"], host_cap
     # The cap on a run's signals that keeps every history quick to replay, as the embedded server's.
     for key, value in HISTORY_LIMITS.items():
+        assert config[key][0]["value"] == value, key
+    # Runs whose task keeps failing are marked, so the reconciler finds those with no open turn.
+    for key, value in TASK_PROBLEMS.items():
         assert config[key][0]["value"] == value, key
     # The shard count is fixed once the database exists: set, not left to the image.
     assert int(env["NUM_HISTORY_SHARDS"]) >= 1

@@ -72,3 +72,11 @@ async def test_retries_the_history_does_not_show_count() -> None:
     attempts down; the pending task's attempt counts them."""
     found = await _wedged([_event("COMPLETED", 100), _event("FAILED", 80)], attempt=5)
     assert found is not None and found.failures == 4
+
+
+def test_the_server_marks_failing_runs_as_soon_as_the_reconciler_would_end_them() -> None:
+    """The embedded server's TemporalReportedProblems threshold is the rule's count:
+    a run with no open turn is listed by the time it has failed enough to be ended."""
+    from turnkeeper.dev_server import TASK_PROBLEMS_MARKED_AFTER
+
+    assert TASK_PROBLEMS_MARKED_AFTER == wedged_runs.WEDGED_TASK_FAILURES

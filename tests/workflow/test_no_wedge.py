@@ -624,6 +624,59 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
     assert (await _user_rows(stack, chat)).count("hello") == 1
 
 
+@pytest.mark.parametrize("turn", ["never numbered", "closed"])
+async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_messages_kept_in_order(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch, turn: str) -> None:
+    """A run can wedge where no open turn row leads to it: before the store numbered
+    its turn, or after its turn closed while it held the next turn's messages. The
+    server marks it (TemporalReportedProblems); a pass ends it and hands its messages
+    on at once, in order, so a message sent right after the pass comes after them."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper.activities import wedged_runs
+    from turnkeeper.activities.reconciler import Reconciler
+    from turnkeeper.activities.store import TurnUpdate
+    from turnkeeper.models import UserMessage
+
+    chat = stack.chat()
+    store = await stack.store()
+    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        handle = await stack.send(chat, "hello", message_id="m1")
+        run_id = (await handle.describe()).run_id
+        if turn == "closed":  # as the run had done before it wedged: "hello" answered, its turn closed
+            await store.begin_turn(chat, run_id, ["m1"])
+            await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hello")])
+            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.COMPLETED), closing_text="hi")
+        await stack.send(chat, "two", message_id="m2")
+        await stack.send(chat, "three", message_id="m3")
+        query = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
+
+        async def marked() -> bool:
+            attempt = (await handle.describe()).raw_description.pending_workflow_task.attempt
+            return (attempt > wedged_runs.WEDGED_TASK_FAILURES
+                    and [r.run_id async for r in stack.client.list_workflows(query)] == [run_id])
+        await until_async(marked, timeout=30, what="the run's task failing again and again, and marked so")
+    assert await store.open_turn_refs() == []  # no open turn leads a pass to this run
+    reconciler = Reconciler(stack.settings(), store)
+    env = ActivityEnvironment(client=stack.client)
+    summary = await env.run(reconciler.reconcile_pass)
+    assert (summary.ended_wedged, summary.handed_on) == (0, 0), summary  # within the minute: left alone
+
+    monkeypatch.setattr(wedged_runs, "WEDGED_AFTER", timedelta(seconds=0))
+    summary = await env.run(reconciler.reconcile_pass)
+    await stack.send(chat, "later", message_id="m4")  # right after the pass
+    handed = 3 if turn == "never numbered" else 2
+    assert (summary.ended_wedged, summary.handed_on) == (1, handed), summary
+    ended = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id).describe()
+    assert ended.status == WorkflowExecutionStatus.TERMINATED
+    with FakeChatServer(responder=_ok) as server:
+        _fake_model(stack, server)
+        await stack.start_worker()  # a worker that serves the chat's next run
+        await _answers_next_message(stack, chat)
+    assert await _user_rows(stack, chat) == ["hello", "two", "three", "later", "are you there?"]
+
+
 async def test_refusals_made_while_the_runs_last_events_are_written_are_announced(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run's last event write waits out a store outage; a message refused
