@@ -741,6 +741,29 @@ async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack
         await stack.client.get_workflow_handle(tk.workflow_id(locked)).terminate(reason="test over")
 
 
+async def test_a_server_that_refuses_the_marked_runs_query_still_gets_the_rest_of_the_pass(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs with no open turn are listed by the server's TemporalReportedProblems mark;
+    a server that does not know the attribute refuses that query, and the pass still
+    judges its open turns and sweeps the runs that ended."""
+    from temporalio.client import Client as TemporalClient
+
+    store, settings = await stack.store(), stack.settings()
+    chat = stack.chat("refused")
+    await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])  # its run long gone
+    await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hi")])
+    await store.record_assistant(chat, 1, 0, ModelReply(text="answered"), final=False)
+    listed = TemporalClient.list_workflows
+
+    def list_workflows(self: TemporalClient, query: str | None = None, **kwargs: Any) -> Any:
+        if query and "TemporalReportedProblems" in query:
+            raise RPCError("invalid query: unknown search attribute", RPCStatusCode.INVALID_ARGUMENT, b"")
+        return listed(self, query, **kwargs)
+    monkeypatch.setattr(TemporalClient, "list_workflows", list_workflows)
+    summary = await ActivityEnvironment(client=stack.client).run(Reconciler(settings, store).reconcile_pass)
+    assert (summary.outcomes, summary.ended_wedged, summary.failed) == ({Reason.COMMITTED: 1}, 0, 0), summary
+
+
 # -- quiet passes leave no run behind --------------------------------------------------------
 
 
@@ -748,7 +771,7 @@ def test_a_pass_is_quiet_only_when_it_left_everything_as_it_was() -> None:
     assert ReconcileSummary(examined=3, healthy=1, settled=1, busy=1).outcome == PassOutcome.QUIET
     assert ReconcileSummary(deferred=1).outcome == PassOutcome.DEFERRED
     for acted in (ReconcileSummary(outcomes={Reason.COMMITTED: 1}, deferred=1), ReconcileSummary(failed=1),
-                  ReconcileSummary(handed_on=2)):
+                  ReconcileSummary(handed_on=2), ReconcileSummary(ended_wedged=1)):
         assert acted.outcome == PassOutcome.ACTED, acted
 
 
