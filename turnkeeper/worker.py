@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import (
     PollerBehavior,
@@ -202,13 +201,14 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
-        # A turn whose history no longer replays fails its run instead of retrying its
-        # workflow task forever: the reconciler then recovers it like any run that
-        # ended abnormally (a gate, its messages kept), and the chat answers again.
-        # RuntimeError is how the SDK reports a recorded result that no longer
-        # decodes as the type the code awaits ("Failed decoding arguments"): the
-        # same mismatch, found one step later.
-        workflow_failure_exception_types=[workflow.NondeterminismError, RuntimeError],
+        # A turn whose history no longer replays is not failed here: its workflow task
+        # fails and is retried. A retry on another worker can mend a fault of the
+        # SDK's grouping (chaos seed 537); messages sent meanwhile join the run as
+        # signals, so none overtakes the ones it holds; and after a bad deploy the
+        # turns wait a minute for a rollback. A run whose task keeps failing is then
+        # ended by the reconciler and recovered, its messages in order
+        # (activities/wedged_runs.py). Failing the run at once let a newer message
+        # start a turn before the failed run's follow-ups were handed on (seed 539).
     )
     apply_jobs_as_one_batch(worker)
     if stop is None:

@@ -398,10 +398,14 @@ class _OtherChatTurn:
         pass
 
 
-async def test_a_run_whose_history_does_not_replay_is_recovered(stack: Stack) -> None:
-    """A workflow task that fails on nondeterminism fails the run instead of retrying
-    forever; a reconcile pass hands its messages on, and the chat answers."""
+async def test_a_run_whose_history_does_not_replay_is_recovered(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workflow task that fails on nondeterminism is retried, not turned into a
+    failed run: a message sent meanwhile joins the run. Once the task has failed
+    long enough, a reconcile pass ends the run and hands its messages on in order,
+    and the chat answers."""
     from tests.workflow.test_reconciler import run_pass
+    from turnkeeper.activities import wedged_runs
 
     # One or two turns, as the hand-on finds the messages, then the probe's.
     stack.script([{"text": "answered"}, {"text": "answered again"}, {"text": "and again"}])
@@ -412,14 +416,26 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(stack: Stack) ->
         await until_async(lambda: _has_timer(handle), what="the other release's timer")
     await stack.start_worker()
     await stack.send(chat, "two", message_id="m2")  # a new workflow task: today's code replays it
-    await until_async(lambda: _status_is(handle, WorkflowExecutionStatus.FAILED), timeout=30,
-                      what="the run to fail")
-    await asyncio.sleep(1)  # visibility shows the close a moment later
-    assert (await run_pass(stack)).handed_on >= 1
+
+    marked = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
+
+    async def failing() -> bool:
+        described = await handle.describe()
+        return (described.status == WorkflowExecutionStatus.RUNNING
+                and described.raw_description.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
+                and [r.run_id async for r in stack.client.list_workflows(marked)] == [described.run_id])
+    await until_async(failing, timeout=30, what="the run's task failing again and again, and marked so")
+    await stack.send(chat, "three", message_id="m3")  # joins the failing run, behind "two"
+    failed_run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=(await handle.describe()).run_id)
+    assert (await failed_run.describe()).status == WorkflowExecutionStatus.RUNNING
+    monkeypatch.setattr(wedged_runs, "WEDGED_AFTER", timedelta(seconds=0))
+    summary = await run_pass(stack)
+    assert (summary.ended_wedged, summary.handed_on) == (1, 3), summary
+    assert (await failed_run.describe()).status == WorkflowExecutionStatus.TERMINATED
     async def answered() -> bool:
         return [r["role"] for r in await stack.history(chat)][-1:] == ["assistant"] \
-            and await _user_rows(stack, chat) == ["one", "two"]
-    await until_async(answered, timeout=30, what="both messages answered")
+            and await _user_rows(stack, chat) == ["one", "two", "three"]
+    await until_async(answered, timeout=30, what="the three messages answered, in order")
     await _answers_next_message(stack, chat)
 
 
