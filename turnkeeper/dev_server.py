@@ -67,8 +67,8 @@ HISTORY_LIMITS: Mapping[str, object] = {"history.maximumSignalsPerExecution": SI
 # a row with the TemporalReportedProblems search attribute (off by default). The
 # reconciler lists such runs, so a run that wedges before the store numbered its
 # turn, or after the turn closed, is ended and its messages handed on too; equal
-# to wedged_runs.WEDGED_TASK_FAILURES. Costs one visibility write when a run starts
-# failing and one when it recovers.
+# to wedged_runs.WEDGED_TASK_FAILURES. Only runs whose tasks keep failing have their
+# search attributes changed by it.
 TASK_PROBLEMS_MARKED_AFTER = 3
 TASK_PROBLEMS: Mapping[str, object] = {
     "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute": TASK_PROBLEMS_MARKED_AFTER}

@@ -416,17 +416,9 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
         await until_async(lambda: _has_timer(handle), what="the other release's timer")
     await stack.start_worker()
     await stack.send(chat, "two", message_id="m2")  # a new workflow task: today's code replays it
-
-    marked = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
-
-    async def failing() -> bool:
-        described = await handle.describe()
-        return (described.status == WorkflowExecutionStatus.RUNNING
-                and described.raw_description.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
-                and [r.run_id async for r in stack.client.list_workflows(marked)] == [described.run_id])
-    await until_async(failing, timeout=30, what="the run's task failing again and again, and marked so")
-    await stack.send(chat, "three", message_id="m3")  # joins the failing run, behind "two"
     failed_run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=(await handle.describe()).run_id)
+    await _until_failing_and_marked(stack, chat, failed_run.run_id or "")
+    await stack.send(chat, "three", message_id="m3")  # joins the failing run, behind "two"
     assert (await failed_run.describe()).status == WorkflowExecutionStatus.RUNNING
     monkeypatch.setattr(wedged_runs, "WEDGED_AFTER", timedelta(seconds=0))
     summary = await run_pass(stack)
@@ -437,6 +429,22 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
             and await _user_rows(stack, chat) == ["one", "two", "three"]
     await until_async(answered, timeout=30, what="the three messages answered, in order")
     await _answers_next_message(stack, chat)
+
+
+async def _until_failing_and_marked(stack: Stack, chat: str, run_id: str) -> None:
+    """The run still runs, its task has failed more often than the wedge rule counts,
+    and the server has marked it (TemporalReportedProblems), so a pass can list it."""
+    from turnkeeper.activities import wedged_runs
+
+    run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
+    marked = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
+
+    async def failing_and_marked() -> bool:
+        described = await run.describe()
+        return (described.status == WorkflowExecutionStatus.RUNNING
+                and described.raw_description.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
+                and [r.run_id async for r in stack.client.list_workflows(marked)] == [run_id])
+    await until_async(failing_and_marked, timeout=30, what="the run's task failing again and again, and marked so")
 
 
 async def _has_timer(handle: Any) -> bool:
@@ -666,13 +674,7 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
             assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.COMPLETED), closing_text="hi")
         await stack.send(chat, "two", message_id="m2")
         await stack.send(chat, "three", message_id="m3")
-        query = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
-
-        async def marked() -> bool:
-            attempt = (await handle.describe()).raw_description.pending_workflow_task.attempt
-            return (attempt > wedged_runs.WEDGED_TASK_FAILURES
-                    and [r.run_id async for r in stack.client.list_workflows(query)] == [run_id])
-        await until_async(marked, timeout=30, what="the run's task failing again and again, and marked so")
+        await _until_failing_and_marked(stack, chat, run_id)
     assert await store.open_turn_refs() == []  # no open turn leads a pass to this run
     reconciler = Reconciler(stack.settings(), store)
     env = ActivityEnvironment(client=stack.client)
