@@ -48,3 +48,14 @@ class WithLocalActivity:
     async def run(self, turn_id: str) -> str:
         await workflow.execute_local_activity(NOOP, turn_id, start_to_close_timeout=timedelta(seconds=30))
         return await bare_loop(turn_id)
+
+
+@workflow.defn(name="BreakdownPatched")
+class WithPatch:
+    """A patch asked in the first activation, as turnkeeper asks which recovery
+    machine a run has: a marker, and the server's TemporalChangeVersion upsert."""
+
+    @workflow.run
+    async def run(self, turn_id: str) -> str:
+        workflow.patched("breakdown-patch")
+        return await bare_loop(turn_id)
