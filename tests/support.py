@@ -111,6 +111,14 @@ class Stack:
         if task.done():
             task.result()  # raise what stopped it
 
+    async def stop_workers(self) -> None:
+        """Stop the in-process workers: a run's next task then waits for a worker."""
+        for stop, _ in self._workers:
+            stop.set()
+        for _, task in self._workers:
+            await asyncio.wait_for(task, 30)
+        self._workers.clear()
+
     def spawn_worker(self, command: Sequence[str] = (sys.executable, "worker.py"), cwd: Path = ROOT,
                      **extra: str) -> subprocess.Popen[bytes]:
         """`python worker.py` (or `command`) as a real process, in its own process group."""

@@ -84,8 +84,9 @@ def replay_lines(report: ReplayReport, task_queue: str, since: timedelta) -> lis
         lines.append(f"replayed {counts}, {window}: all replay on this code")
     else:
         lines.append(f"{len(report.failures)} of {counts} do not replay on this code: workers running it "
-                     "would fail such runs at their next workflow task (the reconciler then turns each into "
-                     "a gate). Put the change behind workflow.patched (docs/operations.md, \"Before a deploy\")")
+                     "would fail each such run's next workflow task, again and again, until the reconciler "
+                     "ends the run after a minute and recovers its turn. Put the change behind "
+                     "workflow.patched, or mend what fails (docs/operations.md, \"Before a deploy\")")
     return lines
 
 

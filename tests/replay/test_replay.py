@@ -34,6 +34,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from tests.support import HISTORIES as HISTORIES_DIR
+from turnkeeper.replay import failure_watch
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
@@ -54,8 +55,10 @@ async def test_replay() -> None:
     time of a replayer each); every history that does not replay is named."""
     # Unsandboxed, as the worker runs them by default: a quarter of the time. The
     # in-process worker tests run the same code in the sandbox.
+    # Watched: a failure in the task after a history's last completed one is named too.
+    watch = failure_watch(UnsandboxedWorkflowRunner())
     replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter,
-                        workflow_runner=UnsandboxedWorkflowRunner())
+                        workflow_runner=watch)
     failures: list[str] = []
     replayed = 0
     async with replayer.workflow_replay_iterator(_replayed(HISTORIES)) as results:
@@ -63,5 +66,8 @@ async def test_replay() -> None:
             replayed += 1
             if result.replay_failure is not None:
                 failures.append(f"{result.history.workflow_id}: {result.replay_failure!r}")
+            elif result.history.run_id in watch.failures:
+                failures.append(f"{result.history.workflow_id}: its next task fails: "
+                                f"{watch.failures[result.history.run_id]}")
     assert replayed == len(HISTORIES)
     assert not failures, "\n".join(failures)

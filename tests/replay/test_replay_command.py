@@ -9,10 +9,12 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from tests.incompatible_workflows import MessageFailingChatTurn
 from tests.support import ROOT, Stack, until_async
 from turnkeeper import client as tk
 from turnkeeper import replay
 from turnkeeper.models import RecoveryAction, TurnState, TurnStatus
+from turnkeeper.workflows.reconcile import Reconcile
 
 TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
 # The CLI as installed, with the worker's ChatTurn swapped for an incompatible one.
@@ -74,3 +76,30 @@ async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_ga
 
     usage = await run(stack, TURNKEEPER, "replay", "--since", "soon")
     assert usage.returncode == 2 and "--since: must be a number and a unit" in usage.stderr, usage.stderr
+
+
+async def test_a_running_turn_whose_next_task_fails_on_this_code_fails_the_gate(stack: Stack) -> None:
+    """A message sent while no worker serves the turn waits in the task after the
+    history's last completed one: the first the new code takes. The SDK's replayer
+    runs that task but reports no failure in it; the gate does."""
+    stack.script([{"error": "the provider refused"}])
+    await stack.start_worker()
+    chat = stack.chat("waiting")
+    await stack.send(chat, "hello")
+    await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+    await stack.stop_workers()
+    await stack.send(chat, "are you there?")  # acknowledged; its workflow task waits for a worker
+    settings, since = stack.settings(), timedelta(hours=1)
+
+    async def listed() -> bool:  # visibility is eventually consistent
+        report = await replay.replay_recent(stack.client, settings, limit=20, since=since)
+        return report.running >= 1
+
+    await until_async(listed, what="the waiting run is listed")
+    ok = await replay.replay_recent(stack.client, settings, limit=20, since=since)
+    assert ok.ok, ok.failures
+    failed = await replay.replay_recent(stack.client, settings, limit=20, since=since,
+                                        workflows=[MessageFailingChatTurn, Reconcile])
+    [failure] = failed.failures
+    assert (failure.workflow_id, failure.running) == (tk.workflow_id(chat), True)
+    assert failure.error == "its next workflow task fails: this code cannot take the message", failure.error
