@@ -16,6 +16,7 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report, percentile
 from bench.chaos_infra import unanswered_tool_calls
@@ -23,6 +24,7 @@ from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SessionStore, TranscriptRow, open_store
 from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
+from turnkeeper.replay import failure_watch
 
 if TYPE_CHECKING:
     from bench.chaos import Chaos
@@ -640,10 +642,16 @@ class Checker:
 
         from turnkeeper.workflows.chat_turn import ChatTurn  # the harness itself needs no workflow code
 
+        # Watched: a run whose workflow code fails past its history's last completed
+        # task (a message no worker took yet) counts too; the replayer only logs it.
+        watch = failure_watch(SandboxedWorkflowRunner())
         results = await Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
-                                 ).replay_workflows(each(), raise_on_replay_failure=False)
+                                 workflow_runner=watch).replay_workflows(each(), raise_on_replay_failure=False)
         report.replayed_histories = len(histories)
-        for run_id, failure in results.replay_failures.items():
+        failures: dict[str, object] = {run_id: RuntimeError(f"its next workflow task fails: {message}")
+                                       for run_id, message in watch.failures.items()}
+        failures.update(results.replay_failures)
+        for run_id, failure in failures.items():
             hist = next(x for x in histories if x.run_id == run_id)
             chat_id = hist.workflow_id.removeprefix("chat-")
             self.fail("replay_failures", f"replay of {hist.workflow_id}/{run_id} failed: {failure!r}"[:600],
