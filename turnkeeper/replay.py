@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from turnkeeper.config import Settings
 
@@ -64,13 +64,14 @@ def failure_watch(runner: WorkflowRunner) -> FailureWatch:
                 self._failures.setdefault(act.run_id, completion.failed.failure.message)
             return completion
 
-        def get_serialization_context(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # The rest as the wrapped instance answers it.
+        def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
             return self._inner.get_serialization_context(*args, **kwargs)
 
-        def get_external_store_context(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
             return self._inner.get_external_store_context(*args, **kwargs)
 
-        def get_info(self):  # type: ignore[no-untyped-def]
+        def get_info(self) -> Any:
             return self._inner.get_info()
 
         def get_thread_id(self) -> int | None:
@@ -80,13 +81,13 @@ def failure_watch(runner: WorkflowRunner) -> FailureWatch:
         def __init__(self) -> None:
             self.failures: dict[str, str] = {}
 
-        def prepare_workflow(self, defn):  # type: ignore[no-untyped-def]
+        def prepare_workflow(self, defn: Any) -> None:
             runner.prepare_workflow(defn)
 
         def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
             return _Instance(runner.create_instance(det), self.failures)
 
-        def set_worker_level_failure_exception_types(self, types):  # type: ignore[no-untyped-def]
+        def set_worker_level_failure_exception_types(self, types: Any) -> None:
             runner.set_worker_level_failure_exception_types(types)
 
     return _Watch()
