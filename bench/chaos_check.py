@@ -24,7 +24,7 @@ from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SessionStore, TranscriptRow, open_store
 from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
-from turnkeeper.replay import failure_watch
+from turnkeeper.replay_watch import FailureWatch
 
 if TYPE_CHECKING:
     from bench.chaos import Chaos
@@ -644,12 +644,11 @@ class Checker:
 
         # Watched: a run whose workflow code fails past its history's last completed
         # task (a message no worker took yet) counts too; the replayer only logs it.
-        watch = failure_watch(SandboxedWorkflowRunner())
+        watch = FailureWatch(SandboxedWorkflowRunner())
         results = await Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
                                  workflow_runner=watch).replay_workflows(each(), raise_on_replay_failure=False)
         report.replayed_histories = len(histories)
-        failures: dict[str, object] = {run_id: RuntimeError(f"its next workflow task fails: {message}")
-                                       for run_id, message in watch.failures.items()}
+        failures: dict[str, object] = {run_id: watch.next_task_failure(run_id) for run_id in watch.failures}
         failures.update(results.replay_failures)
         for run_id, failure in failures.items():
             hist = next(x for x in histories if x.run_id == run_id)

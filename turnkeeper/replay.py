@@ -5,7 +5,7 @@ Lists the recent runs of the workflows the worker serves on its task queue
 and replays them with `temporalio.worker.Replayer` against this code, with the
 worker's workflows and the client's data converter. A history that does not
 replay is a run that would fail on the new code, and so is a running one whose
-next workflow task fails on it (`FailureWatch`).
+next workflow task fails on it (turnkeeper/replay_watch.py).
 """
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from turnkeeper.config import Settings
 
 if TYPE_CHECKING:
-    from temporalio.bridge.proto.workflow_activation import WorkflowActivation
-    from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
     from temporalio.client import Client, WorkflowHistory
-    from temporalio.worker import WorkflowInstanceDetails, WorkflowRunner
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -40,64 +37,6 @@ def registered_workflows() -> list[type]:
     from turnkeeper.workflows.reconcile import Reconcile
 
     return [ChatTurn, Reconcile]
-
-
-def failure_watch(runner: WorkflowRunner) -> FailureWatch:
-    """`runner`, noting each run whose workflow code failed an activation.
-
-    The SDK's `Replayer` reports a failure in a workflow task that the history
-    completed. Past the history's last completed task lie the events a worker
-    of this code would take next (a signal sent meanwhile, a step's result): the
-    replay runs that task too, but a failure there is only logged, and the
-    replayer's own eviction at the history's end hides it. A running turn whose
-    next task fails on the new code is a turn the deploy would wedge."""
-    from temporalio.worker import WorkflowInstance, WorkflowRunner
-
-    class _Instance(WorkflowInstance):
-        def __init__(self, inner: WorkflowInstance, failures: dict[str, str]) -> None:
-            self._inner = inner
-            self._failures = failures
-
-        def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
-            completion = self._inner.activate(act)
-            if completion.HasField("failed"):
-                self._failures.setdefault(act.run_id, completion.failed.failure.message)
-            return completion
-
-        # The rest as the wrapped instance answers it.
-        def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
-            return self._inner.get_serialization_context(*args, **kwargs)
-
-        def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
-            return self._inner.get_external_store_context(*args, **kwargs)
-
-        def get_info(self) -> Any:
-            return self._inner.get_info()
-
-        def get_thread_id(self) -> int | None:
-            return self._inner.get_thread_id()
-
-    class _Watch(WorkflowRunner, FailureWatch):
-        def __init__(self) -> None:
-            self.failures: dict[str, str] = {}
-
-        def prepare_workflow(self, defn: Any) -> None:
-            runner.prepare_workflow(defn)
-
-        def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-            return _Instance(runner.create_instance(det), self.failures)
-
-        def set_worker_level_failure_exception_types(self, types: Any) -> None:
-            runner.set_worker_level_failure_exception_types(types)
-
-    return _Watch()
-
-
-class FailureWatch:
-    """A workflow runner made by `failure_watch`."""
-
-    failures: dict[str, str]
-    """Run id -> the message of the first activation its workflow code failed."""
 
 
 def parse_since(raw: str) -> timedelta:
@@ -144,6 +83,8 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
     from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+    from turnkeeper.replay_watch import FailureWatch
+
     classes = list(workflows) if workflows is not None else registered_workflows()
     query = visibility_query(WORKFLOW_TYPES, settings.task_queue, datetime.now(timezone.utc) - since)
     runs = [r async for r in client.list_workflows(query, limit=limit)]
@@ -153,7 +94,7 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
             yield await client.get_workflow_handle(r.id, run_id=r.run_id).fetch_history()
 
     # As the worker runs them (TURNKEEPER_WORKFLOW_SANDBOX).
-    watch = failure_watch(SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner())
+    watch = FailureWatch(SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner())
     replayer = Replayer(workflows=classes, data_converter=client.data_converter, workflow_runner=watch)
     report = ReplayReport()
     async with replayer.workflow_replay_iterator(histories()) as results:
@@ -165,9 +106,8 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
             if result.replay_failure is not None:
                 report.failures.append(Failure(run.id, run.run_id, run.workflow_type, running,
                                                _first_line(result.replay_failure)))
-            elif run.run_id in watch.failures:
-                report.failures.append(Failure(run.id, run.run_id, run.workflow_type, running,
-                                               f"its next workflow task fails: {watch.failures[run.run_id]}"))
+            elif (failed := watch.next_task_failure(run.run_id)) is not None:
+                report.failures.append(Failure(run.id, run.run_id, run.workflow_type, running, failed))
     return report
 
 

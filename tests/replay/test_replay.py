@@ -34,7 +34,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from tests.support import HISTORIES as HISTORIES_DIR
-from turnkeeper.replay import failure_watch
+from turnkeeper.replay_watch import FailureWatch
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
@@ -56,7 +56,7 @@ async def test_replay() -> None:
     # Unsandboxed, as the worker runs them by default: a quarter of the time. The
     # in-process worker tests run the same code in the sandbox.
     # Watched: a failure in the task after a history's last completed one is named too.
-    watch = failure_watch(UnsandboxedWorkflowRunner())
+    watch = FailureWatch(UnsandboxedWorkflowRunner())
     replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter,
                         workflow_runner=watch)
     failures: list[str] = []
@@ -66,8 +66,7 @@ async def test_replay() -> None:
             replayed += 1
             if result.replay_failure is not None:
                 failures.append(f"{result.history.workflow_id}: {result.replay_failure!r}")
-            elif result.history.run_id in watch.failures:
-                failures.append(f"{result.history.workflow_id}: its next task fails: "
-                                f"{watch.failures[result.history.run_id]}")
+            elif (failed := watch.next_task_failure(result.history.run_id)) is not None:
+                failures.append(f"{result.history.workflow_id}: {failed}")
     assert replayed == len(HISTORIES)
     assert not failures, "\n".join(failures)

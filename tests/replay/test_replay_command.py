@@ -90,10 +90,11 @@ async def test_a_running_turn_whose_next_task_fails_on_this_code_fails_the_gate(
     await stack.stop_workers()
     await stack.send(chat, "are you there?")  # acknowledged; its workflow task waits for a worker
     settings, since = stack.settings(), timedelta(hours=1)
+    query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue, datetime.now(timezone.utc) - since)
 
     async def listed() -> bool:  # visibility is eventually consistent
-        report = await replay.replay_recent(stack.client, settings, limit=20, since=since)
-        return report.running >= 1
+        runs = {(w.id, w.status.name) async for w in stack.client.list_workflows(query)}
+        return (tk.workflow_id(chat), "RUNNING") in runs
 
     await until_async(listed, what="the waiting run is listed")
     ok = await replay.replay_recent(stack.client, settings, limit=20, since=since)

@@ -604,6 +604,15 @@ class _FailsEveryTask:
         raise ValueError("this run's every workflow task fails")
 
 
+@contextlib.asynccontextmanager
+async def _failing_run(stack: Stack, chat: str) -> AsyncIterator[tuple[Any, str]]:
+    """The chat's run, started by "hello" (m1), while a worker fails its every task."""
+    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
+                      workflow_runner=UnsandboxedWorkflowRunner()):
+        handle = await stack.send(chat, "hello", message_id="m1")
+        yield handle, (await handle.describe()).run_id
+
+
 async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_recovered(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Running to the server and going nowhere: a pass leaves such a run alone for a
@@ -617,10 +626,7 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
     stack.script([{"text": "answered after the recovery"}, {"text": "ok"}])
     chat = stack.chat()
     store = await stack.store()
-    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
-                      workflow_runner=UnsandboxedWorkflowRunner()):
-        handle = await stack.send(chat, "hello", message_id="m1")
-        run_id = (await handle.describe()).run_id
+    async with _failing_run(stack, chat) as (handle, run_id):
         await store.begin_turn(chat, run_id, ["m1"])  # as the run's first task would have
 
         async def failing() -> bool:
@@ -664,10 +670,7 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
 
     chat = stack.chat()
     store = await stack.store()
-    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
-                      workflow_runner=UnsandboxedWorkflowRunner()):
-        handle = await stack.send(chat, "hello", message_id="m1")
-        run_id = (await handle.describe()).run_id
+    async with _failing_run(stack, chat) as (_, run_id):
         if turn == "closed":  # as the run had done before it wedged: "hello" answered, its turn closed
             await store.begin_turn(chat, run_id, ["m1"])
             await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hello")])
