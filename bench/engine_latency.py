@@ -442,7 +442,8 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
 
             tuned = clients["tuned"]
             variants = [
-                Variant("turnkeeper", "turnkeeper as shipped", "tuned", lambda: shipped_turn(tuned, tk_variant)),
+                Variant("turnkeeper", "turnkeeper as shipped", "tuned",
+                        lambda: shipped_turn(tk_variant.client, tk_variant)),
                 Variant("stock", "bare, stock server", "stock", lambda: bare(clients["stock"],
                                                                               bares["stock"].task_queue)),
                 Variant("floor", "bare, tuned server", "tuned", lambda: bare(tuned, bares["tuned"].task_queue)),
@@ -452,7 +453,7 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                     Variant("floor_eager", "bare, tuned, eager start", "tuned",
                             lambda: bare(tuned, bares["tuned"].task_queue, eager=True)),
                     Variant("turnkeeper_eager", "turnkeeper, web worker", "tuned",
-                            lambda: eager_turnkeeper_turn(tuned, tk_variant)),
+                            lambda: eager_turnkeeper_turn(tk_variant.client, tk_variant)),
                 ]
             if "previous" in setups:
                 label = ("bare, previous embedded" if reads_variant == SERVER_DEFAULT_READS_PER_S

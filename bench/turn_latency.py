@@ -209,7 +209,6 @@ class Turnkeeper(Variant):
         self.key, self.label = key, label
         script = tmp / "script.json"
         script.write_text(json.dumps(SCRIPT))
-        self.client = client
         self.settings = Settings.from_env({
             **(env or {}),
             "TEMPORAL_ADDRESS": address,
@@ -218,6 +217,8 @@ class Turnkeeper(Variant):
             "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
             "TURNKEEPER_MODEL": f"scripted:{script}",
         })
+        # As shipped: turnkeeper's data converter, on `client`'s connection and interceptors.
+        self.client = Client(**{**client.config(), "data_converter": tk.data_converter(self.settings)})
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

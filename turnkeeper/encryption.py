@@ -15,7 +15,6 @@ being read as an unknown encoding.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -174,9 +173,9 @@ def data_converter(keys: Sequence[EncryptionKey]) -> DataConverter:
     """The pydantic data converter, with payloads encrypted when there are keys.
     Failure messages and stack traces then travel as an encoded (so encrypted)
     attribute too; without keys they stay readable as before."""
-    from temporalio.contrib.pydantic import pydantic_data_converter
+    from turnkeeper.payload_converter import SharedPayloadConverter
 
     if not keys:
-        return dataclasses.replace(pydantic_data_converter, payload_codec=PlaintextCodec())
-    return dataclasses.replace(pydantic_data_converter, payload_codec=EncryptionCodec(keys),
-                               failure_converter_class=FailureConverter)
+        return DataConverter(payload_converter_class=SharedPayloadConverter, payload_codec=PlaintextCodec())
+    return DataConverter(payload_converter_class=SharedPayloadConverter, payload_codec=EncryptionCodec(keys),
+                         failure_converter_class=FailureConverter)
