@@ -164,6 +164,7 @@ class Variant:
     server: str  # which server: tuned, stock or previous
     run_turn: Callable[[], Awaitable[tuple[str, str | None, str | None]]]  # workflow id, run id, chat id
     turns: list[Turn] = field(default_factory=list)   # back to back
+    block_medians: list[float] = field(default_factory=list)  # each back-to-back block's median, ms
     spaced: list[Turn] = field(default_factory=list)  # the server idle before each
     round_turns_per_s: list[float] = field(default_factory=list)
     process_cpu_s: float = 0.0
@@ -276,8 +277,9 @@ async def sequential(variants: list[Variant], plan: Plan) -> None:
             busy_until = time.monotonic() + BUSY_S
             while time.monotonic() < busy_until:
                 await v.turn()
-            for _ in range(plan.per_block):
-                v.turns.append(await v.turn())
+            block = [await v.turn() for _ in range(plan.per_block)]
+            v.turns.extend(block)
+            v.block_medians.append(statistics.median(t.ms for t in block))
 
 
 async def throughput(variants: list[Variant], plan: Plan, servers: dict[str, Server]) -> None:
@@ -565,6 +567,12 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
         "turnkeeper/stock bare throughput": tp_stock.median,
         "turnkeeper/tuned bare throughput": tp_floor.median,
     }
+    # Block by block: each variant's block i ran next to the others' block i, so a
+    # slow spell of the machine weighs on both sides of a ratio, not on one.
+    by_block = {key: ratio_of_rounds(by_key[key].block_medians, floor.block_medians)
+                for key in ("turnkeeper", "turnkeeper_eager") if key in by_key}
+    spreads["turnkeeper/tuned bare median, block by block"] = by_block["turnkeeper"]
+    ratios["turnkeeper/tuned bare median, block by block"] = by_block["turnkeeper"].median
     if "floor_eager" in by_key:
         ratios["eager/plain start, bare median"] = by_key["floor_eager"].median_ms / floor.median_ms
         ratios["eager/signal-with-start, turnkeeper median"] = by_key["turnkeeper_eager"].median_ms / tk_.median_ms
@@ -576,9 +584,11 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
         ratios["tuned/previous bare server CPU"] = floor.server_cpu_s / floor.throughput_turns / (
             prev.server_cpu_s / prev.throughput_turns)
     print()
-    print("ratios (throughput: median over the rounds of each round's ratio, then the lowest-highest round)")
+    print("ratios (throughput: median over the rounds of each round's ratio, then the lowest-highest round; "
+          "block by block: the same over the back-to-back blocks' medians)")
     for name, value in ratios.items():
-        spread = f"   {spreads[name].describe()}" if name in spreads and plan.rounds > 1 else ""
+        pairs = plan.blocks if "block by block" in name else plan.rounds
+        spread = f"   {spreads[name].describe()}" if name in spreads and pairs > 1 else ""
         print(f"  {name:<48}{value:>7.2f}x{spread}")
 
     print()
@@ -605,6 +615,8 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     print("goals (turnkeeper as shipped)")
     for goal, value, ok in goals:
         print(f"  {goal:<34}{value:>10}   {'PASS' if ok else 'MISS'}")
+    print(f"  over the floor, block by block: {by_block['turnkeeper'].median:.2f} x; "
+          f"{by_block['turnkeeper'].note(GOAL_VS_FLOOR)}")
     if "turnkeeper_eager" in by_key:
         eager = by_key["turnkeeper_eager"]
         eager_goals = variant_goals(eager, stock, floor, to_model["turnkeeper_eager"], cli,
@@ -613,6 +625,8 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
         print("goals (turnkeeper with its worker in the web process: eager start, TURNKEEPER_WEB_WORKER=1)")
         for goal, value, ok in eager_goals:
             print(f"  {goal:<34}{value:>10}   {'PASS' if ok else 'MISS'}")
+        print(f"  over the floor, block by block: {by_block['turnkeeper_eager'].median:.2f} x; "
+              f"{by_block['turnkeeper_eager'].note(GOAL_VS_FLOOR)}")
 
     for key, (turn, rows) in timelines.items():
         print_timeline(f"timeline of one {by_key[key].label} turn near the median: {turn.ms:.1f} ms at the client",
@@ -625,10 +639,12 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
                              "turns_per_s": v.turns_per_s, "round_turns_per_s": v.round_turns_per_s,
                              "process_cpu_ms_per_turn": v.process_cpu_s * 1000 / v.throughput_turns,
                              "server_cpu_ms_per_turn": v.server_cpu_s * 1000 / v.throughput_turns,
-                             "latencies_ms": v.latencies, "spaced_ms": [t.ms for t in v.spaced]}
+                             "latencies_ms": v.latencies, "block_medians_ms": v.block_medians,
+                             "spaced_ms": [t.ms for t in v.spaced]}
                      for v in variants},
         "ratios": ratios,
-        "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items()},
+        "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items() if "block by block" not in k},
+        "over_floor_block_by_block": {k: asdict(r) for k, r in by_block.items()},
         "to_model_start_ms": to_model,
         "breakdown_ms": {k: {n: _med([p[n] for p in rows]) for n in names} for k, rows in parts.items()},
         "cli_wall_s": cli,
