@@ -75,6 +75,7 @@ from bench._common import (
     run_and_exit,
     timeline,
 )
+from bench.bare_loop import MODEL as BARE_MODEL
 from bench.bare_loop import BareTurn
 from bench.turn_latency import (
     TURN_TIMEOUT_S,
@@ -220,17 +221,19 @@ async def eager_turnkeeper_turn(client: Client, tk_variant: Turnkeeper) -> tuple
 async def bare(client: Client, task_queue: str, eager: bool = False) -> tuple[str, str | None, str | None]:
     turn_id = uuid.uuid4().hex[:12]
     workflow_id = f"bare-{turn_id}"
-    text = await client.execute_workflow(BareTurn.run, turn_id, id=workflow_id, task_queue=task_queue,
+    handle = await client.start_workflow(BareTurn.run, turn_id, id=workflow_id, task_queue=task_queue,
                                          request_eager_start=eager)
+    text = await handle.result()
     if text != "done":
         raise RuntimeError(f"bare turn answered {text!r}")
-    return workflow_id, None, None
+    return workflow_id, handle.result_run_id, None
 
 
 class ActivityClock(temporalio.client.Interceptor, temporalio.worker.Interceptor):
-    """Records, on this host's wall clock, when each run's first model activity began
-    to run in the worker (the activity's own clock). A client interceptor that is
-    also a worker interceptor reaches the workers built on that client."""
+    """Records, on this host's wall clock, when each run's first model activity
+    (turnkeeper's or the bare loop's) began to run in the worker (the activity's
+    own clock). A client interceptor that is also a worker interceptor reaches the
+    workers built on that client."""
 
     def __init__(self) -> None:
         self.model_started: dict[str, float] = {}  # run id -> wall clock (s)
@@ -247,7 +250,7 @@ class _ClockInbound(temporalio.worker.ActivityInboundInterceptor):
 
     async def execute_activity(self, input: temporalio.worker.ExecuteActivityInput) -> Any:
         info = activity.info()
-        if info.activity_type == io.MODEL_CALL:
+        if info.activity_type in (io.MODEL_CALL, BARE_MODEL):
             self._clock.model_started.setdefault(info.workflow_run_id, time.time())
         return await super().execute_activity(input)
 
@@ -363,7 +366,21 @@ async def to_model_start(client: Client, store: SQLiteStore, clock: ActivityCloc
     return {"send -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
             "message event -> ACTIVITY_TASK_STARTED": (started - received) * 1000,
             "send -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
+            "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000,
             "send -> activity's first store write": (_epoch(written) - turn.sent_at) * 1000}
+
+
+async def floor_to_model_start(client: Client, clock: ActivityClock, turn: Turn) -> dict[str, float]:
+    """The bare loop's side of `to_model_start`: from the start request to its model
+    activity's ACTIVITY_TASK_STARTED and to the activity's own start. What lies
+    between those two is the engine's, for turnkeeper's turn too."""
+    events = list((await fetch(client, turn)).events)
+    started = next(event_s(e) for e in events if _type(e) == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)
+    assert turn.run_id is not None
+    ran = clock.model_started[turn.run_id]
+    return {"start -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
+            "start -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
+            "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000}
 
 
 def _epoch(at: datetime) -> float:
@@ -482,6 +499,8 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
             try:
                 to_model = {key: [await to_model_start(tuned, store, clock, t) for t in by_key[key].turns]
                             for key in ("turnkeeper", "turnkeeper_eager") if key in by_key}
+                to_model.update({key: [await floor_to_model_start(tuned, clock, t) for t in by_key[key].turns]
+                                 for key in ("floor", "floor_eager") if key in by_key})
             finally:
                 await store.close()
 
@@ -592,7 +611,8 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
         print(f"  {name:<48}{value:>7.2f}x{spread}")
 
     print()
-    print("a message to the model activity's start, ms (median, p90), back-to-back turns")
+    print("a message to the model activity's start, ms (median, p90), back-to-back turns "
+          "(the bare loop: from its start request)")
     for key, rows in to_model.items():
         for name in rows[0]:
             values = [r[name] for r in rows]
