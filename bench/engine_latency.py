@@ -110,6 +110,7 @@ GOAL_P90_MS = 100.0
 GOAL_VS_STOCK = 0.30       # turnkeeper's median <= this x the bare loop's on a stock server
 GOAL_THROUGHPUT_VS_STOCK = 1.7
 GOAL_VS_FLOOR = 1.15       # turnkeeper's median <= this x the bare loop's on the same tuned server
+BY_BLOCK = "turnkeeper/tuned bare median, block by block"
 GOAL_TO_MODEL_MS = 20.0    # send -> model activity start, median
 GOAL_CLI_S = 0.2           # `turnkeeper status CHAT`, median wall time
 
@@ -165,7 +166,6 @@ class Variant:
     server: str  # which server: tuned, stock or previous
     run_turn: Callable[[], Awaitable[tuple[str, str | None, str | None]]]  # workflow id, run id, chat id
     turns: list[Turn] = field(default_factory=list)   # back to back
-    block_medians: list[float] = field(default_factory=list)  # each back-to-back block's median, ms
     spaced: list[Turn] = field(default_factory=list)  # the server idle before each
     round_turns_per_s: list[float] = field(default_factory=list)
     process_cpu_s: float = 0.0
@@ -188,6 +188,11 @@ class Variant:
     @property
     def p90_ms(self) -> float:
         return p90(self.latencies)
+
+    def block_medians(self, per_block: int) -> list[float]:
+        """Each back-to-back block's median, ms, in the order the blocks ran."""
+        return [statistics.median(self.latencies[i:i + per_block])
+                for i in range(0, len(self.latencies), per_block)]
 
     @property
     def turns_per_s(self) -> float:
@@ -280,9 +285,8 @@ async def sequential(variants: list[Variant], plan: Plan) -> None:
             busy_until = time.monotonic() + BUSY_S
             while time.monotonic() < busy_until:
                 await v.turn()
-            block = [await v.turn() for _ in range(plan.per_block)]
-            v.turns.extend(block)
-            v.block_medians.append(statistics.median(t.ms for t in block))
+            for _ in range(plan.per_block):
+                v.turns.append(await v.turn())
 
 
 async def throughput(variants: list[Variant], plan: Plan, servers: dict[str, Server]) -> None:
@@ -588,10 +592,10 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     }
     # Block by block: each variant's block i ran next to the others' block i, so a
     # slow spell of the machine weighs on both sides of a ratio, not on one.
-    by_block = {key: ratio_of_rounds(by_key[key].block_medians, floor.block_medians)
+    floor_blocks = floor.block_medians(plan.per_block)
+    by_block = {key: ratio_of_rounds(by_key[key].block_medians(plan.per_block), floor_blocks)
                 for key in ("turnkeeper", "turnkeeper_eager") if key in by_key}
-    spreads["turnkeeper/tuned bare median, block by block"] = by_block["turnkeeper"]
-    ratios["turnkeeper/tuned bare median, block by block"] = by_block["turnkeeper"].median
+    ratios[BY_BLOCK] = by_block["turnkeeper"].median
     if "floor_eager" in by_key:
         ratios["eager/plain start, bare median"] = by_key["floor_eager"].median_ms / floor.median_ms
         ratios["eager/signal-with-start, turnkeeper median"] = by_key["turnkeeper_eager"].median_ms / tk_.median_ms
@@ -605,9 +609,11 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     print()
     print("ratios (throughput: median over the rounds of each round's ratio, then the lowest-highest round; "
           "block by block: the same over the back-to-back blocks' medians)")
+    shown = dict(spreads) if plan.rounds > 1 else {}
+    if plan.blocks > 1:
+        shown[BY_BLOCK] = by_block["turnkeeper"]
     for name, value in ratios.items():
-        pairs = plan.blocks if "block by block" in name else plan.rounds
-        spread = f"   {spreads[name].describe()}" if name in spreads and pairs > 1 else ""
+        spread = f"   {shown[name].describe()}" if name in shown else ""
         print(f"  {name:<48}{value:>7.2f}x{spread}")
 
     print()
@@ -659,11 +665,11 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
                              "turns_per_s": v.turns_per_s, "round_turns_per_s": v.round_turns_per_s,
                              "process_cpu_ms_per_turn": v.process_cpu_s * 1000 / v.throughput_turns,
                              "server_cpu_ms_per_turn": v.server_cpu_s * 1000 / v.throughput_turns,
-                             "latencies_ms": v.latencies, "block_medians_ms": v.block_medians,
+                             "latencies_ms": v.latencies, "block_medians_ms": v.block_medians(plan.per_block),
                              "spaced_ms": [t.ms for t in v.spaced]}
                      for v in variants},
         "ratios": ratios,
-        "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items() if "block by block" not in k},
+        "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items()},
         "over_floor_block_by_block": {k: asdict(r) for k, r in by_block.items()},
         "to_model_start_ms": to_model,
         "breakdown_ms": {k: {n: _med([p[n] for p in rows]) for n in names} for k, rows in parts.items()},

@@ -454,7 +454,7 @@ class Result:
 
 @dataclass(frozen=True)
 class PairedRatio:
-    """a/b throughput over the rounds, each round's pair measured back to back."""
+    """a/b over pairs measured side by side (rounds' throughput, or blocks' medians)."""
     median: float
     lowest: float
     highest: float
@@ -488,7 +488,8 @@ def paired_ratio(a: Result, b: Result) -> PairedRatio:
 
 
 def ratio_of_rounds(a: list[float], b: list[float]) -> PairedRatio:
-    """a/b of two variants' turns per second, round by round."""
+    """a/b of two variants' figures pair by pair: turns per second round by round, or
+    (engine_latency.py) back-to-back blocks' medians block by block."""
     ratios = [x / y for x, y in zip(a, b)]
     return PairedRatio(statistics.median(ratios), min(ratios), max(ratios), median_interval(ratios))
 
