@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench._common import ROOT, dev_server, event_s, near_median, print_timeline, progress, run_and_exit, timeline
 from turnkeeper import client as tk
+from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.testing import FakeChatServer
-from turnkeeper.worker import HEARTBEAT_THROTTLE
+from turnkeeper.worker import heartbeat_throttle
 
 TOOL_SECONDS = 30          # slow_write: far longer than any measurement
 MODEL_DELAY_S = 30         # the fake model's first answer: likewise
@@ -64,8 +66,8 @@ WAIT_TIMEOUT_S = 60.0      # any single wait in a repetition
 WORKER_READY_TIMEOUT_S = 60.0
 CLI_TIMEOUT_S = 10.0
 
-# The goals from the issue.
-GOAL_SIGKILL_S = 3.0
+# The goals from the issues (SIGKILL: 3 s at first, 2.5 s since the latency work).
+GOAL_SIGKILL_S = 2.5
 GOAL_SIGTERM_S = 1.0
 
 # One partition per task queue (the server's default is 4): DescribeTaskQueue lists only the
@@ -74,7 +76,7 @@ GOAL_SIGTERM_S = 1.0
 ONE_PARTITION = {"matching.numTaskqueueReadPartitions": 1, "matching.numTaskqueueWritePartitions": 1}
 
 # The heartbeat timeout of model and tool activities when TURNKEEPER_HEARTBEAT_TIMEOUT
-# is unset (activities/heartbeat.py beats every third of it).
+# is unset (activities/heartbeat.py beats every quarter of it).
 PROJECT_HEARTBEAT_TIMEOUT_S = Settings().heartbeat_timeout
 
 
@@ -315,8 +317,26 @@ async def last_heartbeat(client: Client, chat_id: str) -> tuple[float | None, fl
     return None, None
 
 
+async def after_a_beat(client: Client, chat_id: str, beat_every: float, beats: int, phase: float) -> None:
+    """Return `phase` of a beat cycle after the `beats`-th heartbeat the server records
+    from now: phase 0 is just after a beat, near 1 just before the next. Waiting for
+    1, 2 or 3 beats also varies where the kill falls in the server's timer chain,
+    which re-arms no sooner than 1 s after it fired (bench/README.md)."""
+    _, seen = await last_heartbeat(client, chat_id)
+    while beats:
+        _, beat = await last_heartbeat(client, chat_id)
+        if beat is not None and beat != seen:
+            seen, beats = beat, beats - 1
+        else:
+            await asyncio.sleep(0.02)
+    assert seen is not None
+    await asyncio.sleep(max(0.0, seen + phase * beat_every - time.time()))
+
+
 async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
-                          worker_env: dict[str, str], kill_delay: float) -> list[KillRecord]:
+                          worker_env: dict[str, str], kill_delay: float, spread: bool,
+                          heartbeat_timeout_s: int) -> list[KillRecord]:
+    beat_every = beat_interval(timedelta(seconds=heartbeat_timeout_s)).total_seconds()
     script = tmp / "kill-script.json"
     script.write_text(json.dumps([
         {"tool_calls": [{"name": "slow_write",
@@ -346,6 +366,8 @@ async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
             spare = await workers.start()  # warm and polling before the kill
             if kill_delay:
                 await asyncio.sleep(kill_delay)
+            if spread:  # repetition i kills at (i + 0.5) / n of the cycle
+                await after_a_beat(client, chat_id, beat_every, 1 + i % 3, (i + 0.5) / plan.repetitions)
 
             kill_wall = time.time()
             kill_at = time.perf_counter()
@@ -550,20 +572,23 @@ def term_rows(records: list[TermRecord]) -> list[Row]:
 
 
 def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
-           heartbeat_timeout: int | None, kill_delay: float) -> dict[str, Any]:
+           heartbeat_timeout: int | None, kill_delay: float, spread: bool) -> dict[str, Any]:
     hb = heartbeat_timeout or PROJECT_HEARTBEAT_TIMEOUT_S
+    beat_every = beat_interval(timedelta(seconds=hb)).total_seconds()
     # The SDK (Core) sends at most one heartbeat per min(0.8 x timeout, the worker's
     # max_heartbeat_throttle_interval); the rest wait for the next send.
-    throttle = min(0.8 * hb, HEARTBEAT_THROTTLE.total_seconds())
+    throttle = min(0.8 * hb, heartbeat_throttle(Settings(heartbeat_timeout=hb)).total_seconds())
     print()
     print(f"{plan.repetitions} repetitions per measurement, each on a fresh chat; real `python worker.py` "
           "processes; times from the signal, in seconds")
-    print(f"heartbeat timeout {hb} s; activities beat every {hb / 3:.3g} s, the SDK sends at most one per "
+    print(f"heartbeat timeout {hb} s; activities beat every {beat_every:.3g} s, the SDK sends at most one per "
           f"{throttle:.3g} s" + (f"  (TURNKEEPER_HEARTBEAT_TIMEOUT={hb} in the workers' environment)"
                                  if heartbeat_timeout else "  (the project's default)"))
     if kills:
         print("SIGKILL as soon as the spare worker polls" + (f", plus --kill-delay {kill_delay:g} s" if kill_delay
-                                                             else ""))
+                                                             else "")
+              + (", then at (i + 0.5) / n of a beat cycle after a beat the server recorded (--spread)"
+                 if spread else ""))
     header = f"{'measurement':<42}{'median':>9}{'min':>9}{'max':>9}{'goal':>8}"
     print(header)
     print("-" * len(header))
@@ -585,15 +610,18 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
     goals: list[tuple[str, str, bool]] = []
     if kills:
         med = statistics.median(r.visible_s for r in kills)
-        goals.append((f"SIGKILL -> awaiting_user listed <= {GOAL_SIGKILL_S:g} s", f"{med:.2f} s",
+        goals.append((f"SIGKILL -> awaiting_user listed <= {GOAL_SIGKILL_S:g} s, median", f"{med:.2f} s",
                       med <= GOAL_SIGKILL_S))
+        worst = max(r.visible_s for r in kills)
+        goals.append(("  the same, slowest kill", f"{worst:.2f} s", worst <= GOAL_SIGKILL_S))
     if terms:
         med = statistics.median(r.completed_s for r in terms)
-        goals.append((f"SIGTERM -> turn finished <= {GOAL_SIGTERM_S:g} s", f"{med:.3f} s", med <= GOAL_SIGTERM_S))
+        goals.append((f"SIGTERM -> turn finished <= {GOAL_SIGTERM_S:g} s, median", f"{med:.3f} s",
+                      med <= GOAL_SIGTERM_S))
     print()
-    print("goals (median)")
+    print("goals")
     for goal, value, ok in goals:
-        print(f"  {goal:<40}{value:>10}   {'PASS' if ok else 'MISS'}")
+        print(f"  {goal:<48}{value:>10}   {'PASS' if ok else 'MISS'}")
 
     shown: dict[str, dict[str, Any]] = {}
     for key, records, value in (("sigkill", kills, "visible_s"), ("sigterm", terms, "completed_s")):
@@ -613,8 +641,10 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
     return {
         "plan": asdict(plan),
         "heartbeat_timeout_s": hb,
+        "heartbeat_beat_interval_s": beat_every,
         "heartbeat_send_interval_s": throttle,
         "kill_delay_s": kill_delay,
+        "spread": spread,
         "poll_s": POLL_S,
         "rows": [{"label": r.label.strip(), **(r.stats() or {}), "goal_s": r.goal_s} for r in rows],
         "goals": [{"goal": g, "value": v, "pass": ok} for g, v, ok in goals],
@@ -627,20 +657,21 @@ def report(kills: list[KillRecord], terms: list[TermRecord], plan: Plan,
 # -- main -----------------------------------------------------------------------------------------
 
 async def run(plan: Plan, only: str | None, heartbeat_timeout: int | None, kill_delay: float,
-              as_json: bool) -> None:
+              spread: bool, as_json: bool) -> None:
     worker_env = {"TURNKEEPER_HEARTBEAT_TIMEOUT": str(heartbeat_timeout)} if heartbeat_timeout else {}
     with tempfile.TemporaryDirectory(prefix="turnkeeper-recovery-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
-        async with dev_server(tmp, ONE_PARTITION) as server:
+        async with dev_server(tmp, ONE_PARTITION, attempts=3) as server:
             address = server.address
             client = await Client.connect(address, data_converter=pydantic_data_converter)
-            kills = (await measure_sigkill(client, address, tmp, plan, worker_env, kill_delay)
+            kills = (await measure_sigkill(client, address, tmp, plan, worker_env, kill_delay, spread,
+                                           heartbeat_timeout or PROJECT_HEARTBEAT_TIMEOUT_S)
                      if only in (None, "sigkill") else [])
             terms = (await measure_sigterm(client, address, tmp, plan, worker_env)
                      if only in (None, "sigterm") else [])
             progress("stopping the dev server")
-        summary = report(kills, terms, plan, heartbeat_timeout, kill_delay)
+        summary = report(kills, terms, plan, heartbeat_timeout, kill_delay, spread)
     if as_json:
         print()
         print(json.dumps(summary, indent=2))
@@ -658,12 +689,16 @@ def main() -> None:
     parser.add_argument("--kill-delay", type=float, default=0.0, metavar="S",
                         help="SIGKILL: wait S more seconds after the spare worker polls (default 0), to kill "
                              f"at another point of the heartbeat cycle (slow_write runs {TOOL_SECONDS} s)")
+    parser.add_argument("--spread", action="store_true",
+                        help="SIGKILL: kill repetition i at (i + 0.5) / n of a heartbeat cycle after a beat the "
+                             "server recorded, so the runs cover the cycle from its worst point to its best")
     args = parser.parse_args()
     if not 0 <= args.kill_delay <= TOOL_SECONDS - 10:
         parser.error(f"--kill-delay must be between 0 and {TOOL_SECONDS - 10}")
     if args.heartbeat_timeout is not None and args.heartbeat_timeout < 1:
         parser.error("--heartbeat-timeout must be at least 1 (the setting is whole seconds)")
-    run_and_exit(run(QUICK if args.quick else FULL, args.only, args.heartbeat_timeout, args.kill_delay, args.json))
+    run_and_exit(run(QUICK if args.quick else FULL, args.only, args.heartbeat_timeout, args.kill_delay,
+                     args.spread, args.json))
 
 
 if __name__ == "__main__":

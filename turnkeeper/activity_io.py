@@ -43,7 +43,7 @@ class TurnSettings(BaseModel):
     model_timeout_s: int = 300
     tool_timeout_s: int = 600
     resume_window_s: int = 60
-    heartbeat_timeout_s: int = 3
+    heartbeat_timeout_s: int = 2
     confirm_tools: list[str] = Field(default_factory=list)
     """Tools whose calls wait for the user's approval before they are scheduled."""
 

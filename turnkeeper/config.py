@@ -249,7 +249,7 @@ class Settings:
     exec_timeout: int = 60
     model_timeout: int = 300
     shutdown_grace: int = 30
-    heartbeat_timeout: int = 3
+    heartbeat_timeout: int = 2
     # Turns kept in the worker's workflow cache. A turn waiting for its user is
     # evicted when newer ones need the room, and costs the worker nothing then.
     max_cached_workflows: int = 200
@@ -311,7 +311,7 @@ class Settings:
             exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
             model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
             shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
-            heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 3, minimum=1),
+            heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 2, minimum=1),
             max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
             workflow_sandbox=_bool(env, "TURNKEEPER_WORKFLOW_SANDBOX", False),
             stream=_bool(env, "TURNKEEPER_STREAM", True),

@@ -28,6 +28,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from turnkeeper import telemetry
 from turnkeeper import worker_logs
 from turnkeeper.activities.assemble import build_activities
+from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
 from turnkeeper.activities.tools import ToolLoadError, default_registry, load_tool_modules
@@ -42,9 +43,14 @@ log = logging.getLogger("turnkeeper.worker")
 
 # Short, so a dead worker's turns move to another worker within seconds.
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
-# The SDK holds heartbeats back for up to 0.8 x the timeout by default; ours
-# must reach the server every beat, or a dead worker is noticed seconds later.
-HEARTBEAT_THROTTLE = timedelta(seconds=1)
+
+
+def heartbeat_throttle(settings: Settings) -> timedelta:
+    """The SDK holds heartbeats back for up to 0.8 x the timeout by default; ours
+    must reach the server as they are made, or a dead worker is noticed later. Half
+    a beat interval: a throttle as long as the interval holds some beats back by
+    nearly a whole one."""
+    return beat_interval(timedelta(seconds=settings.heartbeat_timeout)) / 2
 
 
 # Workflow-task polls kept waiting by default, and the share of them on the shared
@@ -193,8 +199,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
-        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-        default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        max_heartbeat_throttle_interval=heartbeat_throttle(settings),
+        default_heartbeat_throttle_interval=heartbeat_throttle(settings),
         workflow_task_poller_behavior=pollers.workflow_tasks,
         nonsticky_to_sticky_poll_ratio=SHARED_QUEUE_POLL_SHARE,
         activity_task_poller_behavior=pollers.activity_tasks,

@@ -4,12 +4,15 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
 from tests.support import Stack, until
 from turnkeeper import client as tk
+from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.models import INTERRUPTED_TOOL_TEXT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 
 pytestmark = pytest.mark.crash
@@ -96,3 +99,57 @@ async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack) 
     assert state.reason.value == "tool_state_unknown"
     await asyncio.sleep(max(0.0, started + 5 - time.monotonic()))  # past the command's own end
     assert not (stack.ws / "after.txt").exists()
+
+
+async def test_every_heartbeat_reaches_the_server_and_a_kill_after_one_is_noticed_within_the_timeout(
+        stack: Stack) -> None:
+    """A SIGKILL just after a beat is the worst point of the heartbeat cycle: the
+    server notices it up to timeout + 1 s - one beat later (it re-arms its timer
+    no sooner than 1 s after the last one fired), 2.33 s by default. That needs
+    every beat to reach the server when it is made, not held back by the SDK's
+    throttle."""
+    timeout = stack.settings().heartbeat_timeout
+    every = beat_interval(timedelta(seconds=timeout)).total_seconds()
+    worst = timeout + 1 - every
+    assert worst + 0.15 <= 2.5, "by default a SIGKILL must show as awaiting_user within 2.5 s"
+    ledger = stack.dir / "ledger.txt"
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.script([
+        {"tool_calls": [{"name": "slow_write", "arguments": {"path": "h.txt", "content": "x", "seconds": 20}}]},
+        {"text": "unused"},
+    ])
+    victim = stack.spawn_worker()
+    chat = stack.chat("beats")
+    await stack.send(chat, "write h.txt slowly")
+    await _wait_for_line(ledger, "start")
+    spare = stack.spawn_worker()
+    await stack.wait_serving(spare)
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+
+    async def last_beat() -> float | None:
+        for act in (await handle.describe()).raw_description.pending_activities:
+            if act.HasField("last_heartbeat_time"):
+                return act.last_heartbeat_time.ToNanoseconds() / 1e9
+        return None
+
+    beats: list[float] = []
+    deadline = time.monotonic() + 6 * every + 2
+    while len(beats) < 6 and time.monotonic() < deadline:
+        beat = await last_beat()
+        if beat is not None and (not beats or beat != beats[-1]):
+            beats.append(beat)
+        await asyncio.sleep(0.02)
+    killed_at = time.time()
+    stack.kill(victim)  # just after a beat: the worst point of the cycle
+    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    assert len(beats) == 6, f"the server saw {len(beats)} heartbeats in {6 * every + 2:.1f} s"
+    assert max(gaps) < 1.6 * every, f"heartbeats reached the server {gaps} s apart; they go every {every} s"
+
+    state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=30)
+    assert state.reason.value == "tool_state_unknown"
+    history = await handle.fetch_history()
+    timed_out = next(e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT)
+    noticed = timed_out.event_time.ToNanoseconds() / 1e9 - killed_at
+    assert noticed < worst + 0.25, f"the kill was noticed {noticed:.2f} s later; at worst {worst:.2f} s"
+    await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id), result_type=TurnState)

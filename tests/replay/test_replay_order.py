@@ -72,7 +72,7 @@ async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when
     stack.kill(first)
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
     if when == "after-loss":
-        await asyncio.sleep(5)  # past the heartbeat timeout (3 s) and the sticky timeout (1 s)
+        await asyncio.sleep(5)  # past a lost step's detection (at most 2.4 s) and the sticky timeout (1 s)
     if action == "stop":
         await handle.signal("stop", {})
     elif action == "message":

@@ -15,7 +15,7 @@ def test_defaults_without_any_variable() -> None:
     settings = Settings.from_env({})
     assert settings == Settings(data_dir=settings.data_dir, workspace=settings.workspace)
     assert settings.workflow_sandbox is False
-    assert settings.heartbeat_timeout == 3
+    assert settings.heartbeat_timeout == 2
 
 
 @pytest.mark.parametrize("raw, expected", [
