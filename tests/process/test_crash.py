@@ -27,15 +27,22 @@ async def _wait_for_line(path, word: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"{path} never got {word!r}")
 
 
-async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
+def _slow_write(stack: Stack, path: str, seconds: int, answer: str) -> Path:
+    """Workers get `slow_write`, logging to a ledger; the model asks for it once, then
+    answers `answer`. Returns the ledger."""
     ledger = stack.dir / "ledger.txt"
     stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
                             "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
     stack.script([
         {"tool_calls": [{"name": "slow_write",
-                         "arguments": {"path": "k.txt", "content": "x", "seconds": 6}}]},
-        {"text": "I could not confirm the write; please check k.txt"},
+                         "arguments": {"path": path, "content": "x", "seconds": seconds}}]},
+        {"text": answer},
     ])
+    return ledger
+
+
+async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
+    ledger = _slow_write(stack, "k.txt", 6, "I could not confirm the write; please check k.txt")
     first = stack.spawn_worker()
     chat = stack.chat("crash")
     await stack.send(chat, "write k.txt slowly")
@@ -112,13 +119,7 @@ async def test_every_heartbeat_reaches_the_server_and_a_kill_after_one_is_notice
     every = beat_interval(timedelta(seconds=timeout)).total_seconds()
     worst = timeout + 1 - every
     assert worst + 0.15 <= 2.5, "by default a SIGKILL must show as awaiting_user within 2.5 s"
-    ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
-    stack.script([
-        {"tool_calls": [{"name": "slow_write", "arguments": {"path": "h.txt", "content": "x", "seconds": 20}}]},
-        {"text": "unused"},
-    ])
+    ledger = _slow_write(stack, "h.txt", 20, "unused")
     victim = stack.spawn_worker()
     chat = stack.chat("beats")
     await stack.send(chat, "write h.txt slowly")
