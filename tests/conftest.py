@@ -77,6 +77,17 @@ async def stack(client: Client, temporal_address: str, temporal_http_address: st
         yield s
     finally:
         await s.close()
+        call = getattr(request.node, "rep_call", None)
+        if call is not None and call.failed:
+            s.print_worker_logs()  # the tmp dir goes with the run: CI keeps only what is printed
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]  read by `stack` at teardown
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -153,6 +153,12 @@ class Stack:
                 (HISTORIES / f"{self.name}-{n}.json").write_text(history.to_json())
                 n += 1
 
+    def print_worker_logs(self, lines: int = 80) -> None:
+        """The end of each spawned worker's log, for a failed test's report."""
+        for pid, path in self.logs.items():
+            tail = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else []
+            print(f"--- worker {pid} ({path.name}), last {len(tail)} lines ---", *tail, sep="\n")
+
     async def close(self) -> None:
         if os.environ.get("TK_RECORD_HISTORIES"):
             await self.record_histories()
@@ -196,13 +202,17 @@ class Stack:
                          timeout: float = 30.0) -> TurnState:
         deadline = time.monotonic() + timeout
         last: TurnState | None = None
+        error: Exception | None = None
         while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
+            try:
                 last = await self.state(chat_id)
                 if pred(last):
                     return last
+            except Exception as err:  # noqa: BLE001  a query may fail while a worker takes the run over
+                error = err
             await asyncio.sleep(0.1)
-        raise AssertionError(f"chat {chat_id}: state not reached in {timeout} s; last: {last}")
+        raise AssertionError(f"chat {chat_id}: state not reached in {timeout} s; last: {last}; "
+                             f"last query error: {error!r}")
 
     async def wait_turn_done(self, chat_id: str, turn: int, timeout: float = 30.0) -> TurnState:
         return await self.wait_state(
