@@ -94,6 +94,9 @@ async def _unless_shutdown(call: "asyncio.Future[T] | object") -> T:
     shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
     try:
         await asyncio.wait({task, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()  # the activity was cancelled (Stop, Dismiss): so is the provider's request
+        raise
     finally:
         shutdown.cancel()
     if task.done():

@@ -1,6 +1,7 @@
 """Model providers: scripted, demo, OpenAI (against FakeChatServer), load_provider."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -508,3 +509,32 @@ def test_only_an_openai_model_imports_openai(tmp_path: Path) -> None:
             "assert 'openai' in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+async def test_a_cancelled_model_call_cancels_the_providers_request() -> None:
+    """Stop or Dismiss cancels the model activity: the request it made goes too,
+    rather than running on unseen and failing where nobody reads it."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper.activities.model_call import _unless_shutdown
+
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def request() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def model_call() -> None:
+        await _unless_shutdown(request())
+
+    env = ActivityEnvironment()
+    running = asyncio.create_task(env.run(model_call))
+    await asyncio.wait_for(started.wait(), 5)
+    env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await asyncio.wait_for(cancelled.wait(), 1)
