@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from turnkeeper.activities.end_of_run import end_of_run
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.quiet_passes import QuietPasses
@@ -25,4 +26,5 @@ def build_activities(settings: Settings, store: SessionStore, provider: ModelPro
     quiet = QuietPasses(settings)
     return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,
             writes.record_tool_result, writes.commit_messages, writes.record_assistant, writes.update_turn,
-            writes.finish_turn, writes.append_events, reconciler.reconcile_pass, quiet.delete_quiet_passes]
+            writes.finish_turn, writes.append_events, end_of_run, reconciler.reconcile_pass,
+            quiet.delete_quiet_passes]

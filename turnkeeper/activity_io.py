@@ -20,6 +20,8 @@ FINISH_TURN = "turnkeeper.finish_turn"
 APPEND_EVENTS = "turnkeeper.append_events"
 COMMIT_MESSAGES = "turnkeeper.commit_messages"
 RECORD_ASSISTANT = "turnkeeper.record_assistant"
+# Does nothing: its completion is a history event for a run to end on (activities/end_of_run.py).
+END_OF_RUN = "turnkeeper.end_of_run"
 
 # Raised by the model activity when its worker is shutting down: nothing happened
 # outside, so the workflow schedules the call again for the next worker.

@@ -31,6 +31,8 @@ STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_
                           maximum_interval=timedelta(seconds=2),
                           non_retryable_error_types=[activity_io.STORE_UNAVAILABLE_ERROR])
 STORE_TIMEOUT = timedelta(seconds=30)
+# It does nothing; retried (the default policy) until a worker has run it.
+END_OF_RUN_TIMEOUT = timedelta(seconds=10)
 
 
 def start_model_call(arg: activity_io.ModelCallInput,
@@ -67,6 +69,12 @@ async def call_store(activity: str, arg: Any, result_type: Any = None) -> Any:
     return await workflow.execute_local_activity(
         activity, arg, result_type=result_type,
         start_to_close_timeout=STORE_TIMEOUT, retry_policy=STORE_RETRY)
+
+
+async def end_of_run() -> None:
+    """The activity a run ends after: its completion is a history event (patches.RECOVERY_MACHINE_9)."""
+    await workflow.execute_activity(activity_io.END_OF_RUN, start_to_close_timeout=END_OF_RUN_TIMEOUT,
+                                    summary="end of run: messages sent meanwhile are taken first")
 
 
 def error_type(err: ActivityError | ApplicationError) -> str | None:

@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE_5,
         RECOVERY_MACHINE_6,
         RECOVERY_MACHINE_8,
+        RECOVERY_MACHINE_9,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -101,7 +102,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_8 = workflow.patched(RECOVERY_MACHINE_8)
+        self._machine_9 = workflow.patched(RECOVERY_MACHINE_9)
+        self._machine_8 = self._machine_9 or workflow.patched(RECOVERY_MACHINE_8)
         self._machine_6 = self._machine_8 or workflow.patched(RECOVERY_MACHINE_6)
         self._machine_5 = self._machine_6 or workflow.patched(RECOVERY_MACHINE_5)
         self._machine_4 = self._machine_5 or workflow.patched(RECOVERY_MACHINE_4)
@@ -206,7 +208,9 @@ class ChatTurn(TurnStart, ToolOutcomes):
             await workflow.wait_condition(workflow.all_handlers_finished)
             # Refused while the store wrote the last refusals (a store outage makes that
             # seconds): announced too, or the run would hand on without them.
-            if not (self._machine_8 and (self._events or self._signalled)):
+            if self._machine_8 and (self._events or self._signalled):
+                continue
+            if not await self._wake_on_an_event():
                 break
         if self._inbox.waiting:
             # What this turn did not consume is the next turn, in order.
@@ -365,6 +369,7 @@ class ChatTurn(TurnStart, ToolOutcomes):
                 or (self._at_wait_points and bool(self._events)) or bool(self._signalled))
             if all(h.done() for h in handles):
                 self._woke_at_store_calls = self._store_calls
+                self._store_result_last = False
                 return False
             self._judge_signalled()
             if self._interrupt is None:

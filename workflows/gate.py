@@ -182,6 +182,7 @@ class TurnGate(TurnPersistence):
     async def _hand_on_gate(self) -> None:
         """Continue the waiting gate in a fresh run: same turn, same recovery id."""
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._wake_on_an_event()
         if not self._should_hand_on():
             return  # something came meanwhile: the gate acts on it here
         self._inbox.return_in_flight()

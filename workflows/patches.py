@@ -80,3 +80,12 @@ RECOVERY_MACHINE_6 = "recovery-machine-6"
 # two follow-ups over the pending bound were refused during a store outage and
 # never announced). ("recovery-machine-7" was tried and reverted, never released.)
 RECOVERY_MACHINE_8 = "recovery-machine-8"
+# What new runs ask instead of RECOVERY_MACHINE_8: one marker for all of the above,
+# and a run whose last wake-up was a store call's result does not end (or hand on)
+# in it: it ends after an activity's completion (`end_of_run`), a history event. The
+# SDK can hand a store call's result to a live run one workflow task after the task
+# that recorded it (a `state` query arriving as the call finishes does it); a signal
+# that reaches the server in that later task makes the server refuse the run's end,
+# and the retried task replays the result in the earlier task: the run ended there,
+# before the signal, and the message it carried was never handed on.
+RECOVERY_MACHINE_9 = "recovery-machine-9"

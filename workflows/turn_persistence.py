@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
         UserMessage,
     )
     from turnkeeper.search_attributes import CHAT_ID_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
-    from turnkeeper.workflows.activity_calls import call_store, error_type, failure_text
+    from turnkeeper.workflows.activity_calls import call_store, end_of_run, error_type, failure_text
 
 STORE_WAIT_FIRST_S = 1.0
 STORE_WAIT_MAX_S = 30.0
@@ -38,6 +38,8 @@ class TurnPersistence:
     _machine_5: bool
     _store_calls: int = 0  # store calls made by this run so far
     _woke_at_store_calls: int = -1  # `_store_calls` when a step's wait last ended
+    _store_result_last = False  # a store call's result is what last woke the run, as far as it knows
+    _machine_9: bool
 
     async def _store_call(self, activity: str, arg: Any, result_type: Any = None) -> Any:
         """A store local activity that waits out an outage: the turn shows
@@ -53,7 +55,18 @@ class TurnPersistence:
                 await self._wait_for_store(failure_text(err))
                 continue
             self._store_answers()
+            self._store_result_last = True
             return result
+
+    async def _wake_on_an_event(self) -> bool:
+        """Before a run ends or hands on: if a store call's result last woke it, wait
+        for an activity's completion, so that it ends on an event in its history
+        (patches.RECOVERY_MACHINE_9). True when it waited: signals may have come."""
+        if not (self._machine_9 and self._store_result_last):
+            return False
+        await end_of_run()
+        self._store_result_last = False
+        return True
 
     async def _wait_for_store(self, why: str | None) -> None:
         if not self._state.store_unavailable:

@@ -507,6 +507,12 @@ async def _workflows_only(stack: Stack, resume_window: int) -> AsyncIterator[Any
         await store.close()
 
 
+def _ended_holding_m1(state: TurnState) -> bool:
+    """Turn 1 ended as the store has it, its lost message held for the next turn: the
+    run hands it on after its `end_of_run` activity, which only a full worker runs."""
+    return (state.turn, state.status, state.pending_followups) == (1, TurnStatus.RECOVERED, ["m1"])
+
+
 async def _stopped_turn_hands_its_message_to_turn_2(stack: Stack, chat: str) -> None:
     """Turn 1 stays as the store ended it; its lost message is turn 2's, answered once."""
     await stack.start_worker()
@@ -533,7 +539,7 @@ async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_o
         await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
         # What the discarded task wrote: a Stop's end, with none of the call's messages.
         assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED))
-        await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+        await stack.wait_state(chat, _ended_holding_m1, timeout=20)
     await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
 
 
@@ -559,7 +565,7 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
         handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
         await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
                                     result_type=TurnState)
-        await stack.wait_state(chat, lambda s: s.turn == 2, timeout=20)
+        await stack.wait_state(chat, _ended_holding_m1, timeout=20)
     await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
 
 @pytest.mark.timeout(120)
