@@ -30,7 +30,6 @@ from temporalio.worker import (
 )
 
 from tests.support import Stack, until, until_async
-from turnkeeper import activity_io
 from turnkeeper.client import workflow_id
 from turnkeeper.models import Reason, TurnStatus
 
