@@ -2,7 +2,8 @@
 break turns already running fails here, not in production.
 
 Record new ones with `TK_RECORD_HISTORIES=1 pytest tests/workflow/test_turns.py tests/process/test_crash.py
-tests/workflow/test_recovery.py tests/workflow/test_no_wedge.py tests/workflow/test_approval.py` (every run of each
+tests/workflow/test_recovery.py tests/workflow/test_no_wedge.py tests/workflow/test_approval.py
+tests/workflow/test_run_end.py` (every run of each
 test's chats is written to tests/histories/); keep the older ones in a subfolder: turns
 started by an earlier release must still replay (`complete-machine/`: recorded before the
 `act-at-wait-points` patch and single-batch activations; `three-markers/`: before
@@ -14,7 +15,12 @@ runs of tests/workflow/test_approval.py, with an approval gate in each, fail her
 before `recovery-machine-5` handed running turns on between steps and gates at the same,
 shorter bound; `machine-5/`: before `recovery-machine-6` took a Stop that comes while the
 store numbers the turn; `machine-6/`: before `recovery-machine-8` judged a gate's store
-check of superseding messages by the ids it sent alone). The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
+check of superseding messages by the ids it sent alone; `machine-8/`: before
+`recovery-machine-9` ended a run whose last wake-up was a store call's result after an
+`end_of_run` activity). `late_store_result_then_end_of_run*.json` are runs of
+`test_dismiss_while_a_continued_turn_runs_after_a_crash` in which the SDK handed the
+closing store write's result over a task after the task that recorded it, and the run
+then ended after `end_of_run`, a message signalled meanwhile. The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
 `test_a_waiting_approval_handed_on_keeps_its_calls` and
 `test_a_running_turn_whose_history_grows_long_hands_itself_on` (recorded with a patched
 limit) and the run that fails on purpose are not kept.
