@@ -203,15 +203,18 @@ class ChatTurn(TurnStart, ToolOutcomes):
             reason = self._state.reason.value if self._state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self._state.status.value, reason)
         while True:
+            # Woken by a store call's result, the run reads nothing signals left until
+            # an event wakes it: live, the SDK may have applied signals that its replay
+            # applies only after that result (patches.RECOVERY_MACHINE_9).
+            await self._wake_on_an_event()
             self._judge_signalled()  # the turn has ended: what is left is refused, and recorded
             await self._flush_events()
             await workflow.wait_condition(workflow.all_handlers_finished)
             # Refused while the store wrote the last refusals (a store outage makes that
             # seconds): announced too, or the run would hand on without them.
-            if self._machine_8 and (self._events or self._signalled):
+            if self._machine_8 and (self._events or self._signalled or self._machine_9 and self._store_result_last):
                 continue
-            if not await self._wake_on_an_event():
-                break
+            break
         if self._inbox.waiting:
             # What this turn did not consume is the next turn, in order.
             workflow.continue_as_new(ChatTurnInput(chat_id=input.chat_id, pending=self._inbox.waiting),

@@ -87,5 +87,8 @@ RECOVERY_MACHINE_8 = "recovery-machine-8"
 # that recorded it (a `state` query arriving as the call finishes does it); a signal
 # that reaches the server in that later task makes the server refuse the run's end,
 # and the retried task replays the result in the earlier task: the run ended there,
-# before the signal, and the message it carried was never handed on.
+# before the signal, and the message it carried was never handed on. For the same
+# reason such a run reads nothing signals left (refusals to announce, decisions) until
+# that event has woken it: the live run may have applied signals that its replay
+# applies only after the store call's result (chaos seed 561).
 RECOVERY_MACHINE_9 = "recovery-machine-9"
