@@ -211,8 +211,10 @@ class ChatTurn(TurnStart, ToolOutcomes):
             await self._flush_events()
             await workflow.wait_condition(workflow.all_handlers_finished)
             # Refused while the store wrote the last refusals (a store outage makes that
-            # seconds): announced too, or the run would hand on without them.
-            if self._machine_8 and (self._events or self._signalled or self._machine_9 and self._store_result_last):
+            # seconds): announced too, or the run would hand on without them. A run that
+            # has just written them goes round once more, through `end_of_run`.
+            if self._machine_8 and (self._events or self._signalled
+                                    or (self._machine_9 and self._store_result_last)):
                 continue
             break
         if self._inbox.waiting:
