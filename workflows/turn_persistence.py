@@ -58,15 +58,13 @@ class TurnPersistence:
             self._store_result_last = True
             return result
 
-    async def _wake_on_an_event(self) -> bool:
+    async def _wake_on_an_event(self) -> None:
         """Before a run ends or hands on: if a store call's result last woke it, wait
         for an activity's completion, so that it ends on an event in its history
-        (patches.RECOVERY_MACHINE_9). True when it waited: signals may have come."""
-        if not (self._machine_9 and self._store_result_last):
-            return False
-        await end_of_run()
-        self._store_result_last = False
-        return True
+        (patches.RECOVERY_MACHINE_9). Signals may have come meanwhile."""
+        if self._machine_9 and self._store_result_last:
+            await end_of_run()
+            self._store_result_last = False
 
     async def _wait_for_store(self, why: str | None) -> None:
         if not self._state.store_unavailable:
