@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE_6,
         RECOVERY_MACHINE_8,
         RECOVERY_MACHINE_9,
+        RECOVERY_MACHINE_10,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -102,7 +103,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
         # New runs record the one marker that stands for the three before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_9 = workflow.patched(RECOVERY_MACHINE_9)
+        self._machine_10 = workflow.patched(RECOVERY_MACHINE_10)
+        self._machine_9 = self._machine_10 or workflow.patched(RECOVERY_MACHINE_9)
         self._machine_8 = self._machine_9 or workflow.patched(RECOVERY_MACHINE_8)
         self._machine_6 = self._machine_8 or workflow.patched(RECOVERY_MACHINE_6)
         self._machine_5 = self._machine_6 or workflow.patched(RECOVERY_MACHINE_5)

@@ -56,6 +56,7 @@ class TurnGate(TurnPersistence):
     _complete: bool
     _machine_4: bool
     _machine_8: bool
+    _machine_10: bool
     _at_wait_points: bool
     _signals_at_wait_points: bool
     _signalled: list[tuple[recovery.Action, str | None]]
@@ -71,6 +72,10 @@ class TurnGate(TurnPersistence):
             return True
         ids, self._superseding = self._superseding, []
         held = await self._held_ids(ids)
+        if self._machine_10:
+            # Judged once an event has woken the run: live, the check's result can come
+            # a task late, with the step's own end (patches.RECOVERY_MACHINE_10).
+            await self._wake_on_an_event()
         if self._machine_8:
             # Only what was asked is judged: whether messages that came meanwhile
             # are in `_superseding` yet depends on how the SDK groups the answer
@@ -133,7 +138,10 @@ class TurnGate(TurnPersistence):
             self._judge_signalled()
             if self._should_hand_on():
                 await self._hand_on_gate()
+            written = self._store_calls
             await self._flush_events()
+            if self._machine_10 and self._store_calls != written:
+                await self._wake_on_an_event()  # as after a store check (patches.RECOVERY_MACHINE_10)
             if self._interrupt is not None and not await self._interrupt_stands():
                 continue
             if self._decision is not None or self._interrupt is not None:

@@ -92,3 +92,11 @@ RECOVERY_MACHINE_8 = "recovery-machine-8"
 # that event has woken it: the live run may have applied signals that its replay
 # applies only after the store call's result (chaos seed 561).
 RECOVERY_MACHINE_9 = "recovery-machine-9"
+# What new runs ask instead of RECOVERY_MACHINE_9: one marker for all of the above,
+# and a store check of superseding messages (`held_messages`), or refusals written at a
+# gate, is followed by `end_of_run` before the run decides anything on it. Live, the
+# SDK can hand the check's result over a task late, together with the step's own end
+# (a timeout after a killed worker, say); the replay, which takes the result first,
+# then cancelled a step that the live run had found finished, a command its history
+# lacks, and every retry of the task failed (chaos seed 562).
+RECOVERY_MACHINE_10 = "recovery-machine-10"

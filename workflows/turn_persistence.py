@@ -59,9 +59,10 @@ class TurnPersistence:
             return result
 
     async def _wake_on_an_event(self) -> None:
-        """Before a run ends or hands on: if a store call's result last woke it, wait
-        for an activity's completion, so that it ends on an event in its history
-        (patches.RECOVERY_MACHINE_9). Signals may have come meanwhile."""
+        """Before a run ends or hands on, or judges a store check (machine 10): if a
+        store call's result last woke it, wait for an activity's completion, so that
+        it acts on an event in its history (patches.RECOVERY_MACHINE_9). Signals may
+        have come meanwhile."""
         if self._machine_9 and self._store_result_last:
             await end_of_run()
             self._store_result_last = False

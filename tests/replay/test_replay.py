@@ -17,7 +17,8 @@ shorter bound; `machine-5/`: before `recovery-machine-6` took a Stop that comes 
 store numbers the turn; `machine-6/`: before `recovery-machine-8` judged a gate's store
 check of superseding messages by the ids it sent alone; `machine-8/`: before
 `recovery-machine-9` ended a run whose last wake-up was a store call's result after an
-`end_of_run` activity). `late_store_result_then_end_of_run*.json` are runs of
+`end_of_run` activity; `machine-9/`: before `recovery-machine-10` judged a store check of
+superseding messages, and refusals written at a gate, after `end_of_run` too). `late_store_result_then_end_of_run*.json` are runs of
 `test_dismiss_while_a_continued_turn_runs_after_a_crash` in which the SDK handed the
 closing store write's result over a task after the task that recorded it, and the run
 then ended after `end_of_run`, a message signalled meanwhile. The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,

@@ -263,7 +263,7 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         _fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
-        await stack.send(chat, "one", message_id="m1")
+        handle = await stack.send(chat, "one", message_id="m1")
         gate = await stack.wait_state(chat, _awaiting)
         await _decide(stack, chat, "continue_turn", gate.recovery_id)
         await until(lambda: len(server.requests) == 2, what="resumed call under way")
@@ -274,6 +274,34 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
         hist = await stack.history(chat)
         assert [m["content"] for m in hist] == ["one", SUPERSEDED_TEXT, "two", "the new turn"]
+        # The store check of "two" is judged after an activity's completion, never on
+        # its own result: the call is cancelled after `end_of_run` (patches.RECOVERY_MACHINE_10).
+        first = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.first_execution_run_id
+                                                       ).fetch_history()
+        assert _steps_around_the_cancel(first) == ["held_messages", "turnkeeper.end_of_run", "cancel model_call"]
+
+
+def _steps_around_the_cancel(history: Any) -> list[str]:
+    """From the resumed model call on to the first cancel: the store checks, the other
+    activities scheduled, and that cancel."""
+    from temporalio.api.enums.v1 import EventType
+
+    names: dict[int, str] = {}
+    seen: list[str] = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = names[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+            if name == "turnkeeper.model_call":
+                seen = []  # the last model call's
+            else:
+                seen.append(name)
+        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and \
+                b"held_messages" in e.marker_recorded_event_attributes.SerializeToString():
+            seen.append("held_messages")
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
+            scheduled = e.activity_task_cancel_requested_event_attributes.scheduled_event_id
+            return [*seen, "cancel " + names[scheduled].removeprefix("turnkeeper.")]
+    return seen
 
 
 async def test_stop_keeps_completed_results_and_interrupts_running_tools(stack: Stack) -> None:
