@@ -92,8 +92,9 @@ class StoreActivities:
         return activity_io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
     @activity.defn(name=activity_io.HELD_MESSAGES)
-    async def held_messages(self, inp: activity_io.HeldMessagesInput) -> list[str]:
-        return await self._store.held_message_ids(inp.chat_id, inp.message_ids)
+    async def held_messages(self, inp: activity_io.HeldMessagesInput) -> activity_io.HeldMessagesResult:
+        held = await self._store.held_message_ids(inp.chat_id, inp.message_ids)
+        return activity_io.HeldMessagesResult(asked=inp.message_ids, held=held)
 
     @activity.defn(name=activity_io.APPEND_EVENTS)
     async def append_events(self, inp: activity_io.AppendEventsInput) -> None:

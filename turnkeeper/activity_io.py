@@ -161,6 +161,16 @@ class HeldMessagesInput(BaseModel):
     message_ids: list[str]
 
 
+class HeldMessagesResult(BaseModel):
+    """Which of the asked messages the store holds, and which were asked: a result
+    recorded in a history can answer another question than its replay asks (a
+    `state` query's replay ran the check before a later message came, and the
+    worker kept its answer). Earlier releases recorded the held ids alone."""
+
+    asked: list[str]
+    held: list[str]
+
+
 class AppendEventsInput(BaseModel):
     chat_id: str
     events: list[NewEvent]

@@ -71,10 +71,14 @@ class TurnGate(TurnPersistence):
         if self._interrupt != Reason.SUPERSEDED or not (self._complete or workflow.patched(SUPERSEDE_CHECKS_STORE)):
             return True
         ids, self._superseding = self._superseding, []
-        held = await self._held_ids(ids)
+        asked, held = await self._held_ids(ids)
         if self._machine_10:
+            # Only what the recorded answer covers is judged; the rest waits, as it did
+            # live (patches.RECOVERY_MACHINE_10, chaos seed 567).
+            self._superseding = [i for i in ids if i not in asked] + self._superseding
+            ids = asked
             # Judged once an event has woken the run: live, the check's result can come
-            # a task late, with the step's own end (patches.RECOVERY_MACHINE_10).
+            # a task late, with the step's own end.
             await self._wake_on_an_event()
         if self._machine_8:
             # Only what was asked is judged: whether messages that came meanwhile
@@ -91,11 +95,15 @@ class TurnGate(TurnPersistence):
         self._interrupt = None
         return False
 
-    async def _held_ids(self, message_ids: list[str]) -> set[str]:
-        """Which of these messages the store holds already."""
-        return set(await self._store_call(
+    async def _held_ids(self, message_ids: list[str]) -> tuple[list[str], set[str]]:
+        """The ids the store's answer is about, and which of them it holds already."""
+        answer: activity_io.HeldMessagesResult | list[str] = await self._store_call(
             activity_io.HELD_MESSAGES,
-            activity_io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=message_ids), list[str]))
+            activity_io.HeldMessagesInput(chat_id=self._state.chat_id, message_ids=message_ids),
+            activity_io.HeldMessagesResult | list[str])
+        if isinstance(answer, list):  # recorded by an earlier release: about the ids sent
+            return message_ids, set(answer)
+        return answer.asked, set(answer.held)
 
     async def _end_by_user(self) -> None:
         """Stop, Dismiss or a superseding message ended the turn: keep what is known,
@@ -175,7 +183,7 @@ class TurnGate(TurnPersistence):
         only, with no marker of its own: one asked after a local activity can land
         in another task on replay (patches.py), and the run ends right after this."""
         if self._inbox.in_flight:
-            held = await self._held_ids([m.message_id for m in self._inbox.in_flight])
+            _, held = await self._held_ids([m.message_id for m in self._inbox.in_flight])
             self._inbox.return_in_flight()
             self._inbox.drop(held)
 

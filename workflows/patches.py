@@ -98,5 +98,8 @@ RECOVERY_MACHINE_9 = "recovery-machine-9"
 # SDK can hand the check's result over a task late, together with the step's own end
 # (a timeout after a killed worker, say); the replay, which takes the result first,
 # then cancelled a step that the live run had found finished, a command its history
-# lacks, and every retry of the task failed (chaos seed 562).
+# lacks, and every retry of the task failed (chaos seed 562). Its runs also judge a
+# store check only for the ids its recorded answer names: a `state` query's replay on
+# a worker without the run cached can run the check before a later message, and the
+# worker then records that answer (chaos seed 567).
 RECOVERY_MACHINE_10 = "recovery-machine-10"

@@ -21,7 +21,12 @@ check of superseding messages by the ids it sent alone; `machine-8/`: before
 superseding messages, and refusals written at a gate, after `end_of_run` too). `late_store_result_then_end_of_run*.json` are runs of
 `test_dismiss_while_a_continued_turn_runs_after_a_crash` in which the SDK handed the
 closing store write's result over a task after the task that recorded it, and the run
-then ended after `end_of_run`, a message signalled meanwhile. The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
+then ended after `end_of_run`, a message signalled meanwhile.
+`query_replay_ran_a_store_check_before_a_later_message.json` is chaos seed 567's run whose
+recorded store check answered for one of the two messages the replay checks (a `state`
+query's replay ran it early), with its two `held_messages` answers rewritten in the form
+that names the ids asked, as runs of `recovery-machine-10` record them: it fails here if
+the gate judges ids the answer does not cover. The runs that hand on in `test_a_gate_whose_history_grows_long_hands_itself_on`,
 `test_a_waiting_approval_handed_on_keeps_its_calls` and
 `test_a_running_turn_whose_history_grows_long_hands_itself_on` (recorded with a patched
 limit) and the run that fails on purpose are not kept.
