@@ -38,6 +38,16 @@ async def test_two_sequential_tool_calls(stack: Stack) -> None:
     types = await stack.event_types(chat)
     assert types[0] == "turn_started" and types[-1] == "turn_end"
     assert types.count("tool_started") == 2 and types.count("tool_finished") == 2
+    # What a plain turn costs in round trips: its steps and the one store call that
+    # numbers it; no `end_of_run` (bench/README, "Engine latency").
+    events = (await stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
+              .fetch_history()).events
+    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
+            if e.HasField("activity_task_scheduled_event_attributes")] == [
+        "turnkeeper.model_call", "turnkeeper.tool_call", "turnkeeper.model_call", "turnkeeper.tool_call",
+        "turnkeeper.model_call"]
+    assert [e.marker_recorded_event_attributes.marker_name for e in events
+            if e.HasField("marker_recorded_event_attributes")] == ["core_patch", "core_local_activity"]
     listed = [wf.id async for wf in stack.client.list_workflows(
         f"ChatId='{chat}' AND TurnStatus='completed'")]
     for _ in range(50):  # visibility is eventually consistent
