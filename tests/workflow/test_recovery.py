@@ -13,6 +13,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
 from tests.support import Stack, until
+from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
@@ -278,29 +279,28 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         # its own result: the call is cancelled after `end_of_run` (patches.RECOVERY_MACHINE_10).
         first = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.first_execution_run_id
                                                        ).fetch_history()
-        assert _steps_around_the_cancel(first) == ["held_messages", "turnkeeper.end_of_run", "cancel model_call"]
+        assert _steps_around_the_cancel(first) == [activity_io.HELD_MESSAGES, activity_io.END_OF_RUN,
+                                                   f"cancel {activity_io.MODEL_CALL}"]
 
 
 def _steps_around_the_cancel(history: Any) -> list[str]:
     """From the resumed model call on to the first cancel: the store checks, the other
     activities scheduled, and that cancel."""
-    from temporalio.api.enums.v1 import EventType
-
     names: dict[int, str] = {}
     seen: list[str] = []
     for e in history.events:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if e.HasField("activity_task_scheduled_event_attributes"):
             name = names[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
-            if name == "turnkeeper.model_call":
+            if name == activity_io.MODEL_CALL:
                 seen = []  # the last model call's
             else:
                 seen.append(name)
-        elif e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and \
-                b"held_messages" in e.marker_recorded_event_attributes.SerializeToString():
-            seen.append("held_messages")
-        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED:
+        elif e.HasField("marker_recorded_event_attributes") and \
+                activity_io.HELD_MESSAGES.encode() in e.marker_recorded_event_attributes.SerializeToString():
+            seen.append(activity_io.HELD_MESSAGES)
+        elif e.HasField("activity_task_cancel_requested_event_attributes"):
             scheduled = e.activity_task_cancel_requested_event_attributes.scheduled_event_id
-            return [*seen, "cancel " + names[scheduled].removeprefix("turnkeeper.")]
+            return [*seen, f"cancel {names[scheduled]}"]
     return seen
 
 

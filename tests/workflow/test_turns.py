@@ -8,6 +8,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.support import Stack
+from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.models import TURN_TASK_TIMEOUT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
@@ -44,8 +45,8 @@ async def test_two_sequential_tool_calls(stack: Stack) -> None:
               .fetch_history()).events
     assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
             if e.HasField("activity_task_scheduled_event_attributes")] == [
-        "turnkeeper.model_call", "turnkeeper.tool_call", "turnkeeper.model_call", "turnkeeper.tool_call",
-        "turnkeeper.model_call"]
+        activity_io.MODEL_CALL, activity_io.TOOL_CALL, activity_io.MODEL_CALL, activity_io.TOOL_CALL,
+        activity_io.MODEL_CALL]
     assert [e.marker_recorded_event_attributes.marker_name for e in events
             if e.HasField("marker_recorded_event_attributes")] == ["core_patch", "core_local_activity"]
     listed = [wf.id async for wf in stack.client.list_workflows(
