@@ -27,6 +27,7 @@ from turnkeeper.cli_commands import (
     cmd_send,
     cmd_status,
 )
+from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("codec-server", help="decrypt and encrypt payloads for the Temporal UI and "
                    "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)")
     s = sub.add_parser("send", help="send a message and wait for the answer")
-    s.add_argument("chat")
+    s.add_argument("chat", type=_chat_id, help=CHAT_ID_RULE)
     s.add_argument("text")
     s.add_argument("--no-wait", action="store_true", help="return once the message is durable")
     s.add_argument("--message-id", help="idempotency key (default: a new uuid)")
@@ -94,6 +95,14 @@ def _since(raw: str) -> object:
     try:
         return parse_since(raw)
     except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _chat_id(raw: str) -> str:
+    # Only where a chat can begin: the reads still reach a chat an older release started.
+    try:
+        return check_chat_id(raw)
+    except InvalidChatId as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from turnkeeper.chat_ids import check_chat_id
 from turnkeeper.config import Settings
 
 if TYPE_CHECKING:
@@ -157,7 +158,10 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     starts one with the message in the run's input, and the server hands the run's
     first workflow task to that worker in its reply instead of through the task
     queue (signal-with-start cannot ask for that). A chat whose turn runs gets the
-    message by signal-with-start as always."""
+    message by signal-with-start as always.
+
+    Raises `turnkeeper.chat_ids.InvalidChatId` for a chat id outside its rule."""
+    check_chat_id(chat_id)
     from temporalio.common import (
         SearchAttributePair,
         TypedSearchAttributes,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
 from turnkeeper import client as tk
 from turnkeeper import telemetry
+from turnkeeper.chat_ids import CHAT_ID_RULE, valid_chat_id
 from turnkeeper.config import Settings
 from turnkeeper.web.feed import ChatFeed
 from turnkeeper.web.request_checks import BodyTooLarge, read_body
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
     from turnkeeper.activities.store import SessionStore
 
-CHAT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Continue, Dismiss, Stop and the login carry a few short fields.
 SMALL_BODY_BYTES = 4096
 CONNECT_TIMEOUT_S = 10.0
@@ -90,8 +89,8 @@ def backends(request: Request) -> Backends:
 
 def chat_id_of(request: Request) -> str:
     chat_id = request.path_params["chat_id"]
-    if not CHAT_ID.fullmatch(chat_id):
-        raise ApiError(422, "a chat id is 1-128 characters of A-Z a-z 0-9 . _ : -")
+    if not valid_chat_id(chat_id):
+        raise ApiError(422, CHAT_ID_RULE)
     return chat_id
 
 
