@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Coroutine, Sequence
@@ -28,6 +29,7 @@ from turnkeeper.cli_commands import (
     cmd_status,
 )
 from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
+from turnkeeper.client import MESSAGE_ID_LENGTHS
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
@@ -45,10 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)")
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat", type=_chat_id, help=CHAT_ID_RULE)
-    s.add_argument("text")
+    s.add_argument("text", type=_text)
     s.add_argument("--no-wait", action="store_true", help="return once the message is durable")
-    s.add_argument("--message-id", help="idempotency key (default: a new uuid)")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    s.add_argument("--message-id", type=_message_id, help="idempotency key, 1-200 characters (default: a new uuid)")
+    s.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
     s.set_defaults(func=cmd_send)
     for name, func, help_ in (("status", cmd_status, "the turn's state"),
                               ("history", cmd_history, "the committed transcript")):
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "continue":
             c.add_argument("--wait", action="store_true",
                            help="follow the resumed turn like `send`: its tools, then its answer")
-            c.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+            c.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
         c.set_defaults(func=func)
     r = sub.add_parser("replay", help="replay recent histories against this code; exit 1 if any does "
                        "not replay (the deploy gate)")
@@ -104,6 +106,34 @@ def _chat_id(raw: str) -> str:
         return check_chat_id(raw)
     except InvalidChatId as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _text(raw: str) -> str:
+    # Bytes that are not UTF-8 reach argv as lone surrogates, which no payload can carry.
+    try:
+        raw.encode()
+    except UnicodeEncodeError as err:
+        raise argparse.ArgumentTypeError(f"not UTF-8 text (at character {err.start + 1})") from None
+    return raw
+
+
+def _message_id(raw: str) -> str:
+    # Refused here, before anything is sent: the message's model would refuse it later, in a traceback.
+    _text(raw)
+    if len(raw) not in MESSAGE_ID_LENGTHS:
+        raise argparse.ArgumentTypeError(f"a message id is 1-{MESSAGE_ID_LENGTHS.stop - 1} characters, "
+                                         f"got {len(raw)}")
+    return raw
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {raw!r}")
+    return value
 
 
 def _positive(raw: str) -> int:

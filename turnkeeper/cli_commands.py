@@ -63,7 +63,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> Any:
     """Over Temporal's HTTP API, reading the SQLite file itself, when both can serve it
     (then neither the SDK nor pydantic loads before the message is durable; only
     following the turn loads pydantic and the store): the same request, the same
-    reads. Otherwise, or for an id the model must judge, the SDK's way (a coroutine)."""
+    reads. Otherwise the SDK's way (a coroutine)."""
     import uuid
 
     try:
@@ -71,8 +71,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> Any:
     except tk.MessageTooLarge as err:
         raise Refused(str(err)) from None
     message_id = args.message_id or uuid.uuid4().hex
-    if (len(message_id) not in tk.MESSAGE_ID_LENGTHS or settings.http_api_address is None
-            or settings.encryption_keys or settings.otlp_endpoint):
+    if settings.http_api_address is None or settings.encryption_keys or settings.otlp_endpoint:
         # Payloads the codec must encrypt, or a traced start: only the SDK's client makes those.
         return _send_with_the_sdk(args, settings, message_id)
     after = 0
