@@ -29,7 +29,7 @@ from turnkeeper.cli_commands import (
     cmd_status,
 )
 from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
-from turnkeeper.client import MESSAGE_ID_LENGTHS
+from turnkeeper.client import MalformedMessage, check_message_id
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
@@ -114,15 +114,17 @@ def _text(raw: str) -> str:
         raw.encode()
     except UnicodeEncodeError as err:
         raise argparse.ArgumentTypeError(f"not UTF-8 text (at character {err.start + 1})") from None
+    if not raw.strip():
+        raise argparse.ArgumentTypeError("a message needs text (the page refuses a blank one too)")
     return raw
 
 
 def _message_id(raw: str) -> str:
     # Refused here, before anything is sent: the message's model would refuse it later, in a traceback.
-    _text(raw)
-    if len(raw) not in MESSAGE_ID_LENGTHS:
-        raise argparse.ArgumentTypeError(f"a message id is 1-{MESSAGE_ID_LENGTHS.stop - 1} characters, "
-                                         f"got {len(raw)}")
+    try:
+        check_message_id(raw)
+    except MalformedMessage as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return raw
 
 

@@ -28,6 +28,10 @@ class MessageTooLarge(ValueError):
     pass
 
 
+class MalformedMessage(ValueError):
+    """Text or an id that no payload or store row can carry."""
+
+
 class TurnTakesNoMoreMessages(Exception):
     """The server refused the message: the running turn's run has taken as many
     signals as the server allows one run (`history.maximumSignalsPerExecution`)."""
@@ -95,11 +99,32 @@ def new_message(text: str, settings: Settings, message_id: str | None = None,
     from turnkeeper.models import UserMessage
 
     check_message_size(text, settings)
+    if message_id is not None:
+        check_message_id(message_id)
     return UserMessage(message_id=message_id or uuid.uuid4().hex, text=text, sender=sender)
 
 
+def check_message_id(message_id: str) -> None:
+    """Refused before sending: PostgreSQL keeps no NUL in a text column, so a message
+    with such an id could never begin its turn there."""
+    if len(message_id) not in MESSAGE_ID_LENGTHS:
+        raise MalformedMessage(f"a message id is 1-{MESSAGE_ID_LENGTHS.stop - 1} characters, got {len(message_id)}")
+    _utf8(message_id, "the message id")
+    if "\x00" in message_id:
+        raise MalformedMessage("the message id holds a NUL character")
+
+
+def _utf8(value: str, what: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError as err:
+        # A lone surrogate: JSON can escape one ("\\ud800"), UTF-8 cannot carry it.
+        raise MalformedMessage(f"{what} is not valid Unicode (a lone surrogate at character {err.start + 1})") from None
+
+
 def check_message_size(text: str, settings: Settings) -> None:
-    size = len(text.encode())
+    """Also refuses text that is not valid Unicode (`MalformedMessage`)."""
+    size = len(_utf8(text, "the text"))
     if size > settings.max_message_bytes:
         raise MessageTooLarge(f"message is {size} bytes; the limit is {settings.max_message_bytes} "
                               "(TURNKEEPER_MAX_MESSAGE_BYTES)")

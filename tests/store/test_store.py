@@ -1122,3 +1122,13 @@ async def test_drafts_of_many_chats_come_in_write_order(store: SessionStore) -> 
     rows = await store.drafts_since(start)
     assert [(d.chat_id, d.text) for d in rows] == [(c, "ab") for c in reversed(chats)]
     assert [d.version for d in rows] == sorted(d.version for d in rows)
+
+
+async def test_any_text_a_client_may_send_is_stored_and_read_back(store: SessionStore) -> None:
+    """Clients refuse ids with NUL and lone surrogates (turnkeeper.client.check_message_id);
+    whatever else a message says, control characters included, both stores keep."""
+    text = "nul \x00, bell \x07, é ✓ 😀, quote \" and backslash \\"
+    turn = await start_turn(store, "run-1", "m\x07é✓")
+    prepared = await store.prepare_model_call(CHAT, turn, [user("m2", text)])
+    assert prepared.committed == ["m2"]
+    assert [m.content for m in await store.history(CHAT)][-1] == text

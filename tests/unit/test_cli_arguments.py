@@ -10,7 +10,9 @@ from turnkeeper import cli
 @pytest.mark.parametrize(("argv", "words"), [
     (["send", "c", "hi", "--message-id", ""], "a message id is 1-200 characters, got 0"),
     (["send", "c", "hi", "--message-id", "m" * 201], "a message id is 1-200 characters, got 201"),
-    (["send", "c", "hi", "--message-id", "\udcfe"], "not UTF-8 text (at character 1)"),
+    (["send", "c", "hi", "--message-id", "\udcfe"], "the message id is not valid Unicode (a lone surrogate at character 1)"),
+    (["send", "c", ""], "a message needs text"),
+    (["send", "c", " \n"], "a message needs text"),
     (["send", "c", "ok \udcff"], "not UTF-8 text (at character 4)"),  # argv's bytes that are not UTF-8
     (["send", "c", "hi", "--timeout", "0"], "must be a number of seconds above 0, got '0'"),
     (["send", "c", "hi", "--timeout", "-1"], "must be a number of seconds above 0"),

@@ -64,6 +64,8 @@ async def send_message(request: Request) -> Response:
         message = tk.new_message(text, settings, message_id=message_id)
     except tk.MessageTooLarge as err:
         raise ApiError(413, str(err)) from None
+    except tk.MalformedMessage as err:
+        raise ApiError(422, str(err)) from None
     # Durable once it returns; the workflow keeps one message per id.
     b = backends(request)
     try:
