@@ -271,6 +271,12 @@ class Reconciler:
         return handed
 
     async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
+        if not chat_id.strip():
+            # `ChatTurn` fails a run whose chat id is blank (started by hand, e.g. with the
+            # `temporal` CLI): its messages, handed on, would fail another run every pass.
+            log.warning("chat %r: run %s failed for its blank chat id; its messages are not handed on "
+                        "(send them to a chat with a name)", chat_id, run_id)
+            return 0
         events = await _readable(
             (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client)
         lost = await self._uncommitted(chat_id, reconcile_verdict.acknowledged(events))

@@ -456,6 +456,10 @@ async def _status_is(handle: Any, status: WorkflowExecutionStatus) -> bool:
     return (await handle.describe()).status == status
 
 
+async def _listed(stack: Stack, query: str) -> bool:
+    return bool([r async for r in stack.client.list_workflows(query)])
+
+
 async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_message(stack: Stack) -> None:
     """The run holding an uncommitted follow-up is terminated, and a newer message
     closes its turn before any reconcile pass looks: the next pass still hands the
@@ -741,3 +745,42 @@ async def test_refusals_made_while_the_runs_last_events_are_written_are_announce
         store = await stack.store()
         refused = [e.payload["message_id"] for e in await store.events(chat) if e.type == "message_rejected"]
         assert refused == ["over-1", "over-2"]
+
+
+async def test_a_run_started_by_hand_with_a_blank_chat_id_fails_once(stack: Stack) -> None:
+    """`ChatTurn` fails a run whose chat id is blank, and our clients never start one
+    (turnkeeper/chat_ids.py); the `temporal` CLI can. A pass used to hand its message
+    on to a run that failed the same way, one more failed run every pass, forever."""
+    from temporalio.common import WorkflowIDConflictPolicy
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper.activities.reconciler import Reconciler
+    from turnkeeper.models import ChatTurnInput, UserMessage
+
+    await stack.start_worker()
+    blank = " "
+    handle = await stack.client.start_workflow(
+        tk.WORKFLOW_TYPE, ChatTurnInput(chat_id=blank), id=tk.workflow_id(blank),
+        task_queue=stack.settings().task_queue, start_signal="user_message",
+        start_signal_args=[UserMessage(message_id="m1", text="hello")],
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+    await until_async(lambda: _status_is(handle, WorkflowExecutionStatus.FAILED), what="the run to fail")
+    query = f"WorkflowId = '{tk.workflow_id(blank)}' AND ExecutionStatus = 'Failed'"
+    await until_async(lambda: _listed(stack, query), what="the failed run in visibility, where a pass finds it")
+
+    reconciler = Reconciler(stack.settings(), await stack.store())
+    env = ActivityEnvironment(client=stack.client)
+    for _ in range(2):
+        summary = await env.run(reconciler.reconcile_pass)
+        assert summary.handed_on == 0, summary
+    await asyncio.sleep(1.0)  # a run handed the message would have failed by now
+    runs = [r async for r in stack.client.list_workflows(f"WorkflowId = '{tk.workflow_id(blank)}'")]
+    assert len(runs) == 1, [(r.run_id, r.status) for r in runs]
+
+
+async def _status_is(handle: Any, status: WorkflowExecutionStatus) -> bool:
+    return (await handle.describe()).status == status
+
+
+async def _listed(stack: Stack, query: str) -> bool:
+    return bool([r async for r in stack.client.list_workflows(query)])
