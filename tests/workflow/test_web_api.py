@@ -166,8 +166,10 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
             answer = await request(web, method, f"/api/chats/{unknown}{suffix}", body)
             assert answer.status == 404, (suffix, answer.status, answer.body)
         assert (await request(web, "GET", f"/api/chats/{unknown}/messages")).data == []
-        for body in ({}, {"recovery_id": ""}, {"recovery_id": 3}):
-            assert (await request(web, "POST", f"/api/chats/{unknown}/continue", body)).status == 422
+        for body in ({}, {"recovery_id": ""}, {"recovery_id": 3}, {"recovery_id": "\ud800"}):
+            for decision in ("continue", "dismiss"):
+                answer = await request(web, "POST", f"/api/chats/{unknown}/{decision}", body)
+                assert answer.status == 422, (body, answer.status, answer.body)
         status, _ = await read_events(web, f"/api/chats/{unknown}/events", "never",
                                       headers={"Last-Event-ID": "x1"})
         assert status == 422

@@ -29,6 +29,10 @@ def _short_id(body: dict[str, Any], key: str, required: bool) -> str | None:
         return None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
         raise ApiError(422, f"{key!r} must be a string of 1-{MAX_ID_CHARS} characters")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # JSON can escape a lone surrogate ("\ud800"); no payload carries one
+        raise ApiError(422, f"{key!r} is not valid Unicode (a lone surrogate)") from None
     return value
 
 
