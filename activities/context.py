@@ -198,8 +198,8 @@ class ContextBuilder:
             # The call was sent every row of the chat: checked here, without a read.
             calls = ensure_tool_call_ids(reply.tool_calls, context.messages, call_index=context.call_index)
             return reply if calls == reply.tool_calls else reply.model_copy(update={"tool_calls": calls})
-        used = await self._store.answered_call_ids(chat_id, [c.id for c in reply.tool_calls])
-        if not used:
+        used = await self._store.answered_call_ids(chat_id, [c.id for c in reply.tool_calls if c.id])
+        if not used and all(c.id for c in reply.tool_calls):
             return reply
         folded = ChatMessage(role="assistant", tool_calls=[ToolCall(id=i, name="") for i in used])
         calls = ensure_tool_call_ids(reply.tool_calls, [folded, *context.messages], call_index=context.call_index)

@@ -19,6 +19,7 @@ from turnkeeper.activities.context import ContextBuilder, context_budget
 from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
+from turnkeeper.activities.providers.base import well_formed
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
@@ -70,7 +71,7 @@ class ModelCallActivity:
                 raise _model_failed(err) from None
             metrics.model_call_took(activity.metric_meter(), time.monotonic() - started)
             try:
-                reply = await self._context.unique_call_ids(inp.chat_id, reply, context)
+                reply = await self._context.unique_call_ids(inp.chat_id, well_formed(reply), context)
                 await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, reply,
                                                    final=reply.is_final and inp.closes_turn)
             except StoreUnavailable as err:

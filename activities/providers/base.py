@@ -150,6 +150,45 @@ def listed_summary(request: SummaryRequest) -> str:
     return "; ".join(parts)
 
 
+# A tool call id is a store key (with the chat and turn): short, printable, and
+# storable everywhere (PostgreSQL keeps no NUL in text). Longer or odd ones are replaced.
+MAX_TOOL_CALL_ID_CHARS = 128
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, always a lone one: pairs decode to one character
+
+
+def usable_tool_call_id(call_id: str) -> bool:
+    return (0 < len(call_id) <= MAX_TOOL_CALL_ID_CHARS and not _CONTROL.search(call_id)
+            and _valid_unicode(call_id))
+
+
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _mended(text: str) -> str:
+    # JSON can escape a lone surrogate ("\ud800"), which no payload or store row can carry.
+    return text if _valid_unicode(text) else _SURROGATE.sub("\ufffd", text)
+
+
+def well_formed(reply: ModelReply) -> ModelReply:
+    """A provider's answer as the turn can record it: lone surrogates in its text,
+    tool names and arguments become U+FFFD, and an unusable tool call id becomes
+    empty, for `ensure_tool_call_ids` to replace. Any provider, ours or a user's."""
+    calls = [c if usable_tool_call_id(c.id) and _valid_unicode(c.name + c.arguments) else
+             c.model_copy(update={"id": c.id if usable_tool_call_id(c.id) else "", "name": _mended(c.name),
+                                  "arguments": _mended(c.arguments)})
+             for c in reply.tool_calls]
+    text = reply.text if reply.text is None else _mended(reply.text)
+    if text == reply.text and all(a is b for a, b in zip(calls, reply.tool_calls)):
+        return reply
+    return reply.model_copy(update={"text": text, "tool_calls": calls})
+
+
 def fallback_tool_call_id(call_index: int, i: int) -> str:
     return f"call_{call_index}_{i}"
 
@@ -163,14 +202,15 @@ def ensure_tool_call_ids(
 ) -> list[ToolCall]:
     """Give every call a non-empty id unique within the chat.
 
-    Ids are the store's keys for tool results, so an empty id or one a server
-    reuses (some local servers do) is replaced by a deterministic fallback.
+    Ids are the store's keys for tool results, so an empty or unusable id
+    (`usable_tool_call_id`) or one a server reuses (some local servers do) is
+    replaced by a deterministic fallback.
     """
     taken = used_tool_call_ids(history)
     out: list[ToolCall] = []
     for i, call in enumerate(calls):
         new_id = call.id
-        if not new_id or new_id in taken:
+        if not usable_tool_call_id(new_id) or new_id in taken:
             new_id = fallback_tool_call_id(call_index, i)
             n = 1
             while new_id in taken:

@@ -265,3 +265,37 @@ async def test_a_reply_reusing_a_call_id_it_was_sent_gets_a_fresh_one_without_a_
 def test_rows_cost_their_json(tmp_path: Path) -> None:
     m = ChatMessage(role="user", content="x" * 400)
     assert row_tokens(m) == -(-len(json.dumps({"role": "user", "content": "x" * 400}, separators=(",", ":"))) // 4) + 4
+
+
+async def test_a_malformed_reply_is_recorded_mended(store: SQLiteStore, tmp_path: Path) -> None:
+    """A provider's reply can hold what no payload or store row carries: lone surrogates
+    (JSON escapes them) and tool call ids with NUL (PostgreSQL keeps none), or ids too
+    long for a key. The model activity mends them (`well_formed`) instead of failing
+    the step at every Continue."""
+    from temporalio.testing import ActivityEnvironment
+
+    from turnkeeper import activity_io
+    from turnkeeper.activities.model_call import ModelCallActivity
+    from turnkeeper.activities.tools import default_registry
+    from turnkeeper.config import Settings
+
+    class Malformed(Summariser):
+        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
+                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
+            return ModelReply(text="half \ud83d a smile", tool_calls=[
+                ToolCall(id="a\x00b", name="read_file", arguments='{"path": "\udc00"}'),
+                ToolCall(id="x" * 500, name="read_file", arguments="{}"),
+                ToolCall(id="ok-id", name="read_\ud800file", arguments="{}")])
+
+    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path), store, Malformed(),
+                              default_registry())
+    await store.begin_turn(CHAT, "run-1", ["m1"])
+    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
+        chat_id=CHAT, turn=1, step=0, new_messages=[UserMessage(message_id="m1", text="go")]))
+    result.model_dump_json()  # a payload at last
+    reply = result.reply
+    assert reply.text == "half \ufffd a smile"
+    assert [c.id for c in reply.tool_calls] == ["call_0_0", "call_0_1", "ok-id"]
+    assert [c.name for c in reply.tool_calls] == ["read_file", "read_file", "read_\ufffdfile"]
+    assert reply.tool_calls[0].arguments == '{"path": "\ufffd"}'
+    assert (await store.history(CHAT))[-1].tool_calls == reply.tool_calls

@@ -20,7 +20,7 @@ from turnkeeper.activities.providers import (
     load_provider,
 )
 from turnkeeper.activities.providers.base import ensure_tool_call_ids
-from turnkeeper.models import ChatMessage, EffectClass, ToolCall, ToolSpec
+from turnkeeper.models import ChatMessage, EffectClass, ModelReply, ToolCall, ToolSpec
 from turnkeeper.testing import FakeChatServer
 
 API_KEY = "sk-test-DO-NOT-LEAK-1234567890"
@@ -538,3 +538,21 @@ async def test_a_cancelled_model_call_cancels_the_providers_request() -> None:
     with pytest.raises(asyncio.CancelledError):
         await running
     await asyncio.wait_for(cancelled.wait(), 1)
+
+
+@pytest.mark.parametrize(("call_id", "usable"), [
+    ("call_abc", True), ("x" * 128, True), ("é✓", True), ("", False), ("x" * 129, False),
+    ("a\x00b", False), ("tab\tid", False), ("del\x7f", False), ("\ud800", False)])
+def test_a_tool_call_id_is_usable_as_a_store_key(call_id: str, usable: bool) -> None:
+    from turnkeeper.activities.providers.base import usable_tool_call_id
+
+    assert usable_tool_call_id(call_id) is usable
+    (call,) = ensure_tool_call_ids([ToolCall(id=call_id, name="t")], [], call_index=3)
+    assert call.id == (call_id if usable else "call_3_0")
+
+
+def test_a_well_formed_reply_is_left_as_it_is() -> None:
+    from turnkeeper.activities.providers.base import well_formed
+
+    reply = ModelReply(text="é ✓ 😀", tool_calls=[ToolCall(id="c1", name="t", arguments='{"a": "\\ud800"}')])
+    assert well_formed(reply) is reply  # an escape in the JSON text is no lone surrogate
