@@ -20,6 +20,7 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import NoReturn
 
+from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
 from turnkeeper.cli_commands import (
     cmd_events,
     cmd_history,
@@ -28,10 +29,9 @@ from turnkeeper.cli_commands import (
     cmd_send,
     cmd_status,
 )
-from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
-from turnkeeper.client import MalformedMessage, check_message_id
 from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
 from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
+from turnkeeper.client import MalformedMessage, check_message_id
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
 from turnkeeper.statuses import TurnStatus
 
