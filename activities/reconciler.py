@@ -6,32 +6,29 @@ recovery mode, which opens the gate and waits for Continue or Dismiss.
 A pass reads the open turns only, so its cost grows with open turns, not with
 all chats; a turn whose run is running costs one describe and nothing else, unless
 the run's workflow task keeps failing: a run that gets nowhere for a minute is
-ended and recovered like any other (activities/wedged_runs.py). Runs that wedge
-with no open turn are found by the server's mark on them, one list a pass.
+ended and recovered like any other (activities/wedged_runs.py). Runs that no open
+turn leads to are swept at the end of the pass (activities/run_sweep.py).
 """
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Literal
 
 from temporalio import activity
-from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper import metrics
 from turnkeeper.activities import reconcile_verdict, wedged_runs
+from turnkeeper.activities.run_sweep import ENDED, RunSweep, describe, readable, terminate
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.activities.store.base import TurnRef
 from turnkeeper.client import WORKFLOW_TYPE, workflow_id
 from turnkeeper.config import Settings
-from turnkeeper.encryption import DecryptionError
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     OPEN_STATUSES,
@@ -42,7 +39,6 @@ from turnkeeper.models import (
     Reason,
     RecoveryStart,
     TurnRecord,
-    TurnState,
     TurnStatus,
     UserMessage,
 )
@@ -50,11 +46,6 @@ from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
 from turnkeeper.workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")
-
-WORKFLOW_ID_PREFIX = workflow_id("")
-# Visibility is eventually consistent: each pass looks a little further back.
-SWEEP_OVERLAP = timedelta(minutes=5)
-SWEEP_FIRST_LOOKBACK = timedelta(days=1)
 
 # What a pass reports for a turn it left as it was.
 Untouched = Literal["healthy", "settled", "busy"]
@@ -64,33 +55,11 @@ _TRANSIENT_RPC = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EX
                             RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.ABORTED, RPCStatusCode.CANCELLED})
 
 
-async def _readable(events: Sequence[HistoryEvent], client: Client) -> Sequence[HistoryEvent]:
-    """A fetched history holds payloads as stored (encrypted under TURNKEEPER_ENCRYPTION_KEYS):
-    decode those reconcile_verdict reads with the client's codec. One that does not decrypt
-    stays as it is, and the verdict names its key id."""
-    codec = client.data_converter.payload_codec
-    if codec is None:
-        return events
-    for event in events:
-        payloads = reconcile_verdict.payloads_read(event)
-        if payloads is None or not payloads.payloads:
-            continue
-        try:
-            decoded = await codec.decode(payloads.payloads)
-        except DecryptionError:
-            continue
-        del payloads.payloads[:]
-        payloads.payloads.extend(decoded)
-    return events
-
-
 class Reconciler:
     def __init__(self, settings: Settings, store: SessionStore) -> None:
         self._settings = settings
         self._store = store
-        # Abnormally closed runs already looked at, and how far back the next pass looks.
-        self._swept: set[str] = set()
-        self._swept_until = datetime.now(timezone.utc) - SWEEP_FIRST_LOOKBACK
+        self._runs = RunSweep(settings, store)
 
     @activity.defn(name=RECONCILE_PASS)
     async def reconcile_pass(self) -> ReconcileSummary:
@@ -120,8 +89,8 @@ class Reconciler:
             else:
                 summary.busy += 1
         open_runs = {ref.run_id for ref in refs}
-        summary.ended_wedged, handed = await self._end_wedged_runs_without_turn(client, open_runs)
-        summary.handed_on = handed + await self._sweep_unrecorded_runs(client, open_runs)
+        summary.ended_wedged, handed = await self._runs.end_wedged_runs_without_turn(client, open_runs)
+        summary.handed_on = handed + await self._runs.sweep_unrecorded_runs(client, open_runs)
         if summary.examined != summary.healthy or summary.handed_on or summary.ended_wedged:
             log.info("reconcile pass: %s", summary.model_dump_json())
         return summary
@@ -131,19 +100,19 @@ class Reconciler:
         described: WorkflowExecutionDescription | None = None
         ended_here = False
         if ref.run_id is not None:
-            described = await _describe(handle)
-            if described is not None and described.status not in _ENDED:
+            described = await describe(handle)
+            if described is not None and described.status not in ENDED:
                 stuck = await wedged_runs.wedged(handle, described)
                 if stuck is None:
                     return "healthy"
                 log.warning("chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id,
                             stuck.describe())
-                ended_here = await _terminate(handle, stuck)
-                described = await _describe(handle)
+                ended_here = await terminate(handle, stuck)
+                described = await describe(handle)
             if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
                 # A long history handed on: the run it continued in adopts the turn in
                 # its first workflow task (which may wait for a worker).
-                current = await _describe(client.get_workflow_handle(workflow_id(ref.chat_id)))
+                current = await describe(client.get_workflow_handle(workflow_id(ref.chat_id)))
                 if current is not None and current.status == WorkflowExecutionStatus.RUNNING:
                     return "busy"
         # Read again: the turn may have closed, or been adopted, since the listing.
@@ -152,14 +121,14 @@ class Reconciler:
             if ended_here and ref.run_id is not None:
                 # Its turn closed meanwhile, but the run held messages for the next one: handed
                 # on now, before a newer message starts a turn (the end-of-pass sweep skips this run).
-                await self._sweep_run(client, ref.chat_id, workflow_id(ref.chat_id), ref.run_id)
-                self._swept.add(ref.run_id)
+                await self._runs.sweep_run(client, ref.chat_id, workflow_id(ref.chat_id), ref.run_id)
+                self._runs.swept.add(ref.run_id)
             return "settled"
 
         events = None
         if described is not None:
             try:
-                events = await _readable((await handle.fetch_history()).events, client)
+                events = await readable((await handle.fetch_history()).events, client)
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise
@@ -173,12 +142,12 @@ class Reconciler:
             verdict = (reconcile_verdict.judge_store(rows) if events is None else reconcile_verdict.judge_history(
                 events, rows, resuming=record.status == TurnStatus.RESUMING))
         log.info("chat %s turn %d: %s (%s)", ref.chat_id, ref.turn, verdict.reason.value, verdict.detail)
-        pending = await self._uncommitted(ref.chat_id, verdict.messages)
+        pending = await self._runs.uncommitted(ref.chat_id, verdict.messages)
 
         if verdict.closes_turn:
             await self._close(ref, record, verdict)
             if pending:
-                await self._hand_on(client, ref.chat_id, pending)
+                await self._runs.hand_on(client, ref.chat_id, pending)
             return verdict.reason
 
         for call in verdict.unanswered:
@@ -204,94 +173,6 @@ class Reconciler:
             return "busy"
         return verdict.reason
 
-    async def _end_wedged_runs_without_turn(self, client: Client, open_runs: set[str | None]) -> tuple[int, int]:
-        """Runs whose task keeps failing and that no open turn row leads to: wedged
-        before the store numbered their turn, or after it closed, holding the next
-        turn's messages. The server marks such runs (TemporalReportedProblems, which
-        dynamic config turns on); each is ended and its messages handed on in order,
-        before a newer message starts a turn. Returns (runs ended, messages handed on)."""
-        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND "
-                 f"ExecutionStatus = 'Running' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL")
-        ended = handed = 0
-        try:
-            runs = [run async for run in client.list_workflows(query)]
-        except RPCError as err:
-            # A server without the attribute refuses the query: the rest of the pass goes on.
-            log.warning("runs marked with %s not listed this pass: %s", wedged_runs.REPORTED_PROBLEMS, err)
-            return 0, 0
-        for run in runs:
-            if run.run_id in open_runs or not run.id.startswith(WORKFLOW_ID_PREFIX):
-                continue
-            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
-            handle = client.get_workflow_handle(run.id, run_id=run.run_id)
-            try:
-                described = await _describe(handle)
-                if described is None or described.status in _ENDED:
-                    continue  # the closed-run sweep looks at it
-                stuck = await wedged_runs.wedged(handle, described)
-                if stuck is None:
-                    continue
-                log.warning("chat %s: ending run %s, which holds no open turn: %s", chat_id, run.run_id,
-                            stuck.describe())
-                if await _terminate(handle, stuck):
-                    ended += 1
-                handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
-                self._swept.add(run.run_id)
-            except Exception as err:  # noqa: BLE001 — the next pass looks again
-                log.warning("chat %s run %s: not judged this pass: %s", chat_id, run.run_id, err)
-        return ended, handed
-
-    async def _sweep_unrecorded_runs(self, client: Client, open_runs: set[str | None]) -> int:
-        """Runs that ended abnormally hold acknowledged messages that no open turn row
-        leads to: a run that ended before the store recorded its turn (say, terminated
-        while the store was down), or one whose turn a newer message closed before any
-        pass looked at it. Find them by the run's close and hand their uncommitted
-        messages on; runs in `open_runs` are the open-turn path's. Cost: one
-        visibility query a pass, and a look at each such run once."""
-        since = self._swept_until - SWEEP_OVERLAP
-        started = datetime.now(timezone.utc)
-        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND CloseTime > '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}' AND "
-                 "(ExecutionStatus = 'Terminated' OR ExecutionStatus = 'Failed' OR ExecutionStatus = 'TimedOut')")
-        handed = 0
-        complete = True
-        async for run in client.list_workflows(query):
-            if run.run_id in self._swept or not run.id.startswith(WORKFLOW_ID_PREFIX):
-                continue
-            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
-            try:
-                if run.run_id not in open_runs:
-                    handed += await self._sweep_run(client, chat_id, run.id, run.run_id)
-            except Exception as err:  # noqa: BLE001 — the next pass looks again
-                log.warning("chat %s run %s: not swept this pass: %s", chat_id, run.run_id, err)
-                complete = False
-                continue
-            self._swept.add(run.run_id)
-        if complete:
-            self._swept_until = started
-        return handed
-
-    async def _sweep_run(self, client: Client, chat_id: str, workflow_id_: str, run_id: str) -> int:
-        if not chat_id.strip():
-            # `ChatTurn` fails a run whose chat id is blank (started by hand, e.g. with the
-            # `temporal` CLI): its messages, handed on, would fail another run every pass.
-            log.warning("chat %r: run %s failed for its blank chat id; its messages are not handed on "
-                        "(send them to a chat with a name)", chat_id, run_id)
-            return 0
-        events = await _readable(
-            (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client)
-        lost = await self._uncommitted(chat_id, reconcile_verdict.acknowledged(events))
-        if lost:
-            # A run that holds the chat now may have them already (handed on by an earlier pass).
-            live = client.get_workflow_handle(workflow_id_)
-            if (await live.describe()).status == WorkflowExecutionStatus.RUNNING:
-                state = await live.query("state", result_type=TurnState)
-                lost = [m for m in lost if m.message_id not in state.pending_followups]
-        if lost:
-            log.info("chat %s: %d message(s) of run %s, which ended abnormally, handed on",
-                     chat_id, len(lost), run_id)
-            await self._hand_on(client, chat_id, lost)
-        return len(lost)
-
     async def _close(self, ref: TurnRef, record: TurnRecord, verdict: reconcile_verdict.Verdict) -> None:
         """Persist, then announce: the store writes recovery_state, session_updated, turn_end."""
         if verdict.reason == Reason.ANSWER_RESTORED:
@@ -309,16 +190,6 @@ class Reconciler:
         # No run ends this turn: it ends here.
         metrics.turn_ended(activity.metric_meter(), TurnStatus.RECOVERED.value, verdict.reason.value)
 
-    async def _uncommitted(self, chat_id: str, messages: tuple[UserMessage, ...]) -> list[UserMessage]:
-        """Acknowledged messages of the dead run the store does not hold yet: the
-        recovery run (or the next turn) takes them over, so none is lost."""
-        limit = self._settings.max_message_bytes
-        offered = [m for m in messages if len(m.text.encode()) <= limit]  # the run refused larger ones
-        if not offered:
-            return []
-        held = set(await self._store.held_message_ids(chat_id, [m.message_id for m in offered]))
-        return [m for m in offered if m.message_id not in held]
-
     async def _bound(self, ref: TurnRef, pending: list[UserMessage]) -> list[UserMessage]:
         """A recovery run's input stays under the chat's pending bound (a run of an
         older release may have held more): the earliest messages over it are
@@ -335,17 +206,6 @@ class Reconciler:
         for chunk in chunks(early):
             await self._store.commit_user_messages(ref.chat_id, ref.turn, chunk)
         return keep
-
-    async def _hand_on(self, client: Client, chat_id: str, messages: list[UserMessage]) -> None:
-        """The turn is closed; its follow-ups start the next turn, as a client's send would."""
-        for message in messages:
-            await client.start_workflow(
-                WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
-                task_queue=self._settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
-                start_signal="user_message", start_signal_args=[message],
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            )
 
     async def _mark_failed(self, ref: TurnRef) -> bool:
         """failed/recovery_failed, can_continue false. Not open any more, so later
@@ -372,31 +232,3 @@ def _transient(err: Exception) -> bool:
     if isinstance(err, RPCError):
         return err.status in _TRANSIENT_RPC
     return isinstance(err, StoreError) and not isinstance(err, CorruptRowError)
-
-
-_ENDED = frozenset({
-    WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
-    WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CONTINUED_AS_NEW,
-    WorkflowExecutionStatus.TIMED_OUT,
-})
-
-
-async def _terminate(handle: WorkflowHandle[Any, Any], stuck: wedged_runs.Wedged) -> bool:
-    """False when the run ended by itself meanwhile: it is then judged as it ended."""
-    try:
-        await handle.terminate(reason=f"turnkeeper reconciler: {stuck.describe()}")
-    except RPCError as err:
-        if err.status != RPCStatusCode.NOT_FOUND:
-            raise
-        return False
-    return True
-
-
-async def _describe(handle: WorkflowHandle[Any, Any]) -> WorkflowExecutionDescription | None:
-    """The exact run the turn records; None when it and its history are gone."""
-    try:
-        return await handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise

@@ -35,7 +35,7 @@ from tests.support import Stack, until
 from tests.web_support import request, serving
 from turnkeeper import client as tk
 from turnkeeper.activities import reconcile_verdict
-from turnkeeper.activities.reconciler import _readable
+from turnkeeper.activities.run_sweep import readable as _readable
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.dev_server import (
     codec_endpoint,
