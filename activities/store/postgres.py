@@ -23,9 +23,10 @@ naming it. Connection URLs are shown without user or password.
 """
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import lru_cache
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -42,6 +43,15 @@ T = TypeVar("T")
 LOCK_TIMEOUT_S = 10.0
 """How long a write waits for its chat's lock before it fails (StoreError, so
 the activity is retried): the counterpart of SQLite's busy timeout."""
+
+CALL_TIMEOUT_S = 15.0
+"""The most one store call may take, from asking the pool for a connection to
+handing it back: then its connection is cut off and it fails as
+StoreUnavailable. The driver can wait without end on a connection the server
+cut off in the middle of a call, and a turn must not sit in `running` behind
+it. Longer than a write's wait for its chat's lock (`LOCK_TIMEOUT_S`), shorter
+than a store local activity's own timeout (30 s), so such a call ends as an
+outage the turn waits out."""
 
 # Advisory lock keys, two-int form: (space, key). 'tkch' / 'tksc' in ASCII.
 _CHAT_LOCK_SPACE = 0x746B6368
@@ -86,7 +96,32 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.LockNotAvailableError, asyncpg.exceptions.QueryCanceledError,
     asyncpg.exceptions.TooManyConnectionsError, asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
+    # The driver's own state after a cut-off connection ("cannot switch to state 15;
+    # another operation is in progress"): the next connection works.
+    asyncpg.exceptions.InternalClientError,
 )
+
+
+def _terminate(conn: asyncpg.Connection) -> None:
+    """End `conn` at once; the pool opens a new connection in its place."""
+    with suppress(asyncpg.InterfaceError):  # the driver already gave it back, closed
+        conn.terminate()
+
+
+class _Unsent(Exception):
+    """A call whose connection turned out dead before it did anything (its cause)."""
+
+
+# What a call meets on a connection the server has cut off, or the driver's state
+# after one ("cannot switch to state 15; another operation is in progress").
+_STALE: tuple[type[BaseException], ...] = (
+    asyncpg.InterfaceError, asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+# A call that ends in one of these leaves its connection unfit for the next call.
+_BROKEN: tuple[type[BaseException], ...] = (asyncio.CancelledError, OSError, *_STALE)
 
 
 @lru_cache(maxsize=None)
@@ -135,7 +170,7 @@ class PostgresStore(SQLStore):
     """
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, schema: str | None = None,
-                 lock_timeout: float = LOCK_TIMEOUT_S) -> None:
+                 lock_timeout: float = LOCK_TIMEOUT_S, call_timeout: float = CALL_TIMEOUT_S) -> None:
         if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(f"schema must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {schema!r}")
         if min_size < 0 or max_size < 1 or min_size > max_size:
@@ -147,6 +182,7 @@ class PostgresStore(SQLStore):
         self.min_size = min_size
         self.max_size = max_size
         self.lock_timeout = lock_timeout
+        self.call_timeout = call_timeout
         # Notifications are per database: one channel per schema keeps deployments apart.
         self.channel = f"turnkeeper_{schema}" if schema else "turnkeeper"
         self._pool: asyncpg.Pool | None = None
@@ -232,8 +268,9 @@ class PostgresStore(SQLStore):
         """Driver and network errors become StoreError (retryable); the password never shows."""
         try:
             yield
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError, *also) as exc:
-            text = f"{type(exc).__name__}: {exc}"
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError,
+                TimeoutError, *also) as exc:
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else self._silent(exc)
             if self._password:
                 text = text.replace(self._password, "***")
             where = f"{doing} PostgreSQL store" if doing else "PostgreSQL store"
@@ -241,26 +278,105 @@ class PostgresStore(SQLStore):
             # `from None`: the driver's exception could carry the URL it was given.
             raise kind(f"{where} {self.display_url}: {text}") from None
 
+    @asynccontextmanager
+    async def _connection(self, pool: asyncpg.Pool, deadline: float) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for a call that must end by `deadline` (the loop's
+        clock): then the connection is cut off, so that whatever waits on it (a
+        statement, a rollback, its return to the pool) ends at once, and TimeoutError
+        is raised."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(deadline):
+            conn = await pool.acquire()
+        expired = False
+
+        def cut_off() -> None:
+            nonlocal expired
+            expired = True
+            _terminate(conn)
+
+        timer = loop.call_at(deadline, cut_off)
+        try:
+            yield conn
+        except BaseException as exc:
+            if expired:
+                raise TimeoutError() from None
+            if isinstance(exc, (*_BROKEN, _Unsent)):
+                # Cancelled half way, or cut off: the driver would wait on the cancel, or
+                # hand the next caller a connection still "in another operation".
+                _terminate(conn)
+            raise
+        finally:
+            try:
+                await pool.release(conn)
+            except Exception:  # noqa: BLE001
+                pass  # the driver has dropped the connection; what the call did or met stands
+            finally:
+                timer.cancel()
+
+    async def _once_more_if_stale(self, call: Callable[[float], Awaitable[T]]) -> T:
+        # After the server cut sessions off (a restart, a failover, a proxy), the pool
+        # still holds the dead ones. Each is ended when met (`_BROKEN`), so at most
+        # max_size tries in a row meet one; all of them within one call's time.
+        deadline = asyncio.get_running_loop().time() + self.call_timeout
+        for _ in range(self.max_size):
+            try:
+                return await call(deadline)
+            except _Unsent:
+                continue
+        try:
+            return await call(deadline)
+        except _Unsent as unsent:
+            assert unsent.__cause__ is not None
+            raise unsent.__cause__ from None
+
+    def _silent(self, exc: BaseException) -> str:
+        if isinstance(exc, TimeoutError):
+            return f"no answer within {self.call_timeout:g} s"
+        return type(exc).__name__
+
     async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
                          durable: bool) -> T:
         pool = self._require_pool()
+
+        async def write(deadline: float) -> T:
+            async with self._connection(pool, deadline) as conn:
+                transaction = conn.transaction()
+                try:
+                    await transaction.start()
+                except _STALE as exc:
+                    raise _Unsent() from exc  # nothing began: the same call on another connection
+                try:
+                    # FROM first: the clock is read once the lock is held.
+                    now = await conn.fetchval(
+                        "SELECT clock_timestamp() FROM pg_advisory_xact_lock($1, hashtext($2))",
+                        _CHAT_LOCK_SPACE, chat_id,
+                    )
+                    if durable:
+                        await conn.execute("SET LOCAL synchronous_commit TO on")  # whatever the server's default
+                    result = await work(_Transaction(conn, self.channel), now)
+                except BaseException as exc:
+                    if not isinstance(exc, _BROKEN):
+                        await transaction.rollback()
+                    raise  # else the connection is ended, and the server rolls back
+                await transaction.commit()
+                return result
+
         with self._errors():
-            async with pool.acquire() as conn, conn.transaction():
-                # FROM first: the clock is read once the lock is held.
-                now = await conn.fetchval(
-                    "SELECT clock_timestamp() FROM pg_advisory_xact_lock($1, hashtext($2))",
-                    _CHAT_LOCK_SPACE, chat_id,
-                )
-                if durable:
-                    await conn.execute("SET LOCAL synchronous_commit TO on")  # whatever the server's default
-                return await work(_Transaction(conn, self.channel), now)
+            return await self._once_more_if_stale(write)
 
     async def _run_read(self, work: Callable[[Transaction], Coroutine[Any, Any, T]], snapshot: bool) -> T:
         # One statement alone has a snapshot of its own: no transaction, no extra round trips.
         pool = self._require_pool()
+
+        async def read(deadline: float) -> T:
+            try:
+                async with self._connection(pool, deadline) as conn:
+                    if not snapshot:
+                        return await work(_Transaction(conn, self.channel))
+                    async with conn.transaction(readonly=True):
+                        return await work(_Transaction(conn, self.channel))
+            except _STALE as exc:
+                raise _Unsent() from exc  # a read did nothing: the same call on another connection
+
         with self._errors():
-            async with pool.acquire() as conn:
-                if not snapshot:
-                    return await work(_Transaction(conn, self.channel))
-                async with conn.transaction(readonly=True):
-                    return await work(_Transaction(conn, self.channel))
+            return await self._once_more_if_stale(read)

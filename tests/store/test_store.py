@@ -28,6 +28,7 @@ from turnkeeper.activities.store import (
     SessionStore,
     SQLiteStore,
     StoreError,
+    StoreUnavailable,
     TurnUpdate,
     open_store,
 )
@@ -1008,6 +1009,88 @@ async def test_pg_a_held_chat_lock_times_out_as_a_store_error_and_holds_up_no_ot
         await store.append_events(CHAT, [NewEvent(type="session_updated")])  # the pool recovered
         assert [e.seq for e in await store.events(CHAT)] == [1]
     finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_pg_a_call_that_stops_moving_fails_as_unavailable_in_time_and_frees_its_connection(
+    pg: PostgresBackend,
+) -> None:
+    # One connection in the pool: a call that kept it would hold up every later one.
+    store = pg.new_store(min_size=1, max_size=1, lock_timeout=30, call_timeout=0.5)
+    await store.open()
+    try:
+        async with pg.hold_write_lock(CHAT):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match=r"no answer within 0\.5 s"):
+                await store.append_events(CHAT, [NewEvent(type="session_updated")])
+            assert time.monotonic() - started < 3
+            await store.append_events("another-chat", [NewEvent(type="session_updated")])  # a new connection
+        await store.append_events(CHAT, [NewEvent(type="session_updated")])
+        assert [e.seq for e in await store.events(CHAT)] == [1]  # the cut-off write left nothing
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_pg_sessions_cut_off_mid_call_fail_only_as_unavailable_and_the_store_goes_on(
+    pg: PostgresBackend,
+) -> None:
+    """As when a server restarts or a proxy drops connections: every call either works
+    or fails as StoreUnavailable (the driver's own errors included), none hangs,
+    and the store works once the cutting stops. Calls are also cancelled half way,
+    as a Stop cancels a model call in the middle of its store write."""
+    app = f"tk_cut_{uuid.uuid4().hex[:8]}"
+    store = PostgresStore(f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app}", schema=pg.schema,
+                          max_size=4, call_timeout=5)
+    await store.open()
+    admin = await pg.connect()
+    outcomes: dict[str, int] = {}
+    stop = asyncio.Event()
+
+    async def cut_off() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                                app)
+
+    async def chat(i: int) -> None:
+        chat_id = f"cut-{i}"
+        n = 0
+        while not stop.is_set():
+            n += 1
+            call = asyncio.ensure_future(store.append_events(chat_id, [NewEvent(type="session_updated")]))
+            if n % 3 == 0:
+                await asyncio.sleep(0.001 * (n % 5))
+                call.cancel()
+            try:
+                await call
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except asyncio.CancelledError:
+                outcomes["cancelled"] = outcomes.get("cancelled", 0) + 1
+            except StoreUnavailable:
+                outcomes["unavailable"] = outcomes.get("unavailable", 0) + 1
+            try:
+                await store.events(chat_id)
+            except StoreUnavailable:
+                outcomes["unavailable"] = outcomes.get("unavailable", 0) + 1
+
+    try:
+        cutter = asyncio.create_task(cut_off())
+        chats = [asyncio.create_task(chat(i)) for i in range(6)]
+        await asyncio.sleep(3)
+        stop.set()
+        # Every call ends within its bound: nothing waits on a connection that is gone.
+        done, pending = await asyncio.wait([cutter, *chats], timeout=15)
+        assert not pending
+        for task in done:
+            task.result()  # a StoreError other than StoreUnavailable, or a driver error, fails here
+        assert outcomes.get("unavailable", 0) > 0 and outcomes.get("ok", 0) > 0, outcomes
+        await store.append_events("after", [NewEvent(type="session_updated")])
+        assert [e.seq for e in await store.events("after")] == [1]
+    finally:
+        stop.set()
+        await admin.close()
         await store.close()
 
 
