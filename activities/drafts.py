@@ -8,7 +8,6 @@ text). The recorded `assistant_message` is the truth.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from types import TracebackType
 
@@ -31,6 +30,8 @@ class DraftWriter:
         self._attempt: int | None = None
         self._more = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._writing = False
+        self._closing = False
 
     def __call__(self, piece: str) -> None:
         self._parts.append(piece)
@@ -43,19 +44,39 @@ class DraftWriter:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         # Before the reply is recorded: that write removes the draft, and must come last.
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task = self._task
+        if task is None:
+            return
+        self._closing = True
+        if not self._writing:
+            task.cancel()
+        # A write under way is let finish, even when this activity is cancelled (the
+        # store bounds each call): a database call cancelled half way can leave its
+        # connection waiting on the cancel.
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled() or _cancelling():
+                raise  # this activity is cancelled (Stop, Dismiss, shutdown), not only the writer
 
     async def _run(self) -> None:
         chat_id, turn, step = self._key
         while True:
             await self._more.wait()
             self._more.clear()
+            self._writing = True
             try:
                 self._attempt = await self._store.write_draft(chat_id, turn, step, "".join(self._parts),
                                                               self._attempt)
             except Exception as err:  # noqa: BLE001  a view: the next write carries the whole text
                 log.debug("draft of chat %s not written: %s", chat_id, err)
+            finally:
+                self._writing = False
+            if self._closing:
+                return
             await asyncio.sleep(FLUSH_S)
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
