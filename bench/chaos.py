@@ -112,7 +112,6 @@ import math
 import os
 import random
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -143,18 +142,11 @@ from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are
 )
 from bench.chaos_check import Checker  # noqa: E402
 from bench.chaos_infra import ChaosModel, WorkerPool  # noqa: E402
+from bench.chaos_store import DEFAULT_POSTGRES_URL, ChaosStore, PostgresChaosStore, SQLiteChaosStore  # noqa: E402
 from bench.chaos_users import Users, query_state, state_signature, tool_running  # noqa: E402
 from turnkeeper import client as tk  # noqa: E402
 from turnkeeper.config import Settings  # noqa: E402
 from turnkeeper.testing import FakeChatServer  # noqa: E402
-
-
-def _release(conn: sqlite3.Connection) -> None:
-    try:
-        conn.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass
-    conn.close()
 
 
 def _looks_idle(state: dict[str, Any] | str) -> bool:
@@ -253,7 +245,15 @@ class Chaos(Users):
                         "CHAOS_LEDGER": str(self.ledger),
                         "PYTHONUNBUFFERED": "1",
                     })
+                    store: ChaosStore = (PostgresChaosStore(cfg.postgres_url, self.rng.uniform)
+                                         if cfg.postgres_url else
+                                         SQLiteChaosStore(Settings.from_env(env).sqlite_path))
+                    env.update(store.worker_env())
                     self.settings = Settings.from_env(env)
+                    self.store = store
+                    await store.setup()
+                    self.log(f"session store: {store.describe()}")
+                    report.store = store.describe()
                     self.pool = WorkerPool(env, work / "logs")
                     try:
                         await self._run_phases(report)
@@ -264,7 +264,10 @@ class Chaos(Users):
                     report.bursts = self.burst_log
                     report.outages = self.outage_log
                     report.outage_looks = dict(self.outage_looks)
-                    await Checker(self, report).run()
+                    try:
+                        await Checker(self, report).run()
+                    finally:
+                        await store.teardown(keep=cfg.keep or not report.ok)
         finally:
             report.elapsed_s = time.monotonic() - self.t0
             if not own_dir or cfg.keep or not report.ok:
@@ -429,24 +432,11 @@ class Chaos(Users):
         return running
 
     # -- progress --------------------------------------------------------------------------
-    def _count_closed_turns(self) -> int:
-        db = self.settings.sqlite_path
-        if not db.exists():
-            return 0
-        conn = sqlite3.connect(str(db), timeout=10)
-        try:
-            return int(conn.execute(
-                f"SELECT COUNT(*) FROM turns WHERE status IN ({','.join('?' * len(CLOSED_TURN))})",
-                CLOSED_TURN).fetchone()[0])
-        except sqlite3.Error:
-            return self.completed_turns
-        finally:
-            conn.close()
-
     async def _monitor(self) -> None:
         last_print = 0.0
         while True:
-            self.completed_turns = await asyncio.to_thread(self._count_closed_turns)
+            closed = await self.store.closed_turns()
+            self.completed_turns = self.completed_turns if closed is None else closed
             now = time.monotonic()
             if now - last_print >= 10:
                 last_print = now
@@ -486,7 +476,7 @@ class Chaos(Users):
             during_outage = self.outage_active
             # During an outage the store is held already: every writer waits behind it.
             stall = self._rand() < cfg.stall_kills and not during_outage
-            lock = await asyncio.to_thread(self._hold_store_lock, 5.0) if stall else None
+            lock = await self.store.hold("lock", 5.0) if stall else None
             try:
                 if lock is not None:
                     await asyncio.sleep(self.rng.uniform(0.2, 1.0))  # writers pile up behind the lock
@@ -494,7 +484,7 @@ class Chaos(Users):
                 self.pool.kill(victim)
             finally:
                 if lock is not None:
-                    await asyncio.to_thread(_release, lock)
+                    await self.store.release(lock)
             self.kills += 1
             self.kill_log.append({"kill": self.kills, "at_s": round(now - self.t0, 3), "unix": time.time(),
                                   "worker": victim.index, "pid": victim.pid,
@@ -506,26 +496,18 @@ class Chaos(Users):
                      f"{' during a store outage' if during_outage else ''}; "
                      f"worker {replacement.index} (pid {replacement.pid}) replaces it")
 
-    def _hold_store_lock(self, timeout: float) -> sqlite3.Connection | None:
-        """Take the store's write lock (as another process writing would), or None."""
-        try:
-            conn = sqlite3.connect(str(self.settings.sqlite_path), timeout=timeout, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("BEGIN IMMEDIATE")
-            return conn
-        except sqlite3.Error:
-            return None
-
     # -- store outages -----------------------------------------------------------------------
     def _resuming_chats(self) -> list[ChatLog]:
         """Chats whose Continue was accepted and whose turn has not ended since."""
         return [c for c in self.chats.values() if c.resumed_at is not None]
 
     async def _outager(self) -> None:
-        """Holds the store's write lock for outage_s seconds at random moments, paced
-        over the target turns; at least 5 s of store between two outages."""
+        """Makes a store outage of outage_s seconds at random moments, paced over the
+        target turns; at least 5 s of store between two outages (bench/chaos_store.py
+        says what each kind of outage is)."""
         cfg = self.cfg
         target = cfg.outage_target
+        kinds = self.store.kinds
         while len(self.outage_log) < target:
             await asyncio.sleep(0.5)
             if len(self.outage_log) >= self._due(target):
@@ -535,25 +517,28 @@ class Chaos(Users):
             while time.monotonic() < wait_until and not self._resuming_chats():
                 await asyncio.sleep(0.2)
             await asyncio.sleep(self.rng.uniform(0, 1.0))
+            kind = kinds[0] if len(kinds) == 1 else self.rng.choice(kinds)
             asked = time.monotonic()
-            conn = await asyncio.to_thread(self._hold_store_lock, 15.0)
-            if conn is None:
+            hold = await self.store.hold(kind, 15.0)
+            if hold is None:
                 continue
             held_for = self.rng.uniform(*cfg.outage_s)
             start = time.monotonic()
             self.outage_active = True
             resuming = len(self._resuming_chats())
-            self.log(f"store outage {len(self.outage_log) + 1}: write lock held for {held_for:.1f} s")
+            self.log(f"store outage {len(self.outage_log) + 1} ({kind}) for {held_for:.1f} s")
             try:
                 await asyncio.sleep(held_for)
             finally:
                 self.outage_active = False
-                await asyncio.to_thread(_release, conn)
-                self.outage_log.append({"outage": len(self.outage_log) + 1, "at_s": round(start - self.t0, 2),
+                await self.store.release(hold)
+                self.outage_log.append({"outage": len(self.outage_log) + 1, "kind": kind,
+                                        "at_s": round(start - self.t0, 2),
                                         "continues_running": resuming,
                                         "unix": time.time() - (time.monotonic() - start),
                                         "held_s": round(time.monotonic() - start, 2),
-                                        "lock_waited_s": round(start - asked, 2)})
+                                        "lock_waited_s": round(start - asked, 2),
+                                        "sessions_cut": sum(hold.cuts)})
             await asyncio.sleep(5.0)
 
 
@@ -590,6 +575,10 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=25.0, help="cap on the chaos phase (default 25)")
     parser.add_argument("--confirm", type=float, default=ChaosConfig.confirm,
                         help=f"share of tool calls to the tool that asks first (default {ChaosConfig.confirm})")
+    parser.add_argument("--postgres", nargs="?", const=DEFAULT_POSTGRES_URL, default=None, metavar="URL",
+                        help="run the workers on a PostgreSQL store: a role and a schema of the run's own on "
+                             f"the database at URL (default {DEFAULT_POSTGRES_URL}), whose user may create "
+                             "roles; outages there also make the store read-only or cut its sessions off")
     parser.add_argument("--p-approve", type=float, default=ChaosConfig.p_approve,
                         help=f"chance the gate driver approves an approval gate (default {ChaosConfig.p_approve})")
     args = parser.parse_args()
@@ -600,6 +589,7 @@ def main() -> None:
                       outages=args.outages, idle_after_s=args.idle_after,
                       strict_protocol=not args.lenient_model, workdir=args.workdir, keep=args.keep,
                       max_chaos_s=args.max_minutes * 60, confirm=args.confirm, p_approve=args.p_approve,
+                      postgres_url=args.postgres,
                       progress=lambda text: print(text, file=sys.stderr, flush=True))
     code = 0
     try:

@@ -63,9 +63,9 @@ class ChaosConfig:
     burst_bytes: tuple[int, int] = (40_000, 60_000)   # bytes per follow-up
     burst_gap_s: float = 0.05        # pause between a burst's sends: uniform 0..this
     oversize: float = 0.3            # P(a burst also holds one message over the single-message limit)
-    # store outages: the harness holds the store's write lock
+    # store outages (bench/chaos_store.py: a held write lock; on PostgreSQL also read-only, cut sessions)
     outages: int | None = None       # outages to make, paced over the target turns (None: turns // 60)
-    outage_s: tuple[float, float] = (3.0, 12.0)       # how long each holds the lock
+    outage_s: tuple[float, float] = (3.0, 12.0)       # how long each lasts
     # the gate driver
     p_continue: float = 0.6          # P(Continue) when can_continue, else Dismiss
     p_approve: float = 0.6           # at an approval gate: P(Approve), else Deny
@@ -77,6 +77,7 @@ class ChaosConfig:
     stall_kills: float = 0.3         # share of kills made while the harness holds the store's write
                                      # lock for a moment, so the victim is likely inside a store write
     # the system under test
+    postgres_url: str | None = None  # None: one SQLite store; else a role and schema of the run's own there
     reconcile_every: int = 20        # TURNKEEPER_RECONCILE_EVERY for the workers
     # the new invariants' bounds
     answer_bound_s: float = 5.0      # every action answered within this
@@ -106,6 +107,7 @@ class Report:
     seed: int
     config: dict[str, Any]
     workdir: str
+    store: str = ""  # the session store the workers used
     elapsed_s: float = 0.0
     chaos_s: float = 0.0
     settle_s: float = 0.0
@@ -171,7 +173,7 @@ class Report:
         burst_mb = sum(b["bytes"] for b in self.bursts) / 1e6
         lines = [
             f"chaos: seed {self.seed}, {self.config['workers']} workers, {self.chats} chats, "
-            f"target {self.config['turns']} turns / {self.config['kills']} kills",
+            f"target {self.config['turns']} turns / {self.config['kills']} kills; {self.store or 'SQLite'}",
             f"elapsed            {self.elapsed_s:.1f} s (chaos {self.chaos_s:.1f} s, settle "
             f"{self.settle_s:.1f} s, probes {self.probe_s:.1f} s, check {self.check_s:.1f} s)",
             f"turns closed       {self.turns_closed} ({kv(self.turns_by_status)})",
@@ -184,6 +186,7 @@ class Report:
             f"{self.worker_identities_serving} distinct workers served",
             f"store outages      {len(self.outages)} ({sum(o['held_s'] for o in self.outages):.1f} s in all, "
             f"longest {max((o['held_s'] for o in self.outages), default=0):.1f} s; "
+            f"{kv(Counter(o.get('kind', 'lock') for o in self.outages))}; "
             f"{sum(1 for o in self.outages if o.get('continues_running'))} while a Continue ran); `state` showed "
             f"store_unavailable in {self.outage_looks.get('store_unavailable', 0)} of "
             f"{self.outage_looks.get('queries', 0)} queries made during one",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sqlite3
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from temporalio.client import (
 
 from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind, update_error_text
 from turnkeeper import client as tk
+from turnkeeper.activities.store import SessionStore, StoreError, open_store
 from turnkeeper.models import UserMessage
 
 if TYPE_CHECKING:
@@ -411,7 +411,6 @@ class Users:
     async def _probe_chats(self) -> None:
         """After settling: every chat gets one more message; its turn must close
         with an assistant row within probe_timeout_s."""
-        cfg = self.cfg
         self.probing = True
         acked_at: dict[str, float] = {}
 
@@ -427,19 +426,12 @@ class Users:
         waiting = dict(acked_at)
         answered: dict[str, float] = {}
         outcomes: dict[str, str] = {}
-        while waiting:
-            await asyncio.sleep(1.0)
-            seen = await asyncio.to_thread(self._probe_answers, list(waiting))
-            now = time.monotonic()
-            for chat_id, (done, what) in seen.items():
-                if done:
-                    answered[chat_id] = now - waiting.pop(chat_id)
-                    outcomes[chat_id] = what
-                elif now - waiting[chat_id] > cfg.probe_timeout_s:
-                    waiting.pop(chat_id)
-                    with contextlib.suppress(Exception):
-                        what += f"; state {await query_state(self.client, chat_id, timeout=10)}"
-                    self.probe_failures[chat_id] = what
+        store = open_store(self.settings)
+        await store.open()
+        try:
+            await self._wait_for_probes(store, waiting, answered, outcomes)
+        finally:
+            await store.close()
         self.probe_summary.update({
             "sent": len(self.chats), "answered": len(answered),
             "unanswered": len(self.probe_failures),
@@ -447,32 +439,44 @@ class Users:
             **{f"closed {k}": v for k, v in sorted(_count(outcomes.values()).items())},
         })
 
-    def _probe_answers(self, chat_ids: list[str]) -> dict[str, tuple[bool, str]]:
-        """Per chat: (answered, what the store shows) for its probe message."""
+    async def _wait_for_probes(self, store: SessionStore, waiting: dict[str, float], answered: dict[str, float],
+                               outcomes: dict[str, str]) -> None:
+        while waiting:
+            await asyncio.sleep(1.0)
+            seen = await self._probe_answers(store, list(waiting))
+            now = time.monotonic()
+            for chat_id, (done, what) in seen.items():
+                if done:
+                    answered[chat_id] = now - waiting.pop(chat_id)
+                    outcomes[chat_id] = what
+                elif now - waiting[chat_id] > self.cfg.probe_timeout_s:
+                    waiting.pop(chat_id)
+                    with contextlib.suppress(Exception):
+                        what += f"; state {await query_state(self.client, chat_id, timeout=10)}"
+                    self.probe_failures[chat_id] = what
+
+    async def _probe_answers(self, store: SessionStore, chat_ids: list[str]) -> dict[str, tuple[bool, str]]:
+        """Per chat: (answered, what the store shows) for its probe message, read
+        through the store's API (either backend)."""
         out: dict[str, tuple[bool, str]] = {}
-        conn = sqlite3.connect(str(self.settings.sqlite_path), timeout=10)
-        try:
-            for chat_id in chat_ids:
-                probe_id = self.chats[chat_id].probe_id
-                row = conn.execute("SELECT id, turn FROM messages WHERE chat_id=? AND role='user' AND message_id=?",
-                                   (chat_id, probe_id)).fetchone()
-                if row is None:
+        for chat_id in chat_ids:
+            probe_id = self.chats[chat_id].probe_id
+            try:
+                rows = await store.transcript_rows(chat_id)
+                probe = next((r for r in rows if r.message.role == "user" and r.message_id == probe_id), None)
+                if probe is None:
                     out[chat_id] = (False, "not committed")
                     continue
-                row_id, turn = row
-                status = conn.execute("SELECT status, reason FROM turns WHERE chat_id=? AND turn=?",
-                                      (chat_id, turn)).fetchone()
-                answers = [json.loads(b) for (b,) in conn.execute(
-                    "SELECT body FROM messages WHERE chat_id=? AND turn=? AND role='assistant' AND id>?",
-                    (chat_id, turn, row_id))]
-                final = any(a.get("content") and not a.get("tool_calls") for a in answers)
-                what = f"turn {turn} {status[0] if status else '?'}/{status[1] if status else '?'}"
-                out[chat_id] = (bool(status and status[0] in ("completed", "recovered") and final),
-                                what if final else what + ", no assistant answer")
-        except sqlite3.Error as err:
-            return {c: (False, f"store not readable: {err}") for c in chat_ids}
-        finally:
-            conn.close()
+                record = await store.get_turn(chat_id, probe.turn)
+            except StoreError as err:
+                out[chat_id] = (False, f"store not readable: {err}")
+                continue
+            final = any(r.turn == probe.turn and r.id > probe.id and r.message.role == "assistant"
+                        and r.message.content and not r.message.tool_calls for r in rows)
+            status = f"{record.status.value}/{record.reason.value if record.reason else None}" if record else "?/?"
+            what = f"turn {probe.turn} {status}"
+            closed = record is not None and record.status.value in ("completed", "recovered")
+            out[chat_id] = (closed and final, what if final else what + ", no assistant answer")
         return out
 
 
