@@ -517,7 +517,10 @@ class Chaos(Users):
             while time.monotonic() < wait_until and not self._resuming_chats():
                 await asyncio.sleep(0.2)
             await asyncio.sleep(self.rng.uniform(0, 1.0))
-            kind = kinds[0] if len(kinds) == 1 else self.rng.choice(kinds)
+            if cfg.outage_kinds:
+                kind = cfg.outage_kinds[len(self.outage_log) % len(cfg.outage_kinds)]
+            else:
+                kind = kinds[0] if len(kinds) == 1 else self.rng.choice(kinds)
             asked = time.monotonic()
             hold = await self.store.hold(kind, 15.0)
             if hold is None:

@@ -66,6 +66,7 @@ class ChaosConfig:
     # store outages (bench/chaos_store.py: a held write lock; on PostgreSQL also read-only, cut sessions)
     outages: int | None = None       # outages to make, paced over the target turns (None: turns // 60)
     outage_s: tuple[float, float] = (3.0, 12.0)       # how long each lasts
+    outage_kinds: tuple[str, ...] | None = None       # these in turn; None: the store's kinds at random
     # the gate driver
     p_continue: float = 0.6          # P(Continue) when can_continue, else Dismiss
     p_approve: float = 0.6           # at an approval gate: P(Approve), else Deny

@@ -20,6 +20,7 @@ import bench.chaos as chaos
 from bench.chaos_base import Action, ActionLog, error_kind, percentile
 from bench.chaos_check import held_by_killed_workers, no_worker_gaps, unserved_s
 from bench.chaos_infra import WorkerPool, WorkerProc
+from tests.pg import PG_URL, pg_admin
 
 
 @pytest.mark.crash
@@ -45,6 +46,30 @@ async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert late <= explained, f"{late - explained} late answer(s) without a known cause\n{report.summary()}"
     if late:
         print(f"late answers behind a killed worker's workflow task: {late}")
+    assert report.probes["answered"] == 8, report.probes
+    assert not failed, f"invariants failed: {failed}\n{report.summary()}"
+
+
+@pytest.mark.crash
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+async def test_short_chaos_run_on_postgresql_keeps_every_invariant(tmp_path: Path) -> None:
+    """The same on a PostgreSQL store, through each of its outages in turn: sessions
+    cut off again and again, the store read-only, its tables locked against writers."""
+    (await pg_admin()).terminate()  # reachable, or the test says why not (or skips when told)
+    seed = int(os.environ.get("TK_CHAOS_SEED", "20261203"))
+    report = await chaos.run_chaos(chaos.ChaosConfig(
+        turns=30, kills=4, workers=3, chats=8, seed=seed, bursts=1, outages=3, outage_s=(2.0, 3.0),
+        outage_kinds=("cut", "read_only", "lock"), postgres_url=PG_URL,
+        max_chaos_s=150, settle_timeout_s=90, workdir=tmp_path / "chaos",
+        progress=lambda text: print(text, flush=True)))
+    print(report.summary())
+    assert report.target_reached, report.summary()
+    assert [o["kind"] for o in report.outages] == ["cut", "read_only", "lock"]
+    assert sum(o["sessions_cut"] for o in report.outages) > 0  # the outages reached the workers
+    failed = {name: count for name, count in report.invariants.items() if count}
+    late = failed.pop("actions_not_answered_in_time", 0)  # as in the run above
+    assert late <= report.details.get("late_behind_a_workflow_task_timeout", 0), report.summary()
     assert report.probes["answered"] == 8, report.probes
     assert not failed, f"invariants failed: {failed}\n{report.summary()}"
 
