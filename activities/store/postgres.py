@@ -44,6 +44,11 @@ LOCK_TIMEOUT_S = 10.0
 """How long a write waits for its chat's lock before it fails (StoreError, so
 the activity is retried): the counterpart of SQLite's busy timeout."""
 
+CONNECT_TIMEOUT_S = 10.0
+"""How long opening a connection may take (asyncpg's own default is 60 s): a
+server that is unreachable without refusing (a failover, a dropped route) is
+then an outage within seconds, for the pool and for the web page's LISTEN."""
+
 CALL_TIMEOUT_S = 15.0
 """The most one store call may take, from asking the pool for a connection to
 handing it back: then its connection is cut off and it fails as
@@ -196,7 +201,7 @@ class PostgresStore(SQLStore):
             # ValueError too: asyncpg's complaint about a malformed URL.
             with self._errors("cannot open", ValueError):
                 pool = await asyncpg.create_pool(
-                    self._url, min_size=self.min_size, max_size=self.max_size,
+                    self._url, min_size=self.min_size, max_size=self.max_size, timeout=CONNECT_TIMEOUT_S,
                     server_settings=self._server_settings(),
                 )
             try:
@@ -211,7 +216,8 @@ class PostgresStore(SQLStore):
     async def listen(self, on_change: Callable[[str, str], None]) -> Callable[[], Awaitable[None]] | None:
         # A connection of its own, outside the pool: it stays LISTENing.
         with self._errors("cannot listen on"):
-            conn = await asyncpg.connect(self._url, server_settings=self._server_settings())
+            conn = await asyncpg.connect(self._url, server_settings=self._server_settings(),
+                                         timeout=CONNECT_TIMEOUT_S)
 
         def relay(_conn: object, _pid: int, _channel: str, payload: str) -> None:
             kind, _, chat_id = payload.partition(":")
@@ -222,7 +228,7 @@ class PostgresStore(SQLStore):
         conn.add_termination_listener(lambda _conn: on_change("lost", ""))
 
         async def stop() -> None:
-            await conn.close()
+            await conn.close(timeout=CONNECT_TIMEOUT_S)  # then it is cut off: the server may be gone
         return stop
 
     async def close(self) -> None:

@@ -1094,6 +1094,30 @@ async def test_pg_sessions_cut_off_mid_call_fail_only_as_unavailable_and_the_sto
         await store.close()
 
 
+async def test_pg_a_server_that_never_answers_is_unavailable_within_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server unreachable without refusing (a failover, a dropped route): opening
+    the store and listening for its changes fail in seconds, not asyncpg's 60."""
+    import socket
+
+    from turnkeeper.activities.store import postgres
+
+    monkeypatch.setattr(postgres, "CONNECT_TIMEOUT_S", 0.5)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, and never says a word
+    try:
+        store = PostgresStore(f"postgresql://nobody@127.0.0.1:{silent.getsockname()[1]}/db")
+        for attempt in (store.open, lambda: store.listen(lambda kind, chat_id: None)):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await attempt()
+            assert time.monotonic() - started < 5
+    finally:
+        silent.close()
+
+
 @pytest.mark.postgres
 async def test_pg_errors_name_the_server_but_never_the_password(pg: PostgresBackend) -> None:
     parts = PG_URL.split("://", 1)[1].rsplit("/", 1)[0]  # user@host:port
