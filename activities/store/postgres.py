@@ -276,7 +276,7 @@ class PostgresStore(SQLStore):
             yield
         except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError,
                 TimeoutError, *also) as exc:
-            text = f"{type(exc).__name__}: {exc}" if str(exc) else self._silent(exc)
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else self._silent(exc, doing)
             if self._password:
                 text = text.replace(self._password, "***")
             where = f"{doing} PostgreSQL store" if doing else "PostgreSQL store"
@@ -335,9 +335,10 @@ class PostgresStore(SQLStore):
             assert unsent.__cause__ is not None
             raise unsent.__cause__ from None
 
-    def _silent(self, exc: BaseException) -> str:
+    def _silent(self, exc: BaseException, doing: str) -> str:
         if isinstance(exc, TimeoutError):
-            return f"no answer within {self.call_timeout:g} s"
+            # Opening, listening, setting up: a connection being opened; else a call's bound.
+            return f"no answer within {CONNECT_TIMEOUT_S if doing else self.call_timeout:g} s"
         return type(exc).__name__
 
     async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
