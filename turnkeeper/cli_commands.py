@@ -126,12 +126,15 @@ async def _send_over_grpc(settings: Settings, chat_id: str, message_id: str, tex
 
 
 async def _follow_sent(settings: Settings, chat_id: str, message_id: str, after: int, timeout: float) -> int:
-    from turnkeeper.cli_follow import follow_turn
+    import time
 
-    store = await open_session_store(settings)
+    from turnkeeper.cli_follow import follow_turn, open_store_waiting
+
+    started = time.monotonic()
+    store = await open_store_waiting(settings, timeout)  # the message is sent: an outage is waited out
     try:
-        return await follow_turn(ClientOnDemand(settings), store, chat_id, message_id, after, timeout,
-                                 task_queue=settings.task_queue)
+        return await follow_turn(ClientOnDemand(settings), store, chat_id, message_id, after,
+                                 max(0.0, timeout - (time.monotonic() - started)), task_queue=settings.task_queue)
     finally:
         await store.close()
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
 POLL_S = 0.1
+STORE_RETRY_S = 1.0  # how often to look again while the store does not answer
 # A turn normally shows its message within a second; after this long, `send`
 # checks whether any worker serves the queue and says so if none does.
 NO_WORKER_CHECK_S = 5.0
@@ -27,10 +28,13 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
     """Show the turn that takes our message (or `turn`): its tools as they run,
     its answer as it streams (and whole once recorded); exit 3 if it waits for
     its user again."""
+    from turnkeeper.activities.store.base import StoreUnavailable  # loaded with `store` already
+
     answer: str | None = None
     final_step: object = None
     streamed = _StreamedText()
     deadline = time.monotonic() + timeout
+    outage = False
     check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
     while time.monotonic() < deadline:
         if turn is None and time.monotonic() >= check_worker_at:
@@ -38,7 +42,20 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
             if await _no_worker_polls(await client.get(), task_queue):
                 print(f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
                       "and waits for one (start it with `turnkeeper worker`)", file=sys.stderr, flush=True)
-        for ev in await store.events(chat_id, after_seq=after):
+        try:
+            events = await store.events(chat_id, after_seq=after)
+        except StoreUnavailable as err:
+            # The message is acknowledged: the turn waits the outage out, and so do we.
+            if not outage:
+                streamed.end_line()
+                _say_the_store_is_out(err)
+                outage = True
+            await asyncio.sleep(STORE_RETRY_S)
+            continue
+        if outage:
+            _say_the_store_is_back()
+            outage = False
+        for ev in events:
             after = ev.seq
             p = ev.payload
             ours = message_id is not None and p.get("message_id") == message_id
@@ -86,6 +103,40 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
         await asyncio.sleep(POLL_S)
     raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
                   f"see `turnkeeper status {chat_id}`")
+
+
+async def open_store_waiting(settings: Any, timeout: float) -> Any:
+    """The session store for following a message already sent: an outage is waited
+    out (and said once), up to `timeout`, as `follow_turn` waits it out."""
+    from turnkeeper.activities.store.base import StoreUnavailable
+    from turnkeeper.cli_common import open_session_store
+
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            store = await open_session_store(settings)
+        except StoreUnavailable as err:
+            if time.monotonic() >= deadline:
+                raise Refused(f"the session store did not answer within {timeout:.0f} s (the message is safe; "
+                              f"the turn waits for the store): {err}") from None
+            if not said:
+                _say_the_store_is_out(err)
+                said = True
+            await asyncio.sleep(STORE_RETRY_S)
+            continue
+        if said:
+            _say_the_store_is_back()
+        return store
+
+
+def _say_the_store_is_out(err: Exception) -> None:
+    print(f"turnkeeper: the session store does not answer ({err}); the message is safe and "
+          "the turn waits for the store: still watching", file=sys.stderr, flush=True)
+
+
+def _say_the_store_is_back() -> None:
+    print("turnkeeper: the session store answers again", file=sys.stderr, flush=True)
 
 
 class _StreamedText:

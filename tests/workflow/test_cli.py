@@ -66,6 +66,37 @@ async def test_send_retried_with_the_same_message_id_shows_its_turn(stack: Stack
     assert [m.get("content") for m in await stack.history(chat)].count("please write a.txt") == 1
 
 
+async def test_send_keeps_watching_through_a_store_outage_and_prints_the_answer(stack: Stack) -> None:
+    """The message is acknowledged and the turn waits out the outage: `send` says the
+    store does not answer and goes on watching, rather than exiting as if it had failed
+    (a user would send the message again, and a new id makes it a second message)."""
+    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": "a.txt", "content": "hi",
+                                                                       "seconds": 1.5}}]},
+                  {"text": "wrote a.txt"}])
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    await stack.start_worker()
+    chat = stack.chat()
+    proc = await asyncio.create_subprocess_exec(
+        TURNKEEPER, "send", chat, "please write a.txt", "--timeout", "90", env=stack.env(), cwd=stack.dir,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    first = await asyncio.wait_for(proc.stdout.readline(), 60)
+    assert first.decode().strip() == "-> slow_write started"  # `send` is watching the turn
+    db, aside = stack.data / "sessions.db", stack.data / "sessions.db.aside"
+    db.rename(aside)  # the store is gone while it watches
+    try:
+        await asyncio.sleep(3)
+        assert proc.returncode is None
+    finally:
+        aside.rename(db)
+    rest, err = await asyncio.wait_for(proc.communicate(), 90)
+    assert proc.returncode == 0, err.decode()
+    assert rest.decode().splitlines()[-1] == "wrote a.txt"
+    assert "the session store does not answer" in err.decode() and "the message is safe" in err.decode()
+    assert "the session store answers again" in err.decode()
+    assert [m.get("content") for m in await stack.history(chat)].count("please write a.txt") == 1
+
+
 async def test_send_without_a_worker_says_so(stack: Stack) -> None:
     stack.script([{"text": "later"}])
     chat = stack.chat()
