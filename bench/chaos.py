@@ -503,8 +503,8 @@ class Chaos(Users):
 
     async def _outager(self) -> None:
         """Makes a store outage of outage_s seconds at random moments, paced over the
-        target turns; at least 5 s of store between two outages (bench/chaos_store.py
-        says what each kind of outage is)."""
+        target turns; at least outage_gap_s of store between two outages
+        (bench/chaos_store.py says what each kind of outage is)."""
         cfg = self.cfg
         target = cfg.outage_target
         kinds = self.store.kinds
@@ -513,7 +513,7 @@ class Chaos(Users):
             if len(self.outage_log) >= self._due(target):
                 continue
             # Rather while a Continue runs somewhere (up to 5 s), then at a random moment.
-            wait_until = time.monotonic() + 5.0
+            wait_until = time.monotonic() + cfg.outage_gap_s
             while time.monotonic() < wait_until and not self._resuming_chats():
                 await asyncio.sleep(0.2)
             await asyncio.sleep(self.rng.uniform(0, 1.0))
@@ -542,7 +542,7 @@ class Chaos(Users):
                                         "held_s": round(time.monotonic() - start, 2),
                                         "lock_waited_s": round(start - asked, 2),
                                         "sessions_cut": sum(hold.cuts)})
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(cfg.outage_gap_s)
 
 
 async def run_chaos(config: ChaosConfig) -> Report:

@@ -67,6 +67,7 @@ class ChaosConfig:
     outages: int | None = None       # outages to make, paced over the target turns (None: turns // 60)
     outage_s: tuple[float, float] = (3.0, 12.0)       # how long each lasts
     outage_kinds: tuple[str, ...] | None = None       # these in turn; None: the store's kinds at random
+    outage_gap_s: float = 5.0        # store between two outages; an outage waits this long for a Continue
     # the gate driver
     p_continue: float = 0.6          # P(Continue) when can_continue, else Dismiss
     p_approve: float = 0.6           # at an approval gate: P(Approve), else Deny

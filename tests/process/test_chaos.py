@@ -59,7 +59,7 @@ async def test_short_chaos_run_on_postgresql_keeps_every_invariant(tmp_path: Pat
     (await pg_admin()).terminate()  # reachable, or the test says why not (or skips when told)
     seed = int(os.environ.get("TK_CHAOS_SEED", "20261203"))
     report = await chaos.run_chaos(chaos.ChaosConfig(
-        turns=30, kills=4, workers=3, chats=8, seed=seed, bursts=1, outages=3, outage_s=(2.0, 3.0),
+        turns=30, kills=4, workers=3, chats=8, seed=seed, bursts=1, outages=3, outage_s=(2.0, 3.0), outage_gap_s=2.0,
         outage_kinds=("cut", "read_only", "lock"), postgres_url=PG_URL,
         max_chaos_s=150, settle_timeout_s=90, workdir=tmp_path / "chaos",
         progress=lambda text: print(text, flush=True)))
