@@ -512,7 +512,7 @@ class Chaos(Users):
             await asyncio.sleep(0.5)
             if len(self.outage_log) >= self._due(target):
                 continue
-            # Rather while a Continue runs somewhere (up to 5 s), then at a random moment.
+            # Rather while a Continue runs somewhere (up to outage_gap_s), then at a random moment.
             wait_until = time.monotonic() + cfg.outage_gap_s
             while time.monotonic() < wait_until and not self._resuming_chats():
                 await asyncio.sleep(0.2)

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import sqlite3
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -118,7 +119,7 @@ class SQLiteChaosStore:
 class PostgresChaosStore:
     kinds = ("lock", "read_only", "cut")
 
-    def __init__(self, admin_url: str, rng_uniform: "Uniform") -> None:
+    def __init__(self, admin_url: str, rng_uniform: Callable[[float, float], float]) -> None:
         self.admin_url = admin_url
         self.name = f"chaos_{uuid.uuid4().hex[:12]}"  # the role and the schema
         self._uniform = rng_uniform
@@ -220,15 +221,12 @@ class PostgresChaosStore:
             hold.cuts.append(await self._cut(self._admin))
             await asyncio.sleep(self._uniform(*CUT_EVERY_S))
 
-    async def _cut(self, conn: asyncpg.Pool) -> int:
+    async def _cut(self, admin: asyncpg.Pool) -> int:
         """End every session of the run's role; how many there were."""
-        return int(await conn.fetchval(
+        return int(await admin.fetchval(
             "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE usename = $1 AND pid <> pg_backend_pid()) AS cut", self.name))
 
-    async def _reset_role(self, conn: asyncpg.Pool) -> None:
-        await conn.execute(f'ALTER ROLE "{self.name}" RESET default_transaction_read_only')
+    async def _reset_role(self, admin: asyncpg.Pool) -> None:
+        await admin.execute(f'ALTER ROLE "{self.name}" RESET default_transaction_read_only')
 
-
-class Uniform(Protocol):
-    def __call__(self, a: float, b: float) -> float: ...

@@ -126,8 +126,6 @@ async def _send_over_grpc(settings: Settings, chat_id: str, message_id: str, tex
 
 
 async def _follow_sent(settings: Settings, chat_id: str, message_id: str, after: int, timeout: float) -> int:
-    import time
-
     from turnkeeper.cli_follow import follow_turn, open_store_waiting
 
     started = time.monotonic()
