@@ -15,8 +15,11 @@ from turnkeeper.activities.store import SessionStore
 
 log = logging.getLogger("turnkeeper.drafts")
 
-# The first piece is written at once (time to first token); after it, at most
-# one write per chat this often, however fast the model streams.
+# The first piece is written this soon (time to first token): a reply whose whole
+# text comes within it is recorded without a draft, which the record would only
+# remove again. After it, at most one write per chat this often, however fast the
+# model streams.
+FIRST_FLUSH_S = 0.01
 FLUSH_S = 0.05
 
 
@@ -61,6 +64,8 @@ class DraftWriter:
 
     async def _run(self) -> None:
         chat_id, turn, step = self._key
+        await self._more.wait()
+        await asyncio.sleep(FIRST_FLUSH_S)  # closing meanwhile cancels the writer: no draft
         while True:
             await self._more.wait()
             self._more.clear()

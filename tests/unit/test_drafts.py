@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from turnkeeper.activities.drafts import DraftWriter
+from turnkeeper.activities.drafts import FIRST_FLUSH_S, DraftWriter
 
 
 class SlowDraftStore:
@@ -81,3 +81,24 @@ async def test_closing_an_idle_writer_ends_it_at_once() -> None:
 
     async with writer(SlowDraftStore()):
         pass  # no text at all: nothing written, nothing left running
+
+
+async def test_a_reply_whose_whole_text_comes_at_once_writes_no_draft() -> None:
+    """The record that follows would only remove it again."""
+    store = SlowDraftStore()
+    store.finish.set()
+    async with writer(store) as draft:
+        draft("the whole answer")
+        await asyncio.sleep(0)  # the writer has seen the text
+    await asyncio.sleep(FIRST_FLUSH_S * 3)
+    assert store.writes == []
+
+
+async def test_the_first_piece_of_a_streaming_reply_is_written_within_the_first_flush() -> None:
+    store = SlowDraftStore()
+    store.finish.set()
+    async with writer(store) as draft:
+        draft("the first words")
+        await asyncio.wait_for(store.started.wait(), FIRST_FLUSH_S + 1.0)
+        draft(" and more")
+    assert store.writes[0] == "the first words"
