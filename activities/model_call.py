@@ -20,7 +20,7 @@ from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.providers.base import well_formed
-from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable
+from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable, inline_calls
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
 
@@ -38,6 +38,10 @@ class ModelCallActivity:
 
     @activity.defn(name=activity_io.MODEL_CALL)
     async def model_call(self, inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
+        with inline_calls():
+            return await self._model_call(inp)
+
+    async def _model_call(self, inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
         async with heartbeating():
             tools = self._registry.specs(self._settings.tools)
             try:

@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from turnkeeper import activity_io
 from turnkeeper import metrics
 from turnkeeper.activities.heartbeat import heartbeating
-from turnkeeper.activities.store import SessionStore, StoreUnavailable
+from turnkeeper.activities.store import SessionStore, StoreUnavailable, inline_calls
 from turnkeeper.activities.tools import ToolContext, ToolRegistry
 from turnkeeper.config import Settings
 
@@ -39,7 +39,8 @@ class ToolCallActivity:
     async def tool_call(self, inp: activity_io.ToolCallInput) -> activity_io.ToolCallResult:
         outcome = FAILED
         try:
-            result, outcome = await self._call(inp)
+            with inline_calls():
+                result, outcome = await self._call(inp)
             return result
         except asyncio.CancelledError:
             outcome = CANCELLED  # a Stop, a Dismiss, or the end of the shutdown grace

@@ -20,6 +20,7 @@ from turnkeeper.activities.store.base import (
     Summary,
     TranscriptRow,
     TurnUpdate,
+    inline_calls,
 )
 from turnkeeper.activities.store.sqlite import SQLiteStore
 
@@ -45,6 +46,7 @@ __all__ = [
     "Summary",
     "TranscriptRow",
     "TurnUpdate",
+    "inline_calls",
     "open_store",
 ]
 

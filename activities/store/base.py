@@ -7,8 +7,10 @@ rows and the events that announce them are written together or not at all.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,28 @@ from turnkeeper.models import (  # noqa: F401  (the texts are re-exported)
     TurnStatus,
     UserMessage,
 )
+
+
+_INLINE = contextvars.ContextVar("turnkeeper_store_inline", default=False)
+
+
+@contextlib.contextmanager
+def inline_calls() -> Iterator[None]:
+    """Store calls made in here (and in tasks started in here) may run on the event
+    loop where the backend can do so without waiting on a lock or a disk sync
+    (SQLite: see sqlite.py). The model and tool activities use it; local
+    activities do not: their results reach the workflow inside its task, and a
+    quicker result made the SDK's regrouping of local-activity results likelier
+    (bench/README, "Store calls on the event loop")."""
+    token = _INLINE.set(True)
+    try:
+        yield
+    finally:
+        _INLINE.reset(token)
+
+
+def inline_allowed() -> bool:
+    return _INLINE.get()
 
 
 class StoreError(RuntimeError):

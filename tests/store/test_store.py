@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sqlite3
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -30,10 +31,12 @@ from turnkeeper.activities.store import (
     StoreError,
     StoreUnavailable,
     TurnUpdate,
+    inline_calls,
     open_store,
 )
 from turnkeeper.activities.store import StoredRow, Summary
 from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
+from turnkeeper.activities.store import sqlite as sqlite_store
 from turnkeeper.activities.store.schema import SCHEMA_VERSION
 from turnkeeper.config import Settings
 from turnkeeper.models import (
@@ -383,6 +386,131 @@ async def test_writes_wait_for_another_writer_without_blocking_the_event_loop(
         assert not write.done()  # the write waits for the lock, off the loop
     await asyncio.wait_for(write, timeout=5)
     assert await event_types(store) == ["session_updated"]
+
+
+async def until_idle(store: SQLiteStore) -> None:
+    while not store._thread_idle():
+        await asyncio.sleep(0.01)
+
+
+async def _sqlite_store(tmp_path: Path) -> SQLiteStore:
+    store = SQLiteStore(tmp_path / "sessions.db")
+    await store.open()
+    await start_turn(store, "run-1", "m1")
+    return store
+
+
+def _spy_threads(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch, names: dict[str, str],
+                 hold_s: float = 0.0) -> list[tuple[str, str]]:
+    """Record, per transaction, its name and whether it ran on the event loop's thread."""
+    seen: list[tuple[str, str]] = []
+    loop_thread = threading.get_ident()
+    for attr, label in names.items():
+        async def spy(chat: Any, *args: Any, inner: Any = getattr(store, attr), label: str = label) -> Any:
+            seen.append((label, "loop" if threading.get_ident() == loop_thread else "store thread"))
+            time.sleep(hold_s)  # a slow disk: the store thread is busy meanwhile
+            return await inner(chat, *args)
+        monkeypatch.setattr(store, attr, spy)
+    return seen
+
+
+async def test_sqlite_runs_an_inline_call_that_cannot_wait_on_the_loop_and_a_synced_one_on_its_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await _sqlite_store(tmp_path)
+    try:
+        seen = _spy_threads(store, monkeypatch, {"_tool_started_tx": "started", "_tool_result_tx": "result"})
+        with inline_calls():  # as the tool activity calls the store
+            await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
+            await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+        assert seen == [("started", "store thread"), ("result", "loop")]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_runs_every_call_on_its_thread_unless_the_caller_allows_it_inline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local activities, the web process and the CLI call the store outside
+    `inline_calls`: their calls keep to the store thread, as a local activity's
+    timing must (activities/store/base.py)."""
+    store = await _sqlite_store(tmp_path)
+    try:
+        seen = _spy_threads(store, monkeypatch, {"_tool_result_tx": "result"})
+        await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+
+        async def in_a_task_started_inline() -> None:  # as the draft writer's task
+            await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+        with inline_calls():
+            task = asyncio.create_task(in_a_task_started_inline())
+        await task
+        await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")  # the context has ended
+        assert seen == [("result", "store thread"), ("result", "loop"), ("result", "store thread")]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_calls_keep_their_order_while_the_store_thread_works(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call made while an earlier one still runs on the store thread (a synced
+    write, or one whose caller was cancelled) queues behind it, never overtakes it:
+    a draft written after the reply that removed it would show a stale answer."""
+    store = await _sqlite_store(tmp_path)
+    try:
+        seen = _spy_threads(store, monkeypatch, {"_tool_started_tx": "started", "_tool_result_tx": "result"},
+                            hold_s=0.3)
+        first = asyncio.create_task(
+            store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1"))
+        await asyncio.sleep(0.05)  # the synced write is on the store thread now
+        first.cancel()  # its caller gives up; the write itself goes on
+        with inline_calls():
+            await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+        assert seen == [("started", "store thread"), ("result", "store thread")]
+        assert first.cancelled()
+        seen.clear()
+        with inline_calls():
+            await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")  # the thread is idle again
+        assert seen == [("result", "loop")]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_a_write_that_meets_another_writers_lock_waits_on_the_store_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await _sqlite_store(tmp_path)
+    backend = SQLiteBackend(tmp_path / "sessions.db")
+    try:
+        seen = _spy_threads(store, monkeypatch, {"_tool_result_tx": "result"})
+        async with backend.hold_write_lock(CHAT):
+            with inline_calls():
+                write = asyncio.create_task(store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done"))
+            await asyncio.sleep(0.2)
+            assert not write.done()
+        await asyncio.wait_for(write, timeout=5)
+        # Tried on the loop, refused the lock at once without running, then run whole on the thread.
+        assert seen == [("result", "store thread")]
+    finally:
+        await store.close()
+
+
+async def test_sqlite_checkpoints_the_loops_writes_on_its_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_EVERY_WRITES", 3)
+    store = await _sqlite_store(tmp_path)
+    try:
+        checkpoints: list[bool] = []
+        real = store._checkpoint_sync
+        loop_thread = threading.get_ident()
+
+        def spy() -> None:
+            checkpoints.append(threading.get_ident() != loop_thread)
+            real()
+        monkeypatch.setattr(store, "_checkpoint_sync", spy)
+        with inline_calls():
+            for _ in range(6):  # six writes on the loop
+                await store.append_events(CHAT, [NewEvent(type="session_updated")])
+                await until_idle(store)
+        assert checkpoints == [True, True]
+    finally:
+        await store.close()
 
 
 # -- begin_turn ---------------------------------------------------------------------------
