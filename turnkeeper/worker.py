@@ -35,6 +35,7 @@ from turnkeeper.activities.tools import ToolLoadError, default_registry, load_to
 from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
 from turnkeeper.dev_server import SEARCH_ATTRIBUTES, DevServerError
+from turnkeeper.loop_activations import LoopActivations
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.replay import registered_workflows
@@ -198,6 +199,8 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
+        # Our own workflow code, unsandboxed: activations run on this loop (loop_activations.py).
+        workflow_task_executor=None if settings.workflow_sandbox else LoopActivations(),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         max_heartbeat_throttle_interval=heartbeat_throttle(settings),
         default_heartbeat_throttle_interval=heartbeat_throttle(settings),

@@ -3,6 +3,8 @@ in-process worker and the scripted model (or the fake OpenAI server)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowExecutionStatus
@@ -10,6 +12,7 @@ from temporalio.client import WorkflowExecutionStatus
 from tests.support import Stack
 from turnkeeper import activity_io
 from turnkeeper import client as tk
+from turnkeeper import loop_activations
 from turnkeeper.models import TURN_TASK_TIMEOUT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
@@ -101,6 +104,40 @@ async def test_follow_up_is_steered_into_the_running_turn(stack: Stack) -> None:
     assert [(m["role"], m.get("content")) for m in hist if m["role"] == "user"] == [
         ("user", "start"), ("user", "also this")]
     assert [m["role"] for m in hist] == ["user", "assistant", "tool", "user", "assistant"]
+
+
+async def test_the_worker_as_shipped_runs_a_turn_with_its_activations_on_its_event_loop(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unsandboxed workflow code (the default) runs on the worker's event loop thread
+    (turnkeeper/loop_activations.py): a turn, a follow-up signalled while its tool
+    runs, a `state` query and the next turn all work there."""
+    ran_on: list[int] = []
+    real_run = loop_activations._run
+
+    def run(*args: Any) -> None:
+        ran_on.append(threading.get_ident())
+        real_run(*args)
+    monkeypatch.setattr(loop_activations, "_run", run)
+    stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
+    stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
+    stack.script([
+        {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.0)]},
+        {"text": "done, and noted your follow-up"},
+        {"text": "second turn"},
+    ])
+    await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")
+    chat = stack.chat()
+    handle = await stack.send(chat, "start", message_id="m1")
+    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING for c in s.tool_calls))
+    await stack.send(chat, "also this", message_id="m2")
+    assert (await stack.state(chat)).pending_followups == ["m2"]
+    final = await handle.result()
+    assert final.status == TurnStatus.COMPLETED and final.pending_followups == []
+    second = await (await stack.send(chat, "again", message_id="m3")).result()
+    assert second.turn == 2 and second.status == TurnStatus.COMPLETED
+    hist = await stack.history(chat)
+    assert [m["content"] for m in hist if m["role"] == "user"] == ["start", "also this", "again"]
+    assert len(ran_on) >= 8 and set(ran_on) == {threading.get_ident()}
 
 
 async def test_follow_up_after_the_answer_starts_the_next_turn(stack: Stack) -> None:
