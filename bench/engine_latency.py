@@ -1,7 +1,7 @@
 """A one-tool turn on the engine we ship, side by side with the engine's own floor
 and with a stock dev server, measured interleaved in one run.
 
-    .venv/bin/python bench/engine_latency.py [--quick] [--eager-variant] [--previous-variant | --reads-variant N] [--json]
+    .venv/bin/python bench/engine_latency.py [--quick] [--eager-variant] [--loop-variant] [--previous-variant | --reads-variant N] [--json]
 
 Every variant runs the turn of bench/turn_latency.py (scripted model ->
 `write_file` -> scripted model), each Temporal variant with its own in-process
@@ -21,6 +21,10 @@ worker on its own task queue:
                        own worker sends a turn (TURNKEEPER_WEB_WORKER=1:
                        `send_message(eager=True)`, the message in the run's input
                        instead of signal-with-start, which cannot start eagerly)
+  (--loop-variant)     the bare loop on the tuned server with its workflow
+                       activations on the worker's event loop, as turnkeeper's
+                       worker runs them (`turnkeeper.loop_activations`): what
+                       that setting alone gives the floor
   (--previous-variant) the bare loop on the embedded server's settings before
                        the task-dispatch settings (the 50 ms tick back), so the
                        CPU those settings cost under load shows (--reads-variant
@@ -91,6 +95,7 @@ from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.dev_server import TASK_DISPATCH, server_settings
+from turnkeeper.loop_activations import LoopActivations
 from turnkeeper.models import TurnStatus
 from turnkeeper.worker import STICKY_SCHEDULE_TO_START, event_loop_factory
 
@@ -137,7 +142,8 @@ class UnsandboxedBare(Bare):
     server's bare loop is the engine's floor (and the stock server's the same
     worker on another server)."""
 
-    def __init__(self, client: Client, tmp: Path) -> None:  # Bare's fields, not its (sandboxed) worker
+    def __init__(self, client: Client, tmp: Path,  # Bare's fields, not its (sandboxed) worker
+                 on_loop: bool = False) -> None:
         self.client = client
         self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
         self._task: asyncio.Task[None] | None = None
@@ -145,6 +151,7 @@ class UnsandboxedBare(Bare):
         self._worker = Worker(
             client, task_queue=self.task_queue, workflows=[BareTurn], activities=[acts.model, acts.tool],
             workflow_runner=UnsandboxedWorkflowRunner(),
+            workflow_task_executor=LoopActivations() if on_loop else None,
             sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
 
 
@@ -431,7 +438,7 @@ def describe(name: str, dynamic_config: dict[str, object], cli_defaults: bool) -
 
 
 async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool, stream: str = "on",
-              config_variant: dict[str, object] | None = None) -> None:
+              config_variant: dict[str, object] | None = None, with_loop: bool = False) -> None:
     setups = {"tuned": ({}, False), "stock": ({}, True)}
     if reads_variant is not None:
         setups["previous"] = ({k: reads_variant for k in TASK_DISPATCH}, False)
@@ -463,6 +470,12 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                 await bares[name].start()
                 stack.push_async_callback(bares[name].close)
 
+            if with_loop:
+                (tmp / "bare-loop").mkdir()
+                bares["loop"] = UnsandboxedBare(clients["tuned"], tmp / "bare-loop", on_loop=True)
+                await bares["loop"].start()
+                stack.push_async_callback(bares["loop"].close)
+
             tuned = clients["tuned"]
             variants = [
                 Variant("turnkeeper", "turnkeeper as shipped", "tuned",
@@ -478,6 +491,9 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                     Variant("turnkeeper_eager", "turnkeeper, web worker", "tuned",
                             lambda: eager_turnkeeper_turn(tk_variant.client, tk_variant)),
                 ]
+            if with_loop:
+                variants.append(Variant("floor_loop", "bare, tuned, on the loop", "tuned",
+                                        lambda: bare(tuned, bares["loop"].task_queue)))
             if "previous" in setups:
                 label = ("bare, previous embedded" if reads_variant == SERVER_DEFAULT_READS_PER_S
                          else f"bare, {reads_variant} reads/s" if reads_variant is not None
@@ -599,6 +615,9 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     if "floor_eager" in by_key:
         ratios["eager/plain start, bare median"] = by_key["floor_eager"].median_ms / floor.median_ms
         ratios["eager/signal-with-start, turnkeeper median"] = by_key["turnkeeper_eager"].median_ms / tk_.median_ms
+    if "floor_loop" in by_key:
+        ratios["turnkeeper/tuned bare on the loop median"] = tk_.median_ms / by_key["floor_loop"].median_ms
+        ratios["on the loop/plain, bare median"] = by_key["floor_loop"].median_ms / floor.median_ms
     if "previous" in by_key:
         prev = by_key["previous"]
         spreads["tuned/previous bare throughput"] = ratio_of_rounds(floor.round_turns_per_s, prev.round_turns_per_s)
@@ -688,6 +707,9 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, help=f"back-to-back blocks per variant (default {FULL.blocks})")
     parser.add_argument("--eager-variant", action="store_true",
                         help="also the bare loop and turnkeeper started with eager workflow start")
+    parser.add_argument("--loop-variant", action="store_true",
+                        help="also the bare loop with its workflow activations on the worker's event loop, "
+                        "as turnkeeper's worker runs them")
     parser.add_argument("--previous-variant", action="store_true",
                         help="also the bare loop on the embedded server's settings without the task-dispatch "
                         "settings (the 50 ms tick)")
@@ -718,7 +740,8 @@ def main() -> None:
         extra[key] = json.loads(value)
     if extra and reads is not None:
         parser.error("--config-variant goes without --previous-variant and --reads-variant")
-    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream, config_variant=extra),
+    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream, config_variant=extra,
+                     with_loop=args.loop_variant),
                  loop_factory=event_loop_factory("auto"))
 
 
