@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,15 +36,30 @@ SLOW_ACTIVATION_S = 1.0
 class LoopActivations(ThreadPoolExecutor):
     """An executor for `Worker(workflow_task_executor=...)` that starts no thread:
     `submit` runs the call on the running event loop, in a callback of its own
-    (outside the task that submitted it, as the SDK's debug mode does)."""
+    (outside the task that submitted it, as the SDK's debug mode does). Calls run
+    one per turn of the loop, in the order submitted: between two of them the
+    loop runs its timers and I/O, so a worker taking over many runs at once (each
+    replaying its history) still sends its steps' heartbeats on time."""
 
     def __init__(self) -> None:
         super().__init__(max_workers=1, thread_name_prefix="turnkeeper-unused")  # threads start on submit only
+        self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
+        self._scheduled = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         done: Future[T] = Future()
-        asyncio.get_running_loop().call_soon(_run, done, fn, args, kwargs)
+        self._waiting.append((done, fn, args, kwargs))
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run_next)
         return done
+
+    def _run_next(self) -> None:
+        _run(*self._waiting.popleft())
+        if self._waiting:
+            asyncio.get_running_loop().call_soon(self._run_next)  # the next turn of the loop
+        else:
+            self._scheduled = False
 
 
 def _run(done: Future[T], fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

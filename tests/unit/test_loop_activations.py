@@ -57,3 +57,19 @@ async def test_a_slow_activation_is_logged(monkeypatch: pytest.MonkeyPatch, capl
     caplog.set_level(logging.WARNING, logger="turnkeeper.worker")
     await asyncio.get_running_loop().run_in_executor(LoopActivations(), __import__("time").sleep, 0.05)
     assert "a workflow activation took" in caplog.text
+
+
+async def test_calls_take_turns_with_the_loops_other_callbacks() -> None:
+    """Two activations submitted together run in two turns of the loop: what the
+    first scheduled (a heartbeat's timer, say) runs between them."""
+    order: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    def first() -> None:
+        order.append("first")
+        loop.call_soon(order.append, "between")
+
+    executor = LoopActivations()
+    await asyncio.gather(loop.run_in_executor(executor, first),
+                         loop.run_in_executor(executor, order.append, "second"))
+    assert order == ["first", "between", "second"]
