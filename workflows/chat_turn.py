@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_MACHINE_8,
         RECOVERY_MACHINE_9,
         RECOVERY_MACHINE_10,
+        RECOVERY_MACHINE_11,
         REFUSE_UNDECODABLE,
         SIGNALS_AT_WAIT_POINTS,
         WAIT_POINTS,
@@ -101,9 +102,10 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
-        # New runs record the one marker that stands for the three before it: each
+        # New runs record the one marker that stands for the ones before it: each
         # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_10 = workflow.patched(RECOVERY_MACHINE_10)
+        self._machine_11 = workflow.patched(RECOVERY_MACHINE_11)
+        self._machine_10 = self._machine_11 or workflow.patched(RECOVERY_MACHINE_10)
         self._machine_9 = self._machine_10 or workflow.patched(RECOVERY_MACHINE_9)
         self._machine_8 = self._machine_9 or workflow.patched(RECOVERY_MACHINE_8)
         self._machine_6 = self._machine_8 or workflow.patched(RECOVERY_MACHINE_6)
@@ -267,7 +269,10 @@ class ChatTurn(TurnStart, ToolOutcomes):
                 return
             if self._machine_5:
                 self._hand_on_if_long(step)  # returns only when it does not
-            self._inbox.in_flight = self._inbox.take()
+            # A step that a Stop, Dismiss or newer message is about to cancel takes no
+            # messages: whether one came before or after the last step's end depends
+            # on how the SDK groups them (patches.RECOVERY_MACHINE_11).
+            self._inbox.in_flight = [] if self._machine_11 and self._interrupt is not None else self._inbox.take()
 
     async def _call_model(self, step: int, after_loss: bool) -> ModelReply:
         if not self._at_wait_points:

@@ -103,3 +103,13 @@ RECOVERY_MACHINE_9 = "recovery-machine-9"
 # a worker without the run cached can run the check before a later message, and the
 # worker then records that answer (chaos seed 567).
 RECOVERY_MACHINE_10 = "recovery-machine-10"
+# What new runs ask instead of RECOVERY_MACHINE_10: one marker for all of the above,
+# and a step started while a Stop, Dismiss or newer message waits to be judged takes
+# no messages: they stay waiting, for the next turn (or Dismiss's user rows). A
+# worker that replays a run can get a step's end and a newer message in one
+# activation, the message first, where the live run took the step's end first and
+# started the next model call without it. When that call then finished anyway (its
+# answer racing the cancel), the replay counted the message as committed by the
+# call, and a run replayed on another worker ended without handing it on (chaos
+# seed 582). Taking nothing into such a step, live and replay agree.
+RECOVERY_MACHINE_11 = "recovery-machine-11"

@@ -18,7 +18,11 @@ store numbers the turn; `machine-6/`: before `recovery-machine-8` judged a gate'
 check of superseding messages by the ids it sent alone; `machine-8/`: before
 `recovery-machine-9` ended a run whose last wake-up was a store call's result after an
 `end_of_run` activity; `machine-9/`: before `recovery-machine-10` judged a store check of
-superseding messages, and refusals written at a gate, after `end_of_run` too). `late_store_result_then_end_of_run*.json` are runs of
+superseding messages, and refusals written at a gate, after `end_of_run` too; `machine-10/`:
+before `recovery-machine-11` kept the messages out of a step that a Stop, Dismiss or newer
+message is about to cancel; its `chaos_582_*` run, fetched from chaos seed 582's server,
+completed without a newer message, and `test_a_newer_message_that_came_with_a_continued_steps_end_is_handed_on`
+replays it as a run of `recovery-machine-11`). `late_store_result_then_end_of_run*.json` are runs of
 `test_dismiss_while_a_continued_turn_runs_after_a_crash` in which the SDK handed the
 closing store write's result over a task after the task that recorded it, and the run
 then ended after `end_of_run`, a message signalled meanwhile.
@@ -38,12 +42,15 @@ refused, two of them (`unreadable_*`) fed such payloads on purpose: they fail he
 deleted the quiet ones, which fails here if the `QUIET_PASSES` gate is removed."""
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+from temporalio.workflow import NondeterminismError
 
 from tests.support import HISTORIES as HISTORIES_DIR
 from turnkeeper.replay_watch import FailureWatch
@@ -82,3 +89,43 @@ async def test_replay() -> None:
                 failures.append(f"{result.history.workflow_id}: {failed}")
     assert replayed == len(HISTORIES)
     assert not failures, "\n".join(failures)
+
+
+# Chaos seed 582's run, recorded by `recovery-machine-10`: a worker that took the run
+# over got a continued tool step's end and a newer message ("m5") in one activation.
+CHAOS_582 = HISTORIES_DIR / "machine-10" / "chaos_582_newer_message_with_a_continued_steps_end.json"
+
+
+def _as_machine(history_json: str, machine: str) -> str:
+    """The history as if its run had asked `machine` instead of recovery-machine-10."""
+    history = json.loads(history_json)
+    for event in history["events"]:
+        fields: list[dict[str, str]] = []
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker.get("markerName") == "core_patch":
+            fields = marker["details"]["patch-data"]["payloads"]
+        upsert = event.get("upsertWorkflowSearchAttributesEventAttributes")
+        if upsert and "TemporalChangeVersion" in upsert["searchAttributes"]["indexedFields"]:
+            fields = [upsert["searchAttributes"]["indexedFields"]["TemporalChangeVersion"]]
+        for field in fields:
+            text = base64.b64decode(field["data"]).decode().replace("recovery-machine-10", machine)
+            field["data"] = base64.b64encode(text.encode()).decode()
+    return json.dumps(history)
+
+
+async def test_a_newer_message_that_came_with_a_continued_steps_end_is_handed_on() -> None:
+    """Replayed, that task applies the message first, and `recovery-machine-10` handed
+    it to the next model call, whose input (recorded live, before the message) was
+    empty; the call's answer beat its cancel, and the run counted the message as
+    committed and completed without it. The same events under `recovery-machine-11`
+    keep the message for the next turn: the run continues as new where the recorded
+    one completed (the replay parts from the history at the run's last event)."""
+    replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
+                        workflow_runner=UnsandboxedWorkflowRunner())
+    recorded = await replayer.replay_workflow(WorkflowHistory.from_json("chaos-582", CHAOS_582.read_text()))
+    assert recorded.replay_failure is None
+    machine_11 = WorkflowHistory.from_json("chaos-582", _as_machine(CHAOS_582.read_text(), "recovery-machine-11"))
+    result = await replayer.replay_workflow(machine_11, raise_on_replay_failure=False)
+    assert isinstance(result.replay_failure, NondeterminismError)
+    assert "Continue as new" in str(result.replay_failure) and "WorkflowExecutionCompleted" in str(
+        result.replay_failure)

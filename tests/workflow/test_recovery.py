@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.worker import Worker
 
-from tests.support import Stack, until
+from tests.support import Stack, until, until_async
 from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.assemble import build_activities
@@ -30,6 +30,7 @@ from turnkeeper.models import (
     TurnStatus,
 )
 from turnkeeper.testing import FakeChatServer
+from turnkeeper.worker import check_tools
 from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
@@ -281,6 +282,64 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
                                                        ).fetch_history()
         assert _steps_around_the_cancel(first) == [activity_io.HELD_MESSAGES, activity_io.END_OF_RUN,
                                                    f"cancel {activity_io.MODEL_CALL}"]
+
+
+async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_next_turn(stack: Stack) -> None:
+    """A newer message sent while a continued turn's tool runs and no worker takes
+    workflow tasks, then a worker that caches no run (it replays the whole history
+    at every task, as one taking the run over does): the message supersedes the
+    continuation and starts the next turn. The shape of chaos seed 582 also needs
+    a task that times out between the tool's end and the message, which this test
+    does not force; tests/replay/test_replay.py replays that run
+    (`test_a_newer_message_that_came_with_a_continued_steps_end_is_handed_on`)."""
+    with FakeChatServer() as server:
+        server.script([{"status": 400, "message": "bad"},
+                       {"tool_calls": [_call("slow_write", path="s.txt", content="s", seconds=2)]},
+                       {"text": "continued answer"}, {"text": "the new turn"}])
+        _fake_model(stack, server)
+        _slow_tools(stack)
+        settings = stack.settings()
+        check_tools(settings)  # the ledger tools, as the worker loads them
+        store = open_store(settings)
+        await store.open()
+        provider = load_provider(settings.model, env=settings.provider_env())
+
+        def activities() -> list[Any]:
+            return build_activities(settings, store, provider, default_registry())
+
+        def workflows_only(cached: int = 100) -> Worker:  # workflow tasks and store writes
+            return Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
+                          activities=activities(), no_remote_activities=True, max_cached_workflows=cached)
+        steps = Worker(stack.client, task_queue=stack.task_queue, activities=activities())
+        chat = stack.chat()
+        try:
+            async with steps:
+                async with workflows_only():
+                    handle = await stack.send(chat, "one", message_id="m1")
+                    gate = await stack.wait_state(chat, _awaiting)
+                    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+                    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING
+                                                               for c in s.tool_calls))
+                # No worker takes workflow tasks now: the message and the tool's end
+                # wait for the next one together.
+                await stack.send(chat, "two", message_id="m2")
+                events = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.result_run_id)
+
+                async def tool_done() -> bool:
+                    history = await events.fetch_history()
+                    return any(e.HasField("activity_task_completed_event_attributes") for e in history.events[-4:])
+                await until_async(tool_done, timeout=20, what="the tool's end in the history")
+                # Caching no run, it replays the whole history at every task, as a worker
+                # that takes the run over does: there the message comes first.
+                async with workflows_only(cached=0):
+                    done = await stack.wait_turn_done(chat, 2, timeout=30)
+            assert done.status == TurnStatus.COMPLETED
+            rows = await (await stack.store()).transcript_rows(chat)
+            assert [(r.message.content, r.turn) for r in rows if r.message.role == "user"] == [("one", 1), ("two", 2)]
+            turn2 = await (await stack.store()).get_turn(chat, 2)
+            assert turn2 is not None and turn2.status == TurnStatus.COMPLETED
+        finally:
+            await store.close()
 
 
 def _steps_around_the_cancel(history: Any) -> list[str]:
