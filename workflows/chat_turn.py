@@ -11,7 +11,7 @@ or adopts its turn), `gate` (gates and the user's decisions), `intake` (which
 messages are taken), `approval` (calls held for the user's approval),
 `tool_outcomes` (what a tool call leaves), `turn_persistence` (store calls and
 announcements), `activity_calls` (how activities are called), `recovery` (the
-rules), `patches` (what older runs replay as they were).
+rules), `patches` and `patch_flags` (what older runs replay as they were).
 """
 from __future__ import annotations
 
@@ -44,22 +44,8 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows import recovery
     from turnkeeper.workflows.activity_calls import error_type, failure_text, start_model_call, start_tool_call
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
-    from turnkeeper.workflows.patches import (
-        APPROVALS,
-        COMPLETE_MACHINE,
-        RECOVERY_MACHINE,
-        RECOVERY_MACHINE_3,
-        RECOVERY_MACHINE_4,
-        RECOVERY_MACHINE_5,
-        RECOVERY_MACHINE_6,
-        RECOVERY_MACHINE_8,
-        RECOVERY_MACHINE_9,
-        RECOVERY_MACHINE_10,
-        RECOVERY_MACHINE_11,
-        REFUSE_UNDECODABLE,
-        SIGNALS_AT_WAIT_POINTS,
-        WAIT_POINTS,
-    )
+    from turnkeeper.workflows.patch_flags import PatchFlags
+    from turnkeeper.workflows.patches import REFUSE_UNDECODABLE
     from turnkeeper.workflows.payloads import decode_payload, readable
     from turnkeeper.workflows.recovery import Input
     from turnkeeper.workflows.tool_outcomes import ToolOutcomes, show_result
@@ -87,7 +73,7 @@ class _Interrupted(Exception):
 
 
 @workflow.defn(name="ChatTurn")
-class ChatTurn(TurnStart, ToolOutcomes):
+class ChatTurn(TurnStart, ToolOutcomes, PatchFlags):
     @workflow.init
     def __init__(self, input: ChatTurnInput) -> None:
         self._state = TurnState(chat_id=input.chat_id)
@@ -102,23 +88,8 @@ class ChatTurn(TurnStart, ToolOutcomes):
         self._dismissed_pending: set[str] = set()  # pending when Dismiss cancelled a continuation
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._event_keys_seen: dict[str, int] = {}  # how often this run announced each event
-        # New runs record the one marker that stands for the ones before it: each
-        # marker costs the run a search-attribute upsert (TemporalChangeVersion).
-        self._machine_11 = workflow.patched(RECOVERY_MACHINE_11)
-        self._machine_10 = self._machine_11 or workflow.patched(RECOVERY_MACHINE_10)
-        self._machine_9 = self._machine_10 or workflow.patched(RECOVERY_MACHINE_9)
-        self._machine_8 = self._machine_9 or workflow.patched(RECOVERY_MACHINE_8)
-        self._machine_6 = self._machine_8 or workflow.patched(RECOVERY_MACHINE_6)
-        self._machine_5 = self._machine_6 or workflow.patched(RECOVERY_MACHINE_5)
-        self._machine_4 = self._machine_5 or workflow.patched(RECOVERY_MACHINE_4)
-        self._machine_3 = self._machine_4 or workflow.patched(RECOVERY_MACHINE_3)
-        self._machine = self._machine_3 or workflow.patched(RECOVERY_MACHINE)
-        self._complete = self._machine or workflow.patched(COMPLETE_MACHINE)
-        self._at_wait_points = self._machine or (self._complete and workflow.patched(WAIT_POINTS))
-        self._signals_at_wait_points = self._machine or (
-            self._at_wait_points and workflow.patched(SIGNALS_AT_WAIT_POINTS))
+        self._ask_patches()
         self._signalled: list[tuple[recovery.Action, str | None]] = []  # judged at the next wait point
-        self._approvals = self._machine_3 or (self._signals_at_wait_points and workflow.patched(APPROVALS))
         self._held: list[ToolCall] = []  # calls waiting for the user's approval
         self._numbering = False  # the store is numbering this run's turn (machine 6)
         self._stop_while_numbering = False  # judged once the turn has its number

@@ -71,6 +71,19 @@ def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a SQLite store transaction awaited something other than its sqlite3 calls")
 
 
+def _in_transaction(conn: sqlite3.Connection, write: bool, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """`fn(conn)` between BEGIN (IMMEDIATE for a write) and COMMIT; rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    try:
+        result = fn(conn)
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
 class _Busy(Exception):
     """The loop's connection met a lock held elsewhere: the store thread waits for it."""
 
@@ -237,15 +250,7 @@ class SQLiteStore(SQLStore):
         assert conn is not None
         self._check_file()
         try:
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                result = fn(conn)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-            return result
+            return _in_transaction(conn, write, fn)
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 if conn.in_transaction:
@@ -292,14 +297,7 @@ class SQLiteStore(SQLStore):
         if write and self._locked_at is not None and time.monotonic() - self._locked_at < LOCKED_FAIL_FAST_S:
             raise StoreUnavailable(f"SQLite store {self.path}: database is locked (by another process)")
         try:
-            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                result = fn(conn)
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+            result = _in_transaction(conn, write, fn)
             if write:
                 self._locked_at = None
             return result
