@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from turnkeeper.activities.end_of_run import end_of_run
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.quiet_passes import QuietPasses
@@ -18,13 +17,13 @@ from turnkeeper.config import Settings
 
 def build_activities(settings: Settings, store: SessionStore, provider: ModelProvider,
                      registry: ToolRegistry) -> list[Callable[..., Any]]:
-    model = ModelCallActivity(settings, store, provider, registry)
-    tools = ToolCallActivity(settings, store, registry)
     # Which tools ask first reaches each turn with its settings (recorded in its history).
     writes = StoreActivities(settings, store, registry.confirm_names(settings.tools, settings.confirm_tools))
+    model = ModelCallActivity(settings, store, provider, registry, begin=writes.begin)
+    tools = ToolCallActivity(settings, store, registry)
     reconciler = Reconciler(settings, store)
     quiet = QuietPasses(settings)
     return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,
             writes.record_tool_result, writes.commit_messages, writes.record_assistant, writes.update_turn,
-            writes.finish_turn, writes.append_events, end_of_run, reconciler.reconcile_pass,
+            writes.finish_turn, writes.append_events, reconciler.reconcile_pass,
             quiet.delete_quiet_passes]

@@ -8,20 +8,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-
-from turnkeeper import activity_io
-from turnkeeper import metrics
 from turnkeeper.activities.context import ContextBuilder, context_budget
 from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.providers.base import well_formed
-from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreUnavailable, inline_calls
+from turnkeeper.activities.store import (
+    CorruptRowError,
+    SessionStore,
+    StoreUnavailable,
+    inline_calls,
+)
 from turnkeeper.activities.tools import ToolRegistry
+
+from turnkeeper import activity_io, metrics
 from turnkeeper.config import Settings
 
 T = TypeVar("T")
@@ -29,7 +34,9 @@ T = TypeVar("T")
 
 class ModelCallActivity:
     def __init__(self, settings: Settings, store: SessionStore, provider: ModelProvider,
-                 registry: ToolRegistry) -> None:
+                 registry: ToolRegistry,
+                 begin: Callable[[activity_io.BeginTurnInput], Awaitable[activity_io.BeginTurnResult]]) -> None:
+        self._begin = begin
         self._settings = settings
         self._store = store
         self._provider = provider
@@ -43,6 +50,23 @@ class ModelCallActivity:
 
     async def _model_call(self, inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
         async with heartbeating():
+            began: activity_io.BeginTurnResult | None = None
+            if inp.begins_turn:
+                # The run's first call numbers its turn: one round trip fewer than a
+                # step of its own. Idempotent by the run's id, as every retry needs.
+                try:
+                    began = await self._begin(activity_io.BeginTurnInput(
+                        chat_id=inp.chat_id, run_id=activity.info().workflow_run_id or "",
+                        message_ids=[m.message_id for m in inp.new_messages],
+                        message_sizes=[len(m.text.encode()) for m in inp.new_messages]))
+                except StoreUnavailable as err:
+                    raise ApplicationError(str(err), type=activity_io.STORE_UNAVAILABLE_ERROR,
+                                           non_retryable=True) from None
+                if began.turn is None:
+                    return activity_io.ModelCallResult(reply=None, began=began)
+                left_out = set(began.duplicate_ids) | set(began.oversized_ids)
+                inp = inp.model_copy(update={"turn": began.turn, "new_messages": [
+                    m for m in inp.new_messages if m.message_id not in left_out]})
             tools = self._registry.specs(self._settings.tools)
             try:
                 prepared = await self._store.prepare_model_call(inp.chat_id, inp.turn, inp.new_messages,
@@ -81,8 +105,9 @@ class ModelCallActivity:
             except StoreUnavailable as err:
                 # The answer is not lost with the store: the workflow records it once it is back.
                 activity.logger.warning("the reply of chat %s is recorded later: %s", inp.chat_id, err)
-                return activity_io.ModelCallResult(reply=reply, committed_ids=committed, recorded=False)
-            return activity_io.ModelCallResult(reply=reply, committed_ids=committed)
+                return activity_io.ModelCallResult(reply=reply, began=began, committed_ids=committed,
+                                                   recorded=False)
+            return activity_io.ModelCallResult(reply=reply, began=began, committed_ids=committed)
 
 
 def _model_failed(err: ProviderError) -> ApplicationError:
@@ -92,7 +117,7 @@ def _model_failed(err: ProviderError) -> ApplicationError:
                             non_retryable=True)
 
 
-async def _unless_shutdown(call: "asyncio.Future[T] | object") -> T:
+async def _unless_shutdown(call: asyncio.Future[T] | object) -> T:
     """Run the provider call, abandoning it if the worker shuts down: nothing
     happened outside yet, so the workflow can give the call to the next worker."""
     task = asyncio.ensure_future(call)  # type: ignore[arg-type]

@@ -1,11 +1,13 @@
-"""Store writes the workflow asks for directly. They run as local activities:
-idempotent, cheap, and no extra round trip to the server."""
+"""Store writes the workflow asks for directly, as ordinary activities: each is
+idempotent, and its result is an event in the run's history like any step's.
+The common writes ride inside the steps instead (activities/model_call.py,
+activities/tool_call.py); these are for gates, endings and the rarer paths."""
 from __future__ import annotations
 
 from temporalio import activity
+from turnkeeper.activities.store import SessionStore, TurnUpdate
 
 from turnkeeper import activity_io
-from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
 
@@ -18,7 +20,14 @@ class StoreActivities:
 
     @activity.defn(name=activity_io.BEGIN_TURN)
     async def begin_turn(self, inp: activity_io.BeginTurnInput) -> activity_io.BeginTurnResult:
-        # A run learns the configured message limit here: its first messages are judged now.
+        return await self.begin(inp)
+
+    async def begin(self, inp: activity_io.BeginTurnInput) -> activity_io.BeginTurnResult:
+        """Number the run's turn (idempotent by run id). A run learns the configured
+        message limit here: its first messages are judged now."""
+        if inp.only_existing:
+            record = await self._store.turn_of_run(inp.chat_id, inp.run_id)
+            return activity_io.BeginTurnResult(turn=record, latest_turn=record or 0, settings=self._turn_settings())
         limit = self._settings.max_message_bytes
         oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes) if size > limit]
         offered = [i for i in inp.message_ids if i not in oversized]
@@ -41,9 +50,7 @@ class StoreActivities:
     def _turn_settings(self) -> activity_io.TurnSettings:
         s = self._settings
         return activity_io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
-                                        model_timeout_s=s.model_timeout,
-                                        tool_timeout_s=s.tool_timeout, resume_window_s=s.resume_window,
-                                        heartbeat_timeout_s=s.heartbeat_timeout, confirm_tools=self._confirm_tools)
+                                        confirm_tools=self._confirm_tools)
 
     @activity.defn(name=activity_io.RECORD_TOOL_RESULT)
     async def record_tool_result(self, inp: activity_io.RecordToolResultInput) -> None:

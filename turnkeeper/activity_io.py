@@ -20,8 +20,6 @@ FINISH_TURN = "turnkeeper.finish_turn"
 APPEND_EVENTS = "turnkeeper.append_events"
 COMMIT_MESSAGES = "turnkeeper.commit_messages"
 RECORD_ASSISTANT = "turnkeeper.record_assistant"
-# Does nothing: its completion is a history event for a run to end on (activities/end_of_run.py).
-END_OF_RUN = "turnkeeper.end_of_run"
 
 # Raised by the model activity when its worker is shutting down: nothing happened
 # outside, so the workflow schedules the call again for the next worker.
@@ -37,15 +35,13 @@ STORE_UNAVAILABLE_ERROR = "StoreUnavailable"
 
 
 class TurnSettings(BaseModel):
-    """The worker's configuration as the turn sees it. It reaches the workflow as an
-    activity result, so it is recorded in history and replays deterministically."""
+    """The worker's configuration as the turn's decisions need it. It reaches the
+    workflow as an activity result, so it is recorded in history and replays
+    deterministically. (How long a step may take is the worker's alone: its
+    interceptor sets the step's timeouts, turnkeeper/step_timeouts.py.)"""
 
     max_message_bytes: int = 64 * 1024
     max_pending_bytes: int = 1024 * 1024
-    model_timeout_s: int = 300
-    tool_timeout_s: int = 600
-    resume_window_s: int = 60
-    heartbeat_timeout_s: int = 2
     confirm_tools: list[str] = Field(default_factory=list)
     """Tools whose calls wait for the user's approval before they are scheduled."""
 
@@ -56,6 +52,8 @@ class BeginTurnInput(BaseModel):
     message_ids: list[str]
     message_sizes: list[int] = Field(default_factory=list)
     """Text bytes of each message: those over the configured limit are refused."""
+    only_existing: bool = False
+    """Report the turn this run began, if any, and begin none."""
 
 
 class BeginTurnResult(BaseModel):
@@ -92,10 +90,15 @@ class ModelCallInput(BaseModel):
     answer_lost_calls: bool = False
     """The step before was lost: first give any tool call it may have written an
     interrupted result, so the model sees a balanced transcript."""
+    begins_turn: bool = False
+    """The run's first call: number the turn first (as `begin_turn`, by the run's id),
+    refusing messages over the configured limit and leaving out those the chat holds."""
 
 
 class ModelCallResult(BaseModel):
-    reply: ModelReply
+    reply: ModelReply | None
+    """None only when `begins_turn` found no message to take (`began.turn` is None)."""
+    began: BeginTurnResult | None = None
     committed_ids: list[str] = Field(default_factory=list)
     recorded: bool = True
     """False: the store failed after the provider answered; the workflow records the reply."""

@@ -44,11 +44,12 @@ async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
     return TurnState(chat_id=chat_id) if record is None else state_of(record)
 
 
-async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> int:
-    from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
-    from temporalio.service import RPCError
+async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> int:
+    from temporalio.client import WorkflowExecutionStatus
 
-    from turnkeeper.workflows.recovery import NOT_WAITING  # the commands refuse in its words
+    from turnkeeper.workflows.recovery import (
+        NOT_WAITING,  # the commands refuse in its words
+    )
 
     client = await connect_client(settings)
     desc = await describe_run(client, args.chat)
@@ -58,7 +59,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
 
         store = await open_session_store(settings)
         try:
-            decided = await decide_failed_turn(store, args.chat, "dismiss" if update == "dismiss_turn" else "continue")
+            decided = await decide_failed_turn(store, args.chat, action)
         except NotDecided as err:
             raise Refused(str(err)) from None
         finally:
@@ -72,13 +73,11 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
     try:
         after = await store.follow_from(args.chat) if store else 0
         try:
-            new_state = await tk.decide(client, args.chat, update, state.recovery_id)
-        except WorkflowUpdateFailedError as err:
-            raise Refused(str(err.cause.message if err.cause else err)) from None
-        except RPCError as err:
-            if "already completed" in str(err):
-                raise Refused(NOT_WAITING) from None
-            raise
+            new_state = await tk.decide(client, args.chat, action, state.recovery_id, run_id=desc.run_id)
+        except tk.DecisionRefused as err:
+            raise Refused(str(err)) from None
+        except tk.DecisionPending as err:
+            raise Refused(f"{err} (is a worker running?)") from None
         print(describe_gate(new_state), flush=True)
         if store is None:
             return EXIT_OK
@@ -92,20 +91,19 @@ async def _decide(args: argparse.Namespace, settings: Settings, update: str) -> 
 
 
 async def cmd_continue(args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide(args, settings, "continue_turn")
+    return await _decide(args, settings, "continue")
 
 
 async def cmd_dismiss(args: argparse.Namespace, settings: Settings) -> int:
-    return await _decide(args, settings, "dismiss_turn")
+    return await _decide(args, settings, "dismiss")
 
 
 async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
     from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError
 
     client = await connect_client(settings)
-    handle = client.get_workflow_handle(tk.workflow_id(args.chat))
-    if (await describe_run(client, args.chat)).status != WorkflowExecutionStatus.RUNNING:
+    desc = await describe_run(client, args.chat)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     later = ""
     try:
@@ -118,10 +116,10 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
     if state.status not in OPEN_STATUSES or not state.turn:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     try:
-        await handle.signal("stop", {})
-    except RPCError as err:
-        if "already completed" in str(err):
-            raise Refused(f"no turn of chat {args.chat!r} is running") from None
-        raise
+        await tk.decide(client, args.chat, "stop", run_id=desc.run_id, timeout=0 if later else tk.DECISION_WAIT_S)
+    except tk.DecisionRefused as err:
+        raise Refused(f"chat {args.chat!r}: {err}") from None
+    except tk.DecisionPending:
+        later = later or " (no worker has taken it yet: the turn stops when one does)"
     print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
     return EXIT_OK

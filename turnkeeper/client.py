@@ -78,7 +78,10 @@ async def connect(settings: Settings, *, start_dev_server: bool = False) -> Clie
 async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     """Register our Keyword search attributes when missing; returns those added."""
     from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
 
     from turnkeeper.dev_server import SEARCH_ATTRIBUTES
 
@@ -194,19 +197,24 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
         WorkflowIDReusePolicy,
     )
 
-    from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, TurnStatus
+    from turnkeeper.models import (
+        TURN_TASK_TIMEOUT,
+        ChatTurnInput,
+        TurnState,
+        TurnStatus,
+    )
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
-    common: dict[str, Any] = dict(
-        id=workflow_id(chat_id), task_queue=settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
+    common: dict[str, Any] = {
+        "id": workflow_id(chat_id), "task_queue": settings.task_queue, "task_timeout": TURN_TASK_TIMEOUT,
         # Set at start so the new run need not upsert them (ignored for a running one).
-        search_attributes=TypedSearchAttributes([
+        "search_attributes": TypedSearchAttributes([
             SearchAttributePair(CHAT_ID_ATTR, chat_id),
             SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
         ]),
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        result_type=TurnState,
-    )
+        "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        "result_type": TurnState,
+    }
     if eager:
         from temporalio.exceptions import WorkflowAlreadyStartedError
 
@@ -231,35 +239,60 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
             f"takes); the message was not sent: send it again once the turn has ended") from None
 
 
-# The server's answer when the workflow task that carried an update failed (say, a
-# signal raced the run's completion): the update was never taken, so asking again is safe.
-_UPDATE_TASK_FAILED = "unexpected workflow task failure"
-# The run closed (its turn ended, or it handed on) before a task took the update:
-# asked again, it reaches the next run, or finds none and is refused as not waiting.
-_UPDATE_ABORTED_BY_CLOSE = "update was aborted by closing workflow"
-DECISION_ATTEMPTS = 5
+class DecisionRefused(Exception):
+    """The turn refused a Continue, Dismiss or Stop; the message is the recovery table's words."""
 
 
-async def decide(client: Client, chat_id: str, update: str, recovery_id: str) -> TurnState:
-    """Run `continue_turn` or `dismiss_turn`: the new state, or the validator's
-    refusal as `WorkflowUpdateFailedError`."""
+class DecisionPending(Exception):
+    """The signal is in the run's history, and no worker has judged it yet."""
+
+
+DECISION_WAIT_S = 10.0
+
+
+async def decide(client: Client, chat_id: str, action: str, recovery_id: str | None = None,
+                 run_id: str | None = None, timeout: float = DECISION_WAIT_S) -> TurnState:
+    """Send `continue`, `dismiss` or `stop` to the chat's run (`run_id`, else the current
+    one) and wait for its answer: the state it led to, or `DecisionRefused` in the
+    table's words. The signal carries a request id and the run records how it judged
+    it (`state.decisions`): asking the run that took the signal, even once it has
+    closed, reads the answer back. `DecisionPending` when no worker judged it in time
+    (the signal stays: a worker judges it when it comes)."""
     import asyncio
+    import time
+    import uuid
 
     from temporalio.service import RPCError
 
-    from turnkeeper.models import RecoveryAction, TurnState
+    from turnkeeper.models import TurnState
+    from turnkeeper.workflows.recovery import NOT_RUNNING, NOT_WAITING
 
-    handle = client.get_workflow_handle(workflow_id(chat_id))
-    for attempt in range(1, DECISION_ATTEMPTS + 1):
-        try:
-            return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id),
-                                               result_type=TurnState)
-        except RPCError as err:
-            retry = _UPDATE_TASK_FAILED in str(err) or _UPDATE_ABORTED_BY_CLOSE in str(err)
-            if not retry or attempt == DECISION_ATTEMPTS:
-                raise
-            await asyncio.sleep(0.1 * attempt)
-    raise AssertionError("unreachable")
+    if run_id is None:
+        run_id = (await client.get_workflow_handle(workflow_id(chat_id)).describe()).run_id
+    handle = client.get_workflow_handle(workflow_id(chat_id), run_id=run_id)
+    request_id = uuid.uuid4().hex
+    payload: dict[str, Any] = {"request_id": request_id}
+    if action != "stop":
+        payload["recovery_id"] = recovery_id
+    try:
+        await handle.signal(action, payload)
+    except RPCError as err:
+        if "already completed" in str(err):
+            raise DecisionRefused(NOT_RUNNING if action == "stop" else NOT_WAITING) from None
+        raise
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        state = await handle.query("state", result_type=TurnState)
+        for record in state.decisions:
+            if record.request_id == request_id:
+                if record.refusal is not None:
+                    raise DecisionRefused(record.refusal)
+                return state
+        if time.monotonic() >= deadline:
+            raise DecisionPending(f"chat {chat_id}: the {action} is sent; no worker has judged it yet")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:

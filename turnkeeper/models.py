@@ -39,6 +39,8 @@ UNSTARTED_TOOL_TEXT = "Error: no worker picked this tool call up in time; it did
 INTERRUPTED_TURN_TEXT = "Error: the turn was interrupted before a response was generated."
 SUPERSEDED_TEXT = "The interrupted turn was superseded by a newer message."
 DISMISSED_TEXT = "The interrupted turn was dismissed."
+# Dismiss (Deny) at an approval gate: nothing was interrupted.
+DENIED_TURN_TEXT = "The turn ended: the user denied the tool calls it asked for."
 STOPPED_TEXT = "The turn was stopped by the user."
 # A tool call that needed the user's approval and did not get it (Deny at its gate).
 DENIED_TOOL_TEXT = "denied by the user"
@@ -72,11 +74,30 @@ class UserMessage(LazyModel):
 
 
 class RecoveryAction(LazyModel):
-    """Payload of `continue` / `dismiss` (signals) and `continue_turn` / `dismiss_turn` (updates)."""
+    """Payload of the `continue` and `dismiss` signals."""
 
     model_config = ConfigDict(extra="ignore")
 
     recovery_id: str = Field(min_length=1)
+    request_id: str | None = Field(default=None, max_length=200)
+    """A client's id for this decision: `state.decisions` answers it (turnkeeper.client.decide)."""
+
+
+class StopRequest(LazyModel):
+    """Payload of the `stop` signal: anything, or `{"request_id": ...}` to read the answer back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    request_id: str | None = Field(default=None, max_length=200)
+
+
+class DecisionRecord(LazyModel):
+    """How the turn judged a `continue`, `dismiss` or `stop` that carried a `request_id`."""
+
+    request_id: str
+    action: Literal["continue", "dismiss", "stop"]
+    refusal: str | None = None
+    """None: accepted; else why it was refused, in the recovery table's words."""
 
 
 class RecoveryStart(LazyModel):
@@ -188,6 +209,8 @@ class TurnState(LazyModel):
     """The session store does not answer: the turn waits and goes on when it returns."""
     approvals: list[ApprovalRequest] = Field(default_factory=list)
     """With `approval_required`: the calls that run once the user approves (Continue)."""
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+    """The latest decisions that carried a `request_id`, oldest first."""
 
 
 class CarryOn(LazyModel):

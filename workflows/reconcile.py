@@ -12,7 +12,6 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR
     from turnkeeper.reconcile_io import (
         DELETE_QUIET_PASSES,
         RECONCILE_PASS,
@@ -20,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
         QuietPassCleanup,
         ReconcileSummary,
     )
-    from turnkeeper.workflows.patches import QUIET_PASSES
+    from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR
 
 PASS_TIMEOUT = timedelta(minutes=5)
 # Long enough for a slow describe or store call between two chats.
@@ -33,10 +32,6 @@ CLEANUP_TIMEOUT = timedelta(minutes=1)
 
 @workflow.defn(name=RECONCILE_WORKFLOW)
 class Reconcile:
-    def __init__(self) -> None:
-        # In the first activation: a run an earlier release started replays as it ran.
-        self._quiet_passes = workflow.patched(QUIET_PASSES)
-
     @workflow.run
     async def run(self) -> ReconcileSummary:
         summary = await workflow.execute_activity(
@@ -46,8 +41,6 @@ class Reconcile:
             heartbeat_timeout=PASS_HEARTBEAT,
             retry_policy=PASS_RETRY,
         )
-        if not self._quiet_passes:
-            return summary
         try:
             cleanup = await workflow.execute_activity(
                 DELETE_QUIET_PASSES,

@@ -204,6 +204,10 @@ class SessionStore(ABC):
         """
 
     @abstractmethod
+    async def turn_of_run(self, chat_id: str, run_id: str) -> int | None:
+        """The turn that the run `run_id` began, if any (a read)."""
+
+    @abstractmethod
     async def update_turn(self, chat_id: str, turn: int, update: TurnUpdate) -> None:
         """Persist a status change, then announce it: `recovery_state` (status,
         reason, recovery_id, can_continue, attempts, turn) and `session_updated`

@@ -132,6 +132,12 @@ class SQLStore(DraftsSQL, SummariesSQL, SessionStore):
         await chat.emit("turn_started", {"turn": turn, "run_id": run_id})
         return BeginTurn(turn=turn, duplicate_ids=duplicates, closed_turn=closed_turn)
 
+    async def turn_of_run(self, chat_id: str, run_id: str) -> int | None:
+        rows = await self._rows(lambda row: int(row["turn"]),
+                                "SELECT turn FROM turns WHERE chat_id = ? AND run_id = ? ORDER BY turn LIMIT 1",
+                                chat_id, run_id)
+        return rows[0] if rows else None
+
     async def _supersede(self, chat: ChatWrite, record: TurnRecord) -> None:
         """Close an open turn so the transcript stays well formed for the model:
         every tool call gets an answer, the turn ends with an assistant row, and

@@ -1,7 +1,6 @@
 """The /api handlers: the same calls the CLI makes, answered in HTTP."""
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +11,6 @@ from turnkeeper import client as tk
 from turnkeeper.failed_turns import state_of as _state_of
 from turnkeeper.models import TurnState, TurnStatus
 from turnkeeper.web.backends import ApiError, backends, chat_id_of, read_json
-from turnkeeper.workflows.recovery import NOT_WAITING
 
 if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
@@ -120,13 +118,8 @@ async def history(request: Request) -> Response:
     return JSONResponse([m.public() for m in rows], headers={"X-Event-Seq": str(seq)})
 
 
-async def _decide(request: Request, update: str) -> Response:
-    from temporalio.client import (
-        WorkflowExecutionStatus,
-        WorkflowUpdateFailedError,
-        WorkflowUpdateRPCTimeoutOrCancelledError,
-    )
-    from temporalio.service import RPCError
+async def _decide(request: Request, action: str) -> Response:
+    from temporalio.client import WorkflowExecutionStatus
 
     chat_id = chat_id_of(request)
     recovery_id = _short_id(await read_json(request), "recovery_id", required=True)
@@ -138,61 +131,54 @@ async def _decide(request: Request, update: str) -> Response:
     except ApiError:
         if await (await backends(request).store()).get_turn(chat_id) is None:
             raise
-        return await _decide_without_run(request, chat_id, update, recovery_id)  # its runs are gone
+        return await _decide_without_run(request, chat_id, action, recovery_id)  # its runs are gone
     if desc.status != WorkflowExecutionStatus.RUNNING:
-        return await _decide_without_run(request, chat_id, update, recovery_id)
+        return await _decide_without_run(request, chat_id, action, recovery_id)
     try:
-        # As the CLI decides: an update whose workflow task failed is asked again.
-        state = await asyncio.wait_for(tk.decide(client, chat_id, update, recovery_id),
-                                       WORKER_TIMEOUT.total_seconds())
-    except WorkflowUpdateFailedError as err:
-        raise ApiError(409, str(err.cause.message if err.cause else err)) from None
-    except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        state = await tk.decide(client, chat_id, action, recovery_id, run_id=desc.run_id,
+                                timeout=WORKER_TIMEOUT.total_seconds())
+    except tk.DecisionRefused as err:
+        raise ApiError(409, str(err)) from None
+    except tk.DecisionPending:
         raise ApiError(503, "no worker answered; start one with `turnkeeper worker`") from None
-    except RPCError as err:
-        if "already completed" in str(err):
-            raise ApiError(409, NOT_WAITING) from None
-        raise
     return JSONResponse(state.model_dump(mode="json"))
 
 
-async def _decide_without_run(request: Request, chat_id: str, update: str, recovery_id: str) -> Response:
+async def _decide_without_run(request: Request, chat_id: str, action: str, recovery_id: str) -> Response:
     """No run holds the turn: only one whose recovery failed can be decided, in the
     store, as the CLI does."""
     from turnkeeper.failed_turns import NotDecided, decide_failed_turn
 
     store = await backends(request).store()
     try:
-        decided = await decide_failed_turn(store, chat_id, "continue" if update == "continue_turn" else "dismiss",
-                                           recovery_id)
+        decided = await decide_failed_turn(store, chat_id, action, recovery_id)
     except NotDecided as err:
         raise ApiError(409, str(err)) from None
     return JSONResponse(decided.model_dump(mode="json"))
 
 
 async def continue_turn(request: Request) -> Response:
-    return await _decide(request, "continue_turn")
+    return await _decide(request, "continue")
 
 
 async def dismiss_turn(request: Request) -> Response:
-    return await _decide(request, "dismiss_turn")
+    return await _decide(request, "dismiss")
 
 
 async def stop(request: Request) -> Response:
     from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError
 
     chat_id = chat_id_of(request)
     await read_json(request)  # `{}`, bounded like any body
     handle = (await backends(request).client()).get_workflow_handle(tk.workflow_id(chat_id))
     not_running = f"no turn of chat {chat_id!r} is running"
-    if (await _described(handle, chat_id)).status != WorkflowExecutionStatus.RUNNING:
+    desc = await _described(handle, chat_id)
+    if desc.status != WorkflowExecutionStatus.RUNNING:
         raise ApiError(409, not_running)
     try:
-        # Durable: a run without a worker now stops once one serves it.
-        await handle.signal("stop", {})
-    except RPCError as err:
-        if "already completed" in str(err):
-            raise ApiError(409, not_running) from None
-        raise
+        await tk.decide(await backends(request).client(), chat_id, "stop", run_id=desc.run_id, timeout=WORKER_TIMEOUT.total_seconds())
+    except tk.DecisionRefused as err:
+        raise ApiError(409, f"{not_running}: {err}") from None
+    except tk.DecisionPending:
+        pass  # durable: a run without a worker now stops once one serves it
     return JSONResponse({}, status_code=202)

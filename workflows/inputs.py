@@ -1,0 +1,169 @@
+"""What reaches a turn, and how the loop judges each input as it takes it.
+
+Signal handlers only append inputs; an activity or timer that ends appends one
+too. The loop takes them one at a time, in the order the run's history holds
+them, and judges each against the state the inputs before it left: what an input
+does comes from `recovery.decide`, and its answer (accepted, or refused in the
+table's words) is final. The turn then acts on the state it was left in.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from temporalio import workflow
+from temporalio.common import RawValue
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+    from turnkeeper.workflows import recovery
+    from turnkeeper.workflows.inbox import wire_size
+    from turnkeeper.workflows.payloads import (
+        Undecodable,
+        decode_payload,
+        first_error,
+        message_id_of,
+    )
+    from turnkeeper.workflows.recovery import Effect, Input
+
+    from turnkeeper.models import (
+        DecisionRecord,
+        NewEvent,
+        Reason,
+        RecoveryAction,
+        StopRequest,
+        TurnStatus,
+        UserMessage,
+    )
+
+if TYPE_CHECKING:
+    from turnkeeper.workflows.turn_loop import Turn
+
+Action = Literal["continue", "dismiss", "stop"]
+
+# Before the worker's configuration reaches a new run (with its first model call),
+# messages up to this size are taken; the call refuses those over the configured limit.
+MESSAGE_BYTES_CEILING = 1024 * 1024
+# A client reads the answer to its decision back from `state`: the latest ones are kept.
+DECISIONS_KEPT = 16
+
+
+@dataclass(frozen=True)
+class Message:
+    payload: RawValue | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    payload: RawValue | None
+
+
+@dataclass(frozen=True)
+class Done:
+    """An activity or timer of the turn's has ended."""
+
+    future: asyncio.Future[Any]
+
+
+TurnInput = Message | Decision | Done
+
+
+def take_message(turn: Turn, payload: RawValue | None) -> None:
+    try:
+        raw = decode_payload(payload)
+    except Undecodable as err:
+        refuse_message(turn, None, f"malformed user_message payload: {err}")
+        return
+    try:
+        message = UserMessage.model_validate(raw)
+    except ValidationError as err:
+        # The id, when readable, so a client following its own message sees the refusal.
+        refuse_message(turn, message_id_of(raw), f"malformed user_message payload: {first_error(err)}")
+        return
+    size = len(message.text.encode())
+    limit = turn.settings.max_message_bytes if turn.settings_known else MESSAGE_BYTES_CEILING
+    if size > limit:
+        refuse_message(turn, message.message_id, f"message is {size} bytes; the limit is {limit}")
+        return
+    if turn.inbox.seen(message.message_id):
+        return  # the client's retry: one message
+    pending, bound = turn.inbox.pending_bytes(), turn.settings.max_pending_bytes
+    if pending + wire_size(message) > bound:
+        refuse_message(turn, message.message_id, (
+            f"the chat already holds {pending} bytes of messages not yet answered and this one would "
+            f"pass the limit of {bound}; send it again once the turn has answered"))
+        return
+    turn.inbox.offer(message)
+    if recovery.decide(turn.state.status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
+        # Newer input beats the recovery, unless it is a late retry of a message the
+        # chat already holds: the store tells (the check's end is an input too).
+        turn.check_superseding(message.message_id)
+
+
+def refuse_message(turn: Turn, message_id: str | None, why: str) -> None:
+    workflow.logger.warning("user_message refused for chat %s: %s", turn.state.chat_id, why)
+    turn.announce(NewEvent(type="message_rejected", payload={"message_id": message_id, "reason": why}))
+
+
+def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
+    request_id: str | None = None
+    recovery_id: str | None = None
+    try:
+        raw = decode_payload(payload)
+        if action == "stop":
+            request_id = StopRequest.model_validate(raw if isinstance(raw, dict) else {}).request_id
+        else:
+            parsed = RecoveryAction.model_validate(raw)
+            request_id, recovery_id = parsed.request_id, parsed.recovery_id
+    except (Undecodable, ValidationError):
+        if action != "stop":  # Stop needs no argument: whatever it carries works
+            _refuse(turn, action, recovery_id, request_id, f'malformed {action} payload; expected '
+                                                           '{"recovery_id": "..."}')
+            return
+    why = judge(turn, action, recovery_id)
+    if why is not None:
+        _refuse(turn, action, recovery_id, request_id, why)
+        return
+    _record(turn, request_id, action, None)
+
+
+def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
+    """Accept `action` (the state changes at once: a later input meets it) or say why not."""
+    state = turn.state
+    if action == "stop":
+        # A run that has taken no message yet has no turn to stop.
+        if not turn.under_way or not recovery.decide(state.status, Input.STOP).accepted:
+            return recovery.NOT_RUNNING
+        turn.end_by_user(Reason.STOPPED)
+        return None
+    why = recovery.refusal(state, action, recovery_id)
+    if why is not None:
+        return why
+    effect = recovery.decide(state.status, Input(action), can_continue=state.can_continue,
+                             reason=state.reason).effect
+    if effect in (Effect.RESUME, Effect.APPROVE):
+        recovery.accept_continue(state)
+        state.detail = None
+        turn.decided = True
+    else:  # DISMISS, DENY, CANCEL_AND_DISMISS
+        turn.end_by_user(Reason.DISMISSED)
+    return None
+
+
+def _refuse(turn: Turn, action: Action, recovery_id: str | None, request_id: str | None, why: str) -> None:
+    workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
+    turn.announce(NewEvent(type="recovery_action_rejected", payload={
+        "turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why}))
+    _record(turn, request_id, action, why)
+
+
+def _record(turn: Turn, request_id: str | None, action: Action, refusal: str | None) -> None:
+    if request_id:
+        kept = turn.state.decisions[-(DECISIONS_KEPT - 1):]
+        turn.state.decisions = [*kept, DecisionRecord(request_id=request_id, action=action, refusal=refusal)]
+
+
+def supersedes(turn: Turn) -> bool:
+    return turn.state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING)

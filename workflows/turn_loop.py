@@ -1,0 +1,660 @@
+"""The turn loop: model call -> tool calls -> model call ... -> final answer.
+
+One `Turn` per run. Signal handlers and ending activities only append inputs
+(workflows/inputs.py); wherever the turn waits, it takes them one at a time in
+the order of the run's history, so what it decides never depends on how a
+worker grouped events into activations, live or on replay. Every activity is an
+ordinary one; the store writes of a plain turn ride inside its steps (the model
+call numbers the turn, commits messages and records the reply; the tool call
+records its start and its outcome), and the rest — a gate opening or closing, a
+turn ended by its user — are store activities of their own.
+
+A lost step opens a gate; the turn waits, visibly, for Continue or Dismiss. Stop,
+Dismiss or a newer message end the turn as soon as they are judged: what runs is
+cancelled, completed results stand, and one closing row is written.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from turnkeeper.workflows import recovery, steps
+    from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.workflows.inputs import (
+        Decision,
+        Done,
+        Message,
+        TurnInput,
+        refuse_message,
+        supersedes,
+        take_decision,
+        take_message,
+    )
+
+    from turnkeeper import activity_io, metrics
+    from turnkeeper.models import (
+        DENIED_TOOL_TEXT,
+        DENIED_TURN_TEXT,
+        DISMISSED_TEXT,
+        INTERRUPTED_TOOL_TEXT,
+        OPEN_STATUSES,
+        STOPPED_TEXT,
+        SUPERSEDED_TEXT,
+        TURN_TASK_TIMEOUT,
+        UNAPPROVED_TOOL_TEXT,
+        UNSTARTED_TOOL_TEXT,
+        ApprovalRequest,
+        CarryOn,
+        ChatTurnInput,
+        ModelReply,
+        NewEvent,
+        Reason,
+        RecoveryStart,
+        ToolCall,
+        ToolCallStatus,
+        ToolCallView,
+        TurnState,
+        TurnStatus,
+        UserMessage,
+    )
+    from turnkeeper.search_attributes import (
+        CHAT_ID_ATTR,
+        RECOVERY_REASON_ATTR,
+        TURN_STATUS_ATTR,
+    )
+
+# A run started without a message (`temporal workflow start`, say) waits this long.
+IDLE_TIMEOUT = timedelta(minutes=10)
+# A model call cut off by a graceful shutdown goes to the next worker this many times.
+MAX_SHUTDOWN_RESCHEDULES = 5
+STORE_WAIT_FIRST_S = 1.0
+STORE_WAIT_MAX_S = 30.0
+# A worker without the run cached replays its history within TURN_TASK_TIMEOUT:
+# about 0.45 s for this many events on an idle 2-core machine (bench/cold_replay.py).
+RUN_HISTORY_EVENTS = 1_000
+# The latest tool calls a handed-on turn keeps showing in `state` (the store keeps all).
+CARRIED_TOOL_CALLS = 256
+# Announcements and store checks never give up: the store returns, and they are idempotent.
+PATIENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+
+CONTINUE, ENDED, NO_TURN = "continue", "ended", "no_turn"
+
+
+@dataclass(frozen=True)
+class Lost:
+    reason: Reason
+    committed: bool = False  # the call's messages are in the store for sure
+    can_continue: bool = True
+    detail: str | None = None
+
+
+class Turn:
+    def __init__(self, input: ChatTurnInput) -> None:
+        self.state = TurnState(chat_id=input.chat_id)
+        self.inbox = Inbox()
+        for message in input.pending:
+            self.inbox.offer(message)
+        self.inputs: deque[TurnInput] = deque()
+        self.settings = activity_io.TurnSettings()
+        self.settings_known = False
+        self.under_way = False  # a message was handed to a model call: there is a turn to stop
+        self.decided = False  # Continue (or Approve) accepted at the open gate
+        self.ending: Reason | None = None  # Stop, Dismiss or a newer message ends the turn
+        self.dismissed: set[str] = set()  # pending when Dismiss came: committed as user rows
+        self.held: list[ToolCall] = []  # calls waiting for the user's approval
+        self.events: list[NewEvent] = []
+        self.cancel_requested = False
+        self._announcing: workflow.ActivityHandle[None] | None = None
+        self._announced = 0
+        self._superseding: list[str] = []
+        self._checking: list[str] = []
+        self._call_running = False
+        self._count_gate = True
+        self._turn_taken = False
+        self._store_wait_s = STORE_WAIT_FIRST_S
+        self._ended: set[asyncio.Future[Any]] = set()
+        self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None] | None] = {}
+
+    # -- what `state` shows ------------------------------------------------------------
+    def query(self) -> TurnState:
+        held_back = [] if self._call_running else self.inbox.in_flight
+        return self.state.model_copy(update={"pending_followups": [
+            m.message_id for m in held_back + self.inbox.waiting]})
+
+    # -- inputs: taken one at a time, in history order -------------------------------------
+    async def next_input(self) -> TurnInput:
+        try:
+            await workflow.wait_condition(lambda: bool(self.inputs))
+        except asyncio.CancelledError:
+            # Cancelling the run (the UI's "Request Cancellation") is the user's Stop.
+            self.cancel_requested = True
+            return Decision("stop", None)
+        return self.inputs.popleft()
+
+    def take(self, inp: TurnInput) -> None:
+        if isinstance(inp, Message):
+            take_message(self, inp.payload)
+        elif isinstance(inp, Decision):
+            take_decision(self, inp.action, inp.payload)
+        else:
+            self._ended.add(inp.future)
+            then = self._then.pop(inp.future, None)
+            if then is not None:
+                then(inp.future)
+
+    def watch(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
+        """`future`'s end becomes an input (and `then` runs as it is taken)."""
+        if future not in self._then:
+            future.add_done_callback(lambda f: self.inputs.append(Done(f)))
+        self._then[future] = then or self._then.get(future)
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.take(await self.next_input())
+
+    async def wait(self, futures: list[Any], cancel_on_end: bool = True) -> None:
+        """Take inputs until every future has ended; Stop, Dismiss or a newer message
+        cancel them (`cancel_on_end`) and the wait goes on until they have stopped."""
+        for future in futures:
+            self.watch(future)
+        cancelled = False
+        while not all(f in self._ended for f in futures):
+            if cancel_on_end and self.ending is not None and not cancelled:
+                cancelled = True
+                for future in futures:
+                    future.cancel()
+            self.take(await self.next_input())
+        self._ended.difference_update(futures)
+
+    def end_by_user(self, reason: Reason) -> None:
+        """Judged: Stop, Dismiss or a newer message ends the turn (the loop acts on it)."""
+        if self.ending is None:
+            self.ending = reason
+            recovery.end_recovered(self.state, reason)
+            if reason == Reason.DISMISSED:
+                newer = set(self._checking) | set(self._superseding)
+                self.dismissed = {i for i in self.inbox.ids() if i not in newer}
+
+    def announce(self, event: NewEvent) -> None:
+        self.events.append(event)
+        self._announce_next()
+
+    def _announce_next(self, _: Any = None) -> None:
+        self._announcing = None
+        if not self.events:
+            return
+        events, self.events = self.events, []
+        run_id = workflow.info().run_id
+        keys = [f"{run_id}/{self._announced + i}" for i in range(len(events))]
+        self._announced += len(events)
+        self._announcing = workflow.start_activity(
+            activity_io.APPEND_EVENTS, activity_io.AppendEventsInput(chat_id=self.state.chat_id, events=events,
+                                                                      keys=keys),
+            start_to_close_timeout=steps.STORE_TIMEOUT, retry_policy=PATIENT_RETRY, summary="announce refusals")
+        self.watch(self._announcing, self._announce_next)
+
+    def check_superseding(self, message_id: str) -> None:
+        self._superseding.append(message_id)
+        if self._checking:
+            return  # judged once the check under way has answered
+        self._checking, self._superseding = self._superseding, []
+        check = workflow.start_activity(
+            activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(chat_id=self.state.chat_id,
+                                                                      message_ids=self._checking),
+            result_type=activity_io.HeldMessagesResult, start_to_close_timeout=steps.STORE_TIMEOUT,
+            retry_policy=PATIENT_RETRY, summary="is the newer message a retry?")
+        self.watch(check, self._superseding_checked)
+
+    def _superseding_checked(self, check: asyncio.Future[Any]) -> None:
+        held = set(check.result().held)
+        self.inbox.drop(held)  # a client's late retry of a message the chat holds
+        asked, self._checking = self._checking, []
+        if any(i not in held for i in asked) and supersedes(self):
+            self.end_by_user(Reason.SUPERSEDED)
+        if self._superseding:
+            later, self._superseding = self._superseding, []
+            for message_id in later:
+                if supersedes(self):
+                    self.check_superseding(message_id)
+
+    # -- the run ----------------------------------------------------------------------------
+    async def run(self, input: ChatTurnInput) -> TurnState:
+        current = workflow.info().typed_search_attributes
+        if current.get(CHAT_ID_ATTR) != self.state.chat_id or current.get(TURN_STATUS_ATTR) != "running":
+            self._upsert()  # our client sets them at start; an operator's signal-with-start does not
+        if input.recovery is not None:
+            await self._recover(input.recovery)
+        elif input.carry_on is not None:
+            await self._carry_on(input.carry_on)
+        elif await self._first_message():
+            await self._turn_loop(step=0)
+        else:
+            self.state.status = TurnStatus.COMPLETED
+        await self._quiet()
+        if self._turn_taken and self.state.status not in OPEN_STATUSES:
+            reason = self.state.reason.value if self.state.reason else None
+            metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
+        if self.inbox.waiting and not self.cancel_requested:
+            # What this turn did not take is the next turn, in order.
+            workflow.continue_as_new(ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
+                                     task_timeout=TURN_TASK_TIMEOUT)
+        return self.query()
+
+    async def _first_message(self) -> bool:
+        idle = asyncio.ensure_future(asyncio.sleep(IDLE_TIMEOUT.total_seconds()))
+        self.watch(idle)
+        await self.until(lambda: bool(self.inbox.waiting) or idle in self._ended or self.cancel_requested)
+        idle.cancel()
+        return bool(self.inbox.waiting) and not self.cancel_requested
+
+    async def _quiet(self) -> None:
+        """Take what came meanwhile; announce every refusal before the run ends."""
+        while self.inputs or self.events or self._announcing is not None or self._checking:
+            self.take(await self.next_input())
+
+    async def _recover(self, start: RecoveryStart) -> None:
+        """A run started by the reconciler, or handed on by a long gate: adopt the turn, ask its user."""
+        adopted = await self._adopt(start.turn)
+        # A gate handed on by a long run (continue-as-new) was counted where it opened.
+        self._count_gate = workflow.info().continued_run_id is None
+        self.state.recovery_id, self.state.attempts = start.recovery_id, start.attempts
+        goes_on = True
+        if not (start.reason == Reason.APPROVAL_REQUIRED and start.approvals):
+            goes_on = await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail) == CONTINUE
+        if goes_on and start.approvals:
+            self.held = list(start.approvals)
+            goes_on = await self._approval()
+        if goes_on:
+            await self._turn_loop(step=adopted.next_step)
+
+    async def _carry_on(self, carry: CarryOn) -> None:
+        """A running turn handed on between steps: adopt it and take its next step."""
+        self.state = carry.state.model_copy(update={"chat_id": self.state.chat_id})
+        await self._adopt(carry.state.turn)
+        await self._turn_loop(step=carry.step)
+
+    async def _adopt(self, turn: int) -> activity_io.AdoptTurnResult:
+        self.state.turn, self._turn_taken, self.under_way = turn, True, True
+        adopted: activity_io.AdoptTurnResult = await self._write(
+            activity_io.ADOPT_TURN, activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn,
+                                                               run_id=workflow.info().run_id),
+            activity_io.AdoptTurnResult)
+        self.settings, self.settings_known = adopted.settings, True
+        return adopted
+
+    # -- the loop -----------------------------------------------------------------------------
+    async def _turn_loop(self, step: int) -> None:
+        # Messages handed to a model call stay ours until it succeeds: a lost call may
+        # not have committed them (the store's commit is idempotent).
+        self.inbox.in_flight = self.inbox.take()
+        after_loss = False
+        while True:
+            outcome = await self._model_step(step, after_loss)
+            if outcome in (ENDED, NO_TURN):
+                if outcome == ENDED:
+                    await self._end()
+                return
+            if isinstance(outcome, Lost):
+                if outcome.committed:
+                    self.inbox.in_flight = []
+                if await self._gate(outcome.reason, outcome.can_continue, outcome.detail) != CONTINUE:
+                    return
+                # A new step: the lost one may have written tool calls that never ran;
+                # they are answered as interrupted, never replaced.
+                step, after_loss = step + 1, True
+                continue
+            assert isinstance(outcome, ModelReply)
+            after_loss = False
+            if outcome.is_final:
+                resumed = self.state.status == TurnStatus.RESUMING
+                recovery.finish(self.state)
+                if resumed:
+                    await self._finish()  # recovered/continued
+                else:
+                    self._upsert()  # the model call closed the turn in the store
+                return
+            self.held = [c for c in outcome.tool_calls if c.name in self.settings.confirm_tools]
+            free = [c for c in outcome.tool_calls if c not in self.held]
+            lost = await self._tool_step(free) if free else None
+            if lost == ENDED:
+                await self._end()
+                return
+            step += 1
+            if lost is not None and await self._gate(lost) != CONTINUE:
+                return
+            if self.held and not await self._approval():
+                return
+            self._hand_on_if_long(step)
+            self.inbox.in_flight = self.inbox.take()
+
+    async def _model_step(self, step: int, after_loss: bool) -> ModelReply | Lost | str:
+        resuming = self.state.status == TurnStatus.RESUMING
+        if sum(map(wire_size, self.inbox.in_flight)) > CHUNK_BYTES:
+            # Too much for one activity input: committed first, in chunks.
+            if not await self._ensure_turn():
+                return NO_TURN
+            for chunk in chunks(self.inbox.in_flight):
+                await self._write(activity_io.COMMIT_MESSAGES, activity_io.CommitMessagesInput(
+                    chat_id=self.state.chat_id, turn=self.state.turn, messages=chunk,
+                    answer_lost_calls=after_loss), list[str])
+                self.inbox.in_flight = self.inbox.in_flight[len(chunk):]
+        shutdowns = 0
+        while True:
+            if self.ending is not None:
+                return ENDED
+            call = steps.model_call(activity_io.ModelCallInput(
+                chat_id=self.state.chat_id, turn=self.state.turn, step=step, new_messages=self.inbox.in_flight,
+                closes_turn=not resuming, answer_lost_calls=after_loss, begins_turn=not self.state.turn))
+            self.under_way = self._call_running = True
+            await self.wait([call])
+            self._call_running = False
+            try:
+                result = call.result()
+            except (ActivityError, asyncio.CancelledError) as err:
+                if self.ending is not None:
+                    return ENDED
+                kind = steps.error_type(err)
+                if kind == activity_io.WORKER_SHUTDOWN_ERROR:
+                    shutdowns += 1
+                    if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
+                        continue  # nothing happened outside: the next worker takes it
+                elif kind == activity_io.STORE_UNAVAILABLE_ERROR:  # raised before the provider was asked
+                    await self._store_wait(steps.failure_text(err))
+                    continue
+                elif kind == activity_io.MODEL_FAILED_ERROR:  # raised after the messages were committed
+                    return Lost(Reason.MODEL_FAILED, committed=True, detail=steps.failure_text(err))
+                elif kind == activity_io.CHECKPOINT_INVALID_ERROR:
+                    return Lost(Reason.CHECKPOINT_INVALID, can_continue=False, detail=steps.failure_text(err))
+                return Lost(Reason.RESTART_REQUIRES_CONFIRMATION)
+            self._store_answers()
+            if result.began is not None:
+                self._begun(result.began)
+            if result.reply is None:
+                return NO_TURN
+            self.inbox.in_flight = []  # committed by the call
+            if not result.recorded:
+                await self._write(activity_io.RECORD_ASSISTANT, activity_io.RecordAssistantInput(
+                    chat_id=self.state.chat_id, turn=self.state.turn, step=step, reply=result.reply,
+                    final=result.reply.is_final and not resuming))
+            # Stop, Dismiss or a newer message judged meanwhile: the reply stands in the
+            # store, and the turn ends as its user said.
+            return ENDED if self.ending is not None else result.reply
+
+    def _begun(self, began: activity_io.BeginTurnResult) -> None:
+        self.settings, self.settings_known = began.settings, True
+        for message in self.inbox.in_flight:
+            if message.message_id in began.oversized_ids:
+                refuse_message(self, message.message_id, (f"message is {len(message.text.encode())} bytes; "
+                                                          f"the limit is {began.settings.max_message_bytes}"))
+        left_out = set(began.duplicate_ids) | set(began.oversized_ids)
+        self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in left_out]
+        if began.turn is None:  # every message was one the chat holds, or refused: no turn
+            self.state.turn = began.latest_turn
+            if self.ending is None:
+                self.state.status = TurnStatus.COMPLETED
+            return
+        self.state.turn, self._turn_taken = began.turn, True
+
+    async def _ensure_turn(self, create: bool = True) -> bool:
+        """The turn's number, when the call that took it was lost or cancelled first."""
+        if self.state.turn and self._turn_taken:
+            return True
+        began: activity_io.BeginTurnResult = await self._write(activity_io.BEGIN_TURN, activity_io.BeginTurnInput(
+            chat_id=self.state.chat_id, run_id=workflow.info().run_id, only_existing=not create,
+            message_ids=[m.message_id for m in self.inbox.in_flight],
+            message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight]), activity_io.BeginTurnResult)
+        self._begun(began)
+        return began.turn is not None
+
+    async def _tool_step(self, calls: list[ToolCall], approved: bool = False) -> Reason | None | str:
+        """Run the model's tool calls in parallel: the reason for a gate if one was lost,
+        ENDED when the turn's user ended it meanwhile. A call refused for a store
+        outage before it acted runs again once the store is back."""
+        shown = {v.id: v for v in self.state.tool_calls}  # approved calls showed as pending
+        views = [shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls]
+        self.state.tool_calls.extend(v for v in views if v.id not in shown)
+        todo = list(zip(calls, views))
+        lost: list[Reason] = []
+        while True:
+            handles = []
+            for call, view in todo:
+                view.status = ToolCallStatus.RUNNING
+                handle = steps.tool_call(activity_io.ToolCallInput(chat_id=self.state.chat_id, turn=self.state.turn,
+                                                                   call=call, approved=approved))
+                self.watch(handle, lambda f, v=view: _show_result(f, v))  # shown as each ends
+                handles.append(handle)
+            await self.wait(handles)
+            again = []
+            for (call, view), handle in zip(todo, handles):
+                outcome = await self._tool_outcome(call, view, handle)
+                if outcome == "again":
+                    again.append((call, view))
+                elif outcome is not None:
+                    lost.append(outcome)
+            if self.ending is not None:
+                return ENDED
+            if not again:
+                break
+            await self._store_wait("a tool could not record its start")
+            todo = again
+        for reason in (Reason.TOOL_STATE_UNKNOWN, Reason.RESTART_REQUIRES_CONFIRMATION):
+            if reason in lost:
+                return reason
+        return None
+
+    async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
+                            handle: asyncio.Future[activity_io.ToolCallResult]) -> Reason | None | str:
+        try:
+            result = handle.result()
+        except (ActivityError, asyncio.CancelledError) as err:
+            refused = steps.error_type(err) == activity_io.STORE_UNAVAILABLE_ERROR
+            if refused and self.ending is None:
+                view.status = ToolCallStatus.PENDING
+                return "again"  # it never acted: its start could not be recorded
+            # It may or may not have acted: never run again. A result it recorded stands.
+            view.status = ToolCallStatus.INTERRUPTED
+            unstarted = refused or steps.never_started(err)
+            await self._record_tool(call, "interrupted", UNSTARTED_TOOL_TEXT if unstarted else INTERRUPTED_TOOL_TEXT)
+            return Reason.RESTART_REQUIRES_CONFIRMATION if unstarted else Reason.TOOL_STATE_UNKNOWN
+        if not result.recorded:
+            await self._record_tool(call, result.status, result.content)
+        return None
+
+    async def _record_tool(self, call: ToolCall, status: str, content: str) -> None:
+        await self._write(activity_io.RECORD_TOOL_RESULT, activity_io.RecordToolResultInput(
+            chat_id=self.state.chat_id, turn=self.state.turn, tool_call_id=call.id, name=call.name,
+            status=status, content=content))
+
+    # -- gates ------------------------------------------------------------------------------
+    async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> str:
+        """Wait for the user's decision: CONTINUE (resuming) or ENDED."""
+        if self.ending is not None:
+            await self._end()
+            return ENDED
+        if not await self._ensure_turn():
+            return ENDED
+        new_id = str(workflow.uuid4())
+        opened = self.state.model_copy(deep=True)
+        recovery.open_gate(opened, reason, new_id, can_continue)
+        opened.detail = detail
+        # Persist, then announce: decisions are taken against the gate once it is written.
+        written: activity_io.TurnWriteResult = await self._write(
+            activity_io.UPDATE_TURN, _turn_write(opened), activity_io.TurnWriteResult)
+        if self.ending is not None:
+            await self._end()
+            return ENDED
+        if not written.written:
+            return await self._store_ended(written)
+        self.state, self.decided = opened, False
+        self._upsert()
+        workflow.set_current_details(f"Waiting for the user: {reason.value}. Continue or Dismiss with "
+                                     f"recovery id {opened.recovery_id}.")
+        if self._count_gate:
+            metrics.gate_opened(workflow.metric_meter(), reason.value)
+        self._count_gate = True
+        while not self.decided and self.ending is None:
+            self._hand_on_gate_if_long()
+            self.take(await self.next_input())
+        workflow.set_current_details("")
+        if self.ending is not None:
+            await self._end()
+            return ENDED
+        written = await self._write(activity_io.UPDATE_TURN, _turn_write(self.state), activity_io.TurnWriteResult)
+        if not written.written:
+            return await self._store_ended(written)
+        self._upsert()
+        return CONTINUE
+
+    async def _store_ended(self, written: activity_io.TurnWriteResult) -> str:
+        """The store had ended the turn (a lost call committed its final answer): its
+        ending stands. What the lost call held goes to the next turn unless the store has it."""
+        self.state.status, self.state.reason, self.state.approvals = written.status, written.reason, []
+        if self.inbox.in_flight:
+            held: activity_io.HeldMessagesResult = await self._write(activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
+                chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]),
+                activity_io.HeldMessagesResult)
+            self.inbox.return_in_flight()
+            self.inbox.drop(set(held.held))
+        self._upsert()
+        return ENDED
+
+    async def _approval(self) -> bool:
+        """The held calls wait for approval, then run once. True when the turn goes on."""
+        s = self.state
+        known = {v.id for v in s.tool_calls}
+        s.tool_calls.extend(ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING)
+                            for c in self.held if c.id not in known)
+        s.approvals = [ApprovalRequest(id=c.id, name=c.name, arguments=c.arguments,
+                                       idempotency_key=f"{s.chat_id}/{s.turn}/{c.id}") for c in self.held]
+        if await self._gate(Reason.APPROVAL_REQUIRED) != CONTINUE:
+            return False
+        calls, self.held, self.state.approvals = self.held, [], []
+        lost = await self._tool_step(calls, approved=True)
+        if lost == ENDED:
+            await self._end()
+            return False
+        return lost is None or await self._gate(lost) == CONTINUE  # type: ignore[arg-type]
+
+    # -- endings --------------------------------------------------------------------------------
+    async def _end(self) -> None:
+        """Stop, Dismiss or a newer message ended the turn: keep what is known, add one
+        closing row. Dismiss commits the follow-ups pending when it came as user rows;
+        every other message becomes the next turn, in order."""
+        reason = self.ending or Reason.STOPPED
+        if not await self._ensure_turn(create=False):
+            self.inbox.return_in_flight()  # no call of this run began a turn: nothing to close
+            return
+        self.inbox.return_in_flight()
+        denied = bool(self.held) and reason == Reason.DISMISSED
+        if self.held:
+            # Held calls never ran: each gets its row (the closing write would call them interrupted).
+            held, self.held, self.state.approvals = self.held, [], []
+            for view in self.state.tool_calls:
+                if view.id in {c.id for c in held}:
+                    view.status = ToolCallStatus.ERROR
+            for call in held:
+                await self._record_tool(call, "error", DENIED_TOOL_TEXT if denied else UNAPPROVED_TOOL_TEXT)
+        commit: list[UserMessage] = []
+        if reason == Reason.DISMISSED:
+            commit = [m for m in self.inbox.waiting if m.message_id in self.dismissed]
+            self.inbox.drop(self.dismissed)
+        text = {Reason.DISMISSED: DENIED_TURN_TEXT if denied else DISMISSED_TEXT,
+                Reason.SUPERSEDED: SUPERSEDED_TEXT}.get(reason, STOPPED_TEXT)
+        await self._finish(text, commit)
+
+    async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
+        update = _turn_write(self.state)
+        update.closing_text, update.commit_messages = closing_text, commit or []
+        written: activity_io.TurnWriteResult = await self._write(activity_io.FINISH_TURN, update,
+                                                                 activity_io.TurnWriteResult)
+        if not written.written:  # a persisted completion wins
+            self.state.status, self.state.reason = written.status, written.reason
+        self._upsert()
+
+    # -- store writes -----------------------------------------------------------------------------
+    async def _write(self, activity: str, arg: Any, result_type: Any = None) -> Any:
+        """A store write that waits out an outage: `store_unavailable` shows in `state`."""
+        while True:
+            handle = steps.store_write(activity, arg, result_type)
+            await self.wait([handle], cancel_on_end=False)
+            try:
+                result = handle.result()
+            except ActivityError as err:
+                if steps.error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
+                    raise  # the run fails; the reconciler finds its turn
+                await self._store_wait(steps.failure_text(err), cancel_on_end=False)
+                continue
+            self._store_answers()
+            return result
+
+    async def _store_wait(self, why: str | None, cancel_on_end: bool = True) -> None:
+        if not self.state.store_unavailable:
+            self.state.store_unavailable = True
+            self._store_wait_s = STORE_WAIT_FIRST_S
+            workflow.logger.warning("chat %s: the session store is unavailable, the turn waits: %s",
+                                    self.state.chat_id, why)
+        pause = asyncio.ensure_future(asyncio.sleep(self._store_wait_s))
+        self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
+        await self.wait([pause], cancel_on_end=cancel_on_end)
+
+    def _store_answers(self) -> None:
+        if self.state.store_unavailable:
+            self.state.store_unavailable = False
+            workflow.logger.info("chat %s: the session store answers again", self.state.chat_id)
+
+    def _upsert(self) -> None:
+        reason = self.state.reason
+        workflow.upsert_search_attributes([
+            CHAT_ID_ATTR.value_set(self.state.chat_id),
+            TURN_STATUS_ATTR.value_set(self.state.status.value),
+            RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
+        ])
+
+    # -- long histories: a fresh run of the same turn -------------------------------------------
+    def _quiet_now(self) -> bool:
+        return not (self.inputs or self.events or self._announcing or self._checking or self._superseding
+                    or self.ending or self.decided)
+
+    def _history_long(self) -> bool:
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > RUN_HISTORY_EVENTS
+
+    def _hand_on_if_long(self, step: int) -> None:
+        if not (self._history_long() and self._quiet_now() and not self.held):
+            return
+        state = self.state.model_copy(update={"pending_followups": [], "approvals": [], "decisions": [],
+                                              "tool_calls": self.state.tool_calls[-CARRIED_TOOL_CALLS:]})
+        workflow.continue_as_new(ChatTurnInput(chat_id=state.chat_id, pending=self.inbox.waiting,
+                                               carry_on=CarryOn(state=state, step=step)),
+                                 task_timeout=TURN_TASK_TIMEOUT)
+
+    def _hand_on_gate_if_long(self) -> None:
+        if not (self._history_long() and self._quiet_now()):
+            return
+        s = self.state
+        assert s.reason is not None  # a gate always has one
+        self.inbox.return_in_flight()
+        workflow.continue_as_new(ChatTurnInput(chat_id=s.chat_id, pending=self.inbox.waiting, recovery=RecoveryStart(
+            turn=s.turn, reason=s.reason, can_continue=s.can_continue, recovery_id=s.recovery_id,
+            attempts=s.attempts, detail=s.detail, approvals=list(self.held))), task_timeout=TURN_TASK_TIMEOUT)
+
+
+def _turn_write(s: TurnState) -> activity_io.UpdateTurnInput:
+    return activity_io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
+                                       recovery_id=s.recovery_id, can_continue=s.can_continue,
+                                       attempts=s.attempts, detail=s.detail)
+
+
+def _show_result(handle: asyncio.Future[activity_io.ToolCallResult], view: ToolCallView) -> None:
+    """A finished call shows in `state` at once, while its siblings still run."""
+    if not handle.cancelled() and handle.exception() is None:
+        view.status = ToolCallStatus.DONE if handle.result().status == "done" else ToolCallStatus.ERROR
