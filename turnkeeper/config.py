@@ -46,6 +46,8 @@ ENV_VARS: tuple[str, ...] = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "TURNKEEPER_ENCRYPTION_KEYS",
     "TURNKEEPER_CODEC_ADDRESS",
+    "TURNKEEPER_DEPLOYMENT_NAME",
+    "TURNKEEPER_BUILD_ID",
     "OPENAI_BASE_URL",
     "OPENAI_API_KEY",
 )
@@ -216,6 +218,21 @@ def _keys(env: dict[str, str], name: str) -> tuple[EncryptionKey, ...]:
     return tuple(keys)
 
 
+# Temporal writes a deployment version as `<deployment name>.<build id>`.
+DEPLOYMENT_NAME = re.compile(r"[^.\s]{1,255}")
+BUILD_ID = re.compile(r"\S{1,255}")
+
+
+def _matching(raw: str | None, name: str, pattern: re.Pattern[str], rule: str) -> str | None:
+    """None (unset) or a value that matches `pattern` whole."""
+    value = (raw or "").strip()
+    if not value:
+        return None
+    if not pattern.fullmatch(value):
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+    return value
+
+
 def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
     raw = env.get(name)
     if raw is None:
@@ -279,6 +296,11 @@ class Settings:
     encryption_keys: tuple[EncryptionKey, ...] = field(default=(), repr=False)
     # `turnkeeper codec-server`, and the embedded dev server's UI's codec endpoint.
     codec_address: str = "127.0.0.1:8081"
+    # Worker Deployment Versioning (`worker_deployment`): both set, the worker is the
+    # version `<deployment_name>.<build_id>` and `ChatTurn` runs are pinned to it;
+    # both unset, the worker is unversioned.
+    deployment_name: str | None = None
+    build_id: str | None = None
     openai_base_url: str | None = None
     # repr=False: settings get logged; the key must never be.
     openai_api_key: str | None = field(default=None, repr=False)
@@ -324,9 +346,25 @@ class Settings:
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None,
             encryption_keys=_keys(env, "TURNKEEPER_ENCRYPTION_KEYS"),
             codec_address=(env.get("TURNKEEPER_CODEC_ADDRESS") or "").strip() or "127.0.0.1:8081",
+            deployment_name=_matching(env.get("TURNKEEPER_DEPLOYMENT_NAME"), "TURNKEEPER_DEPLOYMENT_NAME",
+                                      DEPLOYMENT_NAME, "1-255 characters without `.` or spaces"),
+            build_id=_matching(env.get("TURNKEEPER_BUILD_ID"), "TURNKEEPER_BUILD_ID", BUILD_ID,
+                               "1-255 characters without spaces"),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
             openai_api_key=env.get("OPENAI_API_KEY") or None,
         )
+
+    def worker_deployment(self) -> tuple[str, str] | None:
+        """(deployment name, build id) of a versioned worker; None: unversioned.
+        One without the other is refused when the worker starts."""
+        if self.deployment_name is None and self.build_id is None:
+            return None
+        if self.deployment_name is None or self.build_id is None:
+            given, missing = (("TURNKEEPER_DEPLOYMENT_NAME", "TURNKEEPER_BUILD_ID") if self.build_id is None
+                              else ("TURNKEEPER_BUILD_ID", "TURNKEEPER_DEPLOYMENT_NAME"))
+            raise ConfigError(f"{given} is set but {missing} is not: a versioned worker needs both "
+                              "(both unset: unversioned)")
+        return self.deployment_name, self.build_id
 
     def provider_env(self) -> dict[str, str]:
         """What model providers read, passed explicitly rather than via os.environ."""

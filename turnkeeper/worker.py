@@ -22,6 +22,7 @@ from temporalio.worker import (
     PollerBehaviorSimpleMaximum,
     UnsandboxedWorkflowRunner,
     Worker,
+    WorkerDeploymentConfig,
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -144,6 +145,24 @@ def apply_jobs_as_one_batch(worker: Worker) -> None:
     setter(flag, enabled=True)
 
 
+def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
+    """TURNKEEPER_DEPLOYMENT_NAME and TURNKEEPER_BUILD_ID: this worker is that Worker
+    Deployment Version, and every run that begins on it (`ChatTurn`, `Reconcile`) is
+    pinned to it: a run ends on the build that began it; each turn is a new run, so
+    new turns start on whichever version is current. None: unversioned
+    (docs/operations.md, "Shipping a change to workflow code")."""
+    deployment = settings.worker_deployment()
+    if deployment is None:
+        return None
+    from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+
+    version = WorkerDeploymentVersion(*deployment)
+    log.info("worker deployment version %s: runs that begin here are pinned to it",
+             version.to_canonical_string())
+    return WorkerDeploymentConfig(version=version, use_worker_versioning=True,
+                                  default_versioning_behavior=VersioningBehavior.PINNED)
+
+
 async def _register_search_attributes(client: Client) -> None:
     try:
         added = await ensure_search_attributes(client, client.namespace)
@@ -167,6 +186,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
     `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
+    versioning = deployment_config(settings)
     telemetry.check_tracing(settings)
     worker_logs.install(encrypted=bool(settings.encryption_keys))
     try:
@@ -210,6 +230,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # Running tools get this long to finish on SIGTERM; a model call is
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
+        deployment_config=versioning,
         # A turn whose history no longer replays is not failed here: its workflow task
         # fails and is retried. A retry on another worker can mend a fault of the
         # SDK's grouping (chaos seed 537); messages sent meanwhile join the run as
