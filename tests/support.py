@@ -198,6 +198,12 @@ class Stack:
     async def state(self, chat_id: str) -> TurnState:
         return await tk.query_state(self.client, chat_id)
 
+    async def decide(self, chat_id: str, action: str, recovery_id: str | None = None,
+                     timeout: float = 20.0) -> TurnState:
+        """`continue`, `dismiss` or `stop` as a signal, and the state its decision led
+        to; `tk.DecisionRefused` in the table's words."""
+        return await tk.decide(self.client, chat_id, action, recovery_id, timeout=timeout)
+
     async def wait_state(self, chat_id: str, pred: Callable[[TurnState], bool],
                          timeout: float = 30.0) -> TurnState:
         deadline = time.monotonic() + timeout
