@@ -2,6 +2,9 @@
 # every dependency, asyncpg (the PostgreSQL session store) and OpenTelemetry
 # (traces, with OTEL_EXPORTER_OTLP_ENDPOINT) included, as wheels.
 FROM python:3.11-slim
+# bubblewrap: the sandbox `exec` commands run in (TURNKEEPER_EXEC_SANDBOX=auto).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY turnkeeper ./turnkeeper

@@ -36,6 +36,7 @@ ENV_VARS: tuple[str, ...] = (
     "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
     "TURNKEEPER_TOOL_TIMEOUT",
     "TURNKEEPER_EXEC_TIMEOUT",
+    "TURNKEEPER_EXEC_SANDBOX",
     "TURNKEEPER_MODEL_TIMEOUT",
     "TURNKEEPER_SHUTDOWN_GRACE",
     "TURNKEEPER_HEARTBEAT_TIMEOUT",
@@ -144,6 +145,19 @@ def _address(env: dict[str, str], name: str) -> str | None:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{name} must be host:port (e.g. 0.0.0.0:9464), got {raw!r}")
     return raw
+
+
+def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`; unset: the first."""
+    raw = env.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+# `auto`: exec commands run in bubblewrap's sandbox, and a worker with exec enabled
+# refuses to start without it; `off`: as the worker's user, only the directory set.
+EXEC_SANDBOX_MODES = ("auto", "off")
 
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -264,6 +278,8 @@ class Settings:
     max_tool_output_bytes: int = 16 * 1024
     tool_timeout: int = 600
     exec_timeout: int = 60
+    # One of EXEC_SANDBOX_MODES (activities/tools/sandbox.py).
+    exec_sandbox: str = "auto"
     model_timeout: int = 300
     shutdown_grace: int = 30
     heartbeat_timeout: int = 2
@@ -331,6 +347,7 @@ class Settings:
             max_tool_output_bytes=_int(env, "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, minimum=256),
             tool_timeout=_int(env, "TURNKEEPER_TOOL_TIMEOUT", 600, minimum=1),
             exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
+            exec_sandbox=_choice(env, "TURNKEEPER_EXEC_SANDBOX", EXEC_SANDBOX_MODES),
             model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
             shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
             heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 2, minimum=1),

@@ -112,6 +112,15 @@ def check_tools(settings: Settings) -> None:
     if unknown:
         raise ConfigError(f"TURNKEEPER_TOOLS names unknown tools {unknown}; "
                           f"known: {sorted(registry.names())}")
+    from turnkeeper.activities.tools import sandbox
+
+    sandbox.configure(settings.exec_sandbox)
+    if "exec" in settings.tools and sandbox.enabled():
+        try:
+            sandbox.check()
+        except sandbox.SandboxUnavailable as err:
+            raise ConfigError(f"TURNKEEPER_TOOLS enables exec, whose commands run in a sandbox "
+                              f"(TURNKEEPER_EXEC_SANDBOX=auto), and none works here: {err}") from None
 
 
 async def _open_store(store: SessionStore) -> None:

@@ -1,4 +1,4 @@
-"""Built-in tools: files in the workspace, and an opt-in shell.
+"""Built-in tools: files in the workspace, and an opt-in shell (sandboxed, sandbox.py).
 
 All paths go through `resolve_in_workspace`. Registered into the default
 registry at import; which ones a model may call is the caller's `enabled` list
@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from . import sandbox
 from .registry import ToolContext, tool
 from .workspace import resolve_in_workspace
 
@@ -106,14 +107,22 @@ async def exec_command(command: str, *, ctx: ToolContext) -> str:
     The command runs with `/bin/sh -c` in the workspace directory, stdin empty,
     stdout and stderr combined. It is killed (with any processes it started)
     after the configured timeout; background processes it leaves behind are
-    killed shortly after it exits. This is NOT a sandbox: the command runs as the
-    worker's user and can reach anything the worker can; it gets PATH and the
-    locale only, never the worker's environment (API keys, database URLs).
+    killed shortly after it exits. Unless the worker turned it off, it runs in a
+    sandbox: the workspace is the only directory it can write, it sees only the
+    system's programs and libraries besides, a private /tmp, and no network. It
+    gets PATH and the locale only, never the worker's environment (API keys,
+    database URLs).
     """
     root = resolve_in_workspace(ctx.workspace, ".")
     if not root.is_dir():
         raise FileNotFoundError(f"the workspace {str(root)!r} does not exist")
-    code, output, dropped = await _run_shell(command, root, ctx.exec_timeout, ctx.heartbeat)
+    if sandbox.enabled():
+        # Refuses (SandboxUnavailable) rather than run the command unconfined.
+        await sandbox.ensure_available()
+        argv = sandbox.argv(command, root)
+    else:
+        argv = ["/bin/sh", "-c", command]
+    code, output, dropped = await _run_shell(argv, root, ctx.exec_timeout, ctx.heartbeat)
     text = output.decode("utf-8", errors="replace")
     if dropped:
         text += f"\n[{dropped} more bytes of output were discarded]"
@@ -135,11 +144,12 @@ def _exec_env(cwd: Path) -> dict[str, str]:
 
 
 async def _run_shell(
-    command: str, cwd: Path, timeout: float, heartbeat: Callable[[], None] | None
+    argv: list[str], cwd: Path, timeout: float, heartbeat: Callable[[], None] | None
 ) -> tuple[int | None, bytes, int]:
-    """Run `command`; return (exit code or None on timeout, captured output, bytes dropped)."""
+    """Run `argv` (the shell, or the sandbox's shell); return (exit code or None on
+    timeout, captured output, bytes dropped)."""
     proc = await asyncio.create_subprocess_exec(
-        *_shell_argv(command),
+        *_guarded(argv),
         cwd=cwd,
         env=_exec_env(cwd),
         stdin=subprocess.DEVNULL,
@@ -198,10 +208,10 @@ async def _run_shell(
     return (None if timed_out else proc.returncode), bytes(captured), dropped
 
 
-def _shell_argv(command: str) -> list[str]:
+def _guarded(argv: list[str]) -> list[str]:
     if EXEC_GUARD is None:
-        return ["/bin/sh", "-c", command]
-    return [sys.executable, "-I", "-S", str(EXEC_GUARD), str(os.getpid()), command]
+        return argv
+    return [sys.executable, "-I", "-S", str(EXEC_GUARD), str(os.getpid()), *argv]
 
 
 def _stop_command(pid: int) -> None:

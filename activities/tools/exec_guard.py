@@ -1,6 +1,9 @@
 """Runs one `exec` command so that it dies with the worker that started it.
 
-    python -I -S exec_guard.py WORKER_PID COMMAND
+    python -I -S exec_guard.py WORKER_PID PROGRAM [ARGUMENT...]
+
+PROGRAM is `/bin/sh` (`-c COMMAND`), or bwrap running the shell in the sandbox
+(sandbox.py), whose processes are the guard's descendants all the same.
 
 A worker killed with SIGKILL cannot clean up: without this guard the command's
 shell would carry on, and could finish its side effect after the turn had
@@ -94,7 +97,7 @@ def _reap() -> None:
 
 
 def main() -> None:
-    worker_pid, command = int(sys.argv[1]), sys.argv[2]
+    worker_pid, argv = int(sys.argv[1]), sys.argv[2:]
     if os.getpgrp() != os.getpid():
         # Killing the group must never reach the worker's own group.
         sys.exit("exec guard: must lead its own process group (start it with start_new_session)")
@@ -106,7 +109,7 @@ def main() -> None:
     if os.getppid() != worker_pid:
         # The worker died before the death signal was armed.
         _kill_all(signal.SIGTERM, None)
-    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ)
+    pid = os.posix_spawn(argv[0], argv, os.environ)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     _end_leftovers()
     if code < 0:

@@ -25,9 +25,11 @@ from turnkeeper.activities.tools import (
     resolve_in_workspace,
     tool,
 )
-from turnkeeper.activities.tools import builtin
+from turnkeeper.activities.tools import builtin, sandbox
 from turnkeeper.config import DEFAULT_TOOLS
 from turnkeeper.models import EffectClass
+
+from tests.unit.test_exec_sandbox import SeenSleeping, host_sleeps, sleep_marker
 
 CAP = 16 * 1024
 WITH_EXEC = (*DEFAULT_TOOLS, "exec")
@@ -479,29 +481,44 @@ async def test_exec_runs_in_workspace(workspace: Path) -> None:
     assert out == ToolOutcome(status="done", content="exit code 3\nhere.txt\nout\nerr\n")
 
 
-async def test_exec_timeout_kills_process_group(workspace: Path) -> None:
+@pytest.fixture(params=["auto", "off"])
+def exec_sandbox(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a command runs: in the sandbox (its pids are its own namespace's,
+    so the tests look for its processes on the host's list) and without."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the host's process list is read from /proc")
+    monkeypatch.setattr(sandbox, "MODE", request.param)
+    return request.param
+
+
+async def test_exec_timeout_kills_process_group(workspace: Path, exec_sandbox: str) -> None:
     ctx = make_ctx(workspace, exec_timeout=1)
+    bg, fg = sleep_marker(30), sleep_marker(30)
     start = time.monotonic()
-    out = await run_builtin(
-        workspace, "exec", {"command": "echo started; sleep 30 & echo $! > bg.pid; sleep 30"}, enabled=WITH_EXEC, ctx=ctx
-    )
+    async with SeenSleeping(bg, fg) as watch:
+        out = await run_builtin(
+            workspace, "exec", {"command": f"echo started; sleep {bg} & sleep {fg}"}, enabled=WITH_EXEC, ctx=ctx
+        )
     elapsed = time.monotonic() - start
     assert elapsed < 3
     assert out.status == "error"
     assert out.content.startswith("Error: TimeoutError: command timed out after 1s and was killed")
     assert out.content.endswith("started\n")
-    bg_pid = int((workspace / "bg.pid").read_text())
+    assert watch.seen == {bg, fg}
     await asyncio.sleep(0.2)
-    assert not _alive(bg_pid)
+    assert not host_sleeps(bg) and not host_sleeps(fg)
 
 
-async def test_exec_does_not_wait_for_leftover_background_processes(workspace: Path) -> None:
+async def test_exec_does_not_wait_for_leftover_background_processes(workspace: Path, exec_sandbox: str) -> None:
+    bg = sleep_marker(30)
     start = time.monotonic()
-    out = await run_builtin(workspace, "exec", {"command": "sleep 30 & echo $! > bg.pid; echo done"}, enabled=WITH_EXEC)
+    async with SeenSleeping(bg) as watch:
+        out = await run_builtin(workspace, "exec", {"command": f"sleep {bg} & echo done"}, enabled=WITH_EXEC)
     assert time.monotonic() - start < 5
     assert out == ToolOutcome(status="done", content="exit code 0\ndone\n")
+    assert watch.seen == {bg}
     await asyncio.sleep(0.2)
-    assert not _alive(int((workspace / "bg.pid").read_text()))
+    assert not host_sleeps(bg)
 
 
 async def test_exec_heartbeats_while_running(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -513,79 +530,73 @@ async def test_exec_heartbeats_while_running(workspace: Path, monkeypatch: pytes
     assert len(beats) >= 3
 
 
-async def test_exec_cancellation_kills_the_command(workspace: Path) -> None:
-    task = asyncio.create_task(
-        run_builtin(workspace, "exec", {"command": "echo $$ > sh.pid; sleep 30"}, enabled=WITH_EXEC)
-    )
-    pid_file = workspace / "sh.pid"
-    for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
+async def _until_sleeping(marker: str) -> None:
+    for _ in range(250):
+        if host_sleeps(marker):
+            return
         await asyncio.sleep(0.02)
+    raise AssertionError(f"sleep {marker} never ran")
+
+
+async def test_exec_cancellation_kills_the_command(workspace: Path, exec_sandbox: str) -> None:
+    fg = sleep_marker(30)
+    task = asyncio.create_task(run_builtin(workspace, "exec", {"command": f"sleep {fg}"}, enabled=WITH_EXEC))
+    await _until_sleeping(fg)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.sleep(0.2)
-    assert not _alive(int(pid_file.read_text()))
+    assert not host_sleeps(fg)
 
 
-# A process that leaves the command's process group, as a daemon does.
-_ESCAPE = "setsid sh -c 'echo $$ > esc.pid; sleep 30' </dev/null >/dev/null 2>&1 & "
+def _escape(marker: str) -> str:
+    """A process that leaves the command's process group, as a daemon does."""
+    return f"setsid sh -c 'sleep {marker}' </dev/null >/dev/null 2>&1 & "
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
-async def test_exec_timeout_kills_a_process_that_left_the_group(workspace: Path) -> None:
+async def test_exec_timeout_kills_a_process_that_left_the_group(workspace: Path, exec_sandbox: str) -> None:
     ctx = make_ctx(workspace, exec_timeout=1)
-    out = await run_builtin(workspace, "exec", {"command": _ESCAPE + "sleep 30"}, enabled=WITH_EXEC, ctx=ctx)
+    escaped = sleep_marker(30)
+    async with SeenSleeping(escaped) as watch:
+        out = await run_builtin(workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC, ctx=ctx)
     assert out.content.startswith("Error: TimeoutError")
-    escaped = int((workspace / "esc.pid").read_text())
+    assert watch.seen == {escaped}
     await asyncio.sleep(0.3)
-    assert not _alive(escaped)
+    assert not host_sleeps(escaped)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
-async def test_exec_cancellation_kills_a_process_that_left_the_group(workspace: Path) -> None:
-    task = asyncio.create_task(run_builtin(workspace, "exec", {"command": _ESCAPE + "sleep 30"}, enabled=WITH_EXEC))
-    pid_file = workspace / "esc.pid"
-    for _ in range(200):
-        if pid_file.exists() and pid_file.read_text().strip():
-            break
-        await asyncio.sleep(0.02)
-    escaped = int(pid_file.read_text())
-    assert _alive(escaped)
+async def test_exec_cancellation_kills_a_process_that_left_the_group(workspace: Path, exec_sandbox: str) -> None:
+    escaped = sleep_marker(30)
+    task = asyncio.create_task(run_builtin(workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC))
+    await _until_sleeping(escaped)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.sleep(0.3)
-    assert not _alive(escaped)
+    assert not host_sleeps(escaped)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
-async def test_exec_ends_what_the_command_left_running(workspace: Path) -> None:
+async def test_exec_ends_what_the_command_left_running(workspace: Path, exec_sandbox: str) -> None:
     """Background jobs and daemons get a short grace when the shell exits, then die:
     nothing the call started acts after its result was reported."""
+    bg, escaped = sleep_marker(30), sleep_marker(2)
     command = ("(sleep 0.2; echo quick > quick.txt) >/dev/null 2>&1 & "
-               "sleep 30 >/dev/null 2>&1 & echo $! > bg.pid; "
-               "setsid sh -c 'echo $$ > esc.pid; sleep 2; echo late > late.txt' </dev/null >/dev/null 2>&1 & "
+               f"sleep {bg} >/dev/null 2>&1 & "
+               f"setsid sh -c 'sleep {escaped}; echo late > late.txt' </dev/null >/dev/null 2>&1 & "
                "echo done")
     start = time.monotonic()
-    out = await run_builtin(workspace, "exec", {"command": command}, enabled=WITH_EXEC)
+    async with SeenSleeping(bg, escaped) as watch:
+        out = await run_builtin(workspace, "exec", {"command": command}, enabled=WITH_EXEC)
     assert out == ToolOutcome(status="done", content="exit code 0\ndone\n")
     assert time.monotonic() - start < 5
     assert (workspace / "quick.txt").read_text() == "quick\n"  # finished within the grace
-    for name in ("bg.pid", "esc.pid"):
-        assert not _alive(int((workspace / name).read_text())), name
+    assert watch.seen == {bg, escaped}
+    assert not host_sleeps(bg) and not host_sleeps(escaped)
     await asyncio.sleep(2.5)
     assert not (workspace / "late.txt").exists()
-
-
-def _alive(pid: int) -> bool:
-    """True if `pid` runs; a zombie (killed, not yet reaped by init) counts as dead."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --- loading tool modules -------------------------------------------------------------------------
