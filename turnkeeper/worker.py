@@ -26,20 +26,34 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from turnkeeper import telemetry
-from turnkeeper import worker_logs
+from turnkeeper import telemetry, worker_logs
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.activities.providers import load_provider
-from turnkeeper.activities.store import SessionStore, StoreError, StoreUnavailable, open_store
-from turnkeeper.activities.tools import ToolLoadError, default_registry, load_tool_modules
+from turnkeeper.activities.store import (
+    SessionStore,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
+from turnkeeper.activities.tools import (
+    ToolLoadError,
+    default_registry,
+    load_tool_modules,
+)
 from turnkeeper.client import connect, ensure_search_attributes
-from turnkeeper.config import ConfigError, Settings, event_loop_choice, import_from_working_directory
+from turnkeeper.config import (
+    ConfigError,
+    Settings,
+    event_loop_choice,
+    import_from_working_directory,
+)
 from turnkeeper.dev_server import SEARCH_ATTRIBUTES, DevServerError
 from turnkeeper.loop_activations import LoopActivations
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.replay import registered_workflows
+from turnkeeper.step_timeouts import StepTimeouts
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -137,23 +151,6 @@ async def _open_store(store: SessionStore) -> None:
         delay = min(delay * 2, 30.0)
 
 
-def apply_jobs_as_one_batch(worker: Worker) -> None:
-    """New runs apply every job of an activation (signals, updates, activity results)
-    before any workflow code runs, so what a turn does cannot depend on how the
-    server and the SDK grouped them: a replay may group a lost step and a signal
-    that came after it into one activation that ran as two. The SDK records this in
-    the history (runs recorded without it replay as they ran) and plans to make it
-    its default; until then it is reached through the worker's private setter."""
-    from temporalio.worker._workflow_instance import _WorkflowLogicFlag
-
-    flag = getattr(_WorkflowLogicFlag, "PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH", None)
-    setter = getattr(worker, "_set_default_workflow_logic_flag", None)
-    if flag is None or setter is None:
-        log.warning("this temporalio release offers no single-batch activations; jobs run in its own order")
-        return
-    setter(flag, enabled=True)
-
-
 def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
     """TURNKEEPER_DEPLOYMENT_NAME and TURNKEEPER_BUILD_ID: this worker is that Worker
     Deployment Version, and every run that begins on it (`ChatTurn`, `Reconcile`) is
@@ -225,6 +222,7 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         client,
         task_queue=settings.task_queue,
         workflows=registered_workflows(),  # what `turnkeeper replay` replays against
+        interceptors=[StepTimeouts(settings)],
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
@@ -240,16 +238,11 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # handed to the next worker at once.
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace),
         deployment_config=versioning,
-        # A turn whose history no longer replays is not failed here: its workflow task
-        # fails and is retried. A retry on another worker can mend a fault of the
-        # SDK's grouping (chaos seed 537); messages sent meanwhile join the run as
-        # signals, so none overtakes the ones it holds; and after a bad deploy the
-        # turns wait a minute for a rollback. A run whose task keeps failing is then
-        # ended by the reconciler and recovered, its messages in order
-        # (activities/wedged_runs.py). Failing the run at once let a newer message
-        # start a turn before the failed run's follow-ups were handed on (seed 539).
+        # A turn whose history does not replay (a bad deploy) is not failed here: its
+        # workflow task fails and is retried, so the turn waits for a rollback. A run
+        # whose task keeps failing is ended by the reconciler and recovered, its
+        # messages in order (activities/wedged_runs.py).
     )
-    apply_jobs_as_one_batch(worker)
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -287,7 +280,7 @@ def main() -> None:
         # What the user must fix outside the code (a port, a database): no traceback.
         print(f"turnkeeper: cannot start: {err}", file=sys.stderr)
         code = 1
-    except Exception as err:  # noqa: BLE001 — report, then exit non-zero
+    except Exception as err:
         log.exception("worker failed: %s", err)
         code = 1
     sys.stdout.flush()
