@@ -25,6 +25,7 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
+from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows import recovery, steps
@@ -244,9 +245,11 @@ class Turn:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
         if self.inbox.waiting and not self.cancel_requested:
-            # What this turn did not take is the next turn, in order.
+            # What this turn did not take is the next turn, in order; a new turn starts
+            # on the current build (a versioned worker pins a run to the one it began on).
             workflow.continue_as_new(ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
-                                     task_timeout=TURN_TASK_TIMEOUT)
+                                     task_timeout=TURN_TASK_TIMEOUT,
+                                     initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE)
         return self.query()
 
     async def _first_message(self) -> bool:

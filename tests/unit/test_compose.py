@@ -202,7 +202,7 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             arg, kind = node.args[0], "str"  # env.get("NAME")
-        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_address", "_keys") \
+        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_address", "_keys", "_choice") \
                 and len(node.args) > 1:
             arg, kind = node.args[1], func.id  # _int(env, "NAME", ...)
         else:
@@ -213,7 +213,7 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
     assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
     # And each one matters: set alone, it changes the settings.
     value = {"str": "value-x", "_int": "4242", "_list": "a_tool", "_bool": "on", "_pollers": "12",
-             "_address": "127.0.0.1:4242", "_keys": "k1:" + "A" * 43 + "="}
+             "_address": "127.0.0.1:4242", "_keys": "k1:" + "A" * 43 + "=", "_choice": "off"}
     defaults = Settings.from_env({})
     for name, kind in read.items():
         # A switch matters if either setting of it does (it is on by default, or off).
