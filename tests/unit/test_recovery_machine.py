@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-
-from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
 from turnkeeper.workflows import recovery
 from turnkeeper.workflows.recovery import Effect, Input, decide
+
+from turnkeeper import recovery_table
+from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
 
 GATE_REASONS = [Reason.RESTART_REQUIRES_CONFIRMATION, Reason.TOOL_STATE_UNKNOWN, Reason.MODEL_FAILED,
                 Reason.INTERRUPTED_WITH_SAVED_CONTEXT, Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
@@ -243,12 +244,14 @@ def test_the_docs_show_the_table(page: str) -> None:
     from tests.support import ROOT
 
     text = (ROOT / page).read_text()
-    assert recovery.table() in text, f"{page}'s recovery table is out of date: paste recovery.table()"
+    assert recovery_table.table() in text, (
+        f"{page}'s recovery table is out of date: paste turnkeeper.recovery_table.table()")
 
 
 def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
-    from turnkeeper.models import UserMessage
     from turnkeeper.workflows.inbox import Inbox, chunks, wire_size
+
+    from turnkeeper.models import UserMessage
 
     inbox = Inbox()
     messages = [UserMessage(message_id=f"m{i}", text="x" * (i * 1000)) for i in range(1, 6)]
