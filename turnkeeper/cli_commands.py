@@ -96,7 +96,12 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> Any:
     if args.no_wait:
         print(f"sent {message_id} to chat {args.chat}")
         return EXIT_OK
-    return _follow_sent(settings, args.chat, message_id, after, args.timeout)  # run by cli.run
+    import asyncio
+
+    from turnkeeper.cli_follow import saved_if_interrupted
+
+    with saved_if_interrupted(args.chat, message_id):  # the message is durable: Ctrl-C stops only the watching
+        return asyncio.run(_follow_sent(settings, args.chat, message_id, after, args.timeout))
 
 
 def _send_over_http(settings: Settings, chat_id: str, message_id: str, text: str) -> None:
@@ -152,11 +157,12 @@ async def _send_with_the_sdk(args: argparse.Namespace, settings: Settings, messa
     if store is None:
         print(f"sent {message.message_id} to chat {args.chat}")
         return EXIT_OK
-    from turnkeeper.cli_follow import follow_turn
+    from turnkeeper.cli_follow import follow_turn, saved_if_interrupted
 
     try:
-        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, message.message_id, after,
-                                 args.timeout, task_queue=settings.task_queue)
+        with saved_if_interrupted(args.chat, message.message_id):
+            return await follow_turn(ClientOnDemand(settings, client), store, args.chat, message.message_id,
+                                     after, args.timeout, task_queue=settings.task_queue)
     finally:
         await store.close()
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper.cli_common import EXIT_AWAITING, EXIT_OK, ClientOnDemand, Refused, query_state
@@ -21,6 +22,10 @@ STORE_RETRY_S = 1.0  # how often to look again while the store does not answer
 # A turn normally shows its message within a second; after this long, `send`
 # checks whether any worker serves the queue and says so if none does.
 NO_WORKER_CHECK_S = 5.0
+# A worker takes a message within a second; once it has not for this long, `send`
+# says the message is saved and what it waits for (a worker killed seconds ago
+# still counts as polling for a while, so the check above stays quiet then).
+WAITING_NOTE_S = 2.0
 
 
 async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_id: str | None, after: int,
@@ -36,6 +41,7 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
     deadline = time.monotonic() + timeout
     outage = False
     check_worker_at = time.monotonic() + NO_WORKER_CHECK_S
+    waiting_note_at: float | None = time.monotonic() + WAITING_NOTE_S if message_id is not None else None
     while time.monotonic() < deadline:
         if turn is None and time.monotonic() >= check_worker_at:
             check_worker_at = deadline  # once
@@ -95,6 +101,10 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
                     streamed.end_line()
                     print(f"turn {turn} ended: {p.get('status')} ({p.get('reason')})")
                 return EXIT_OK
+        if turn is None and waiting_note_at is not None and time.monotonic() >= waiting_note_at:
+            waiting_note_at = None  # once
+            assert message_id is not None
+            await _say_waiting(store, chat_id, message_id)
         if turn is not None and answer is None:
             with contextlib.suppress(Exception):  # a view: the recorded answer comes all the same
                 draft = await store.draft(chat_id)
@@ -128,6 +138,35 @@ async def open_store_waiting(settings: Any, timeout: float) -> Any:
         if said:
             _say_the_store_is_back()
         return store
+
+
+async def _say_waiting(store: Any, chat_id: str, message_id: str) -> None:
+    """The message is durable in its run's history, yet no turn has taken it yet."""
+    running: int | None = None
+    with contextlib.suppress(Exception):  # only the words depend on it
+        latest = await store.get_turn(chat_id)
+        if latest is not None and latest.status == TurnStatus.RUNNING:
+            running = latest.turn
+    waits_for = (f"waiting for turn {running} to take it at its next model call" if running is not None
+                 else "waiting for a worker to take the turn")
+    print(f"turnkeeper: message {message_id} is saved; {waits_for}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def saved_if_interrupted(chat_id: str, message_id: str) -> Iterator[None]:
+    """Around following a message already sent: Ctrl-C (KeyboardInterrupt, or the
+    main task cancelled by asyncio.run's SIGINT handler) stops only the watching.
+    Says so, and how to go on following, then lets the interrupt through (exit 130)."""
+    try:
+        yield
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        lead = "\n" if sys.stderr.isatty() else ""  # past the terminal's ^C
+        print(f"{lead}turnkeeper: interrupted; message {message_id} is saved and its turn goes on without this "
+              f"command: follow it with `turnkeeper events {chat_id} --follow` or "
+              f"`turnkeeper status {chat_id}`", file=sys.stderr, flush=True)
+        raise
 
 
 def _say_the_store_is_out(err: Exception) -> None:

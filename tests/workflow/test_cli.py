@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.support import Stack
 
@@ -105,6 +109,39 @@ async def test_send_without_a_worker_says_so(stack: Stack) -> None:
     assert f"no worker is serving task queue {stack.settings().task_queue!r}" in r.stderr
     assert "no answer within 7 s (the message is safe" in r.stderr
     await stack.start_worker()  # and it was safe
+    await stack.wait_turn_done(chat, 1)
+    assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
+
+
+@pytest.mark.parametrize("way", ["http", "sdk"])
+async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupted(stack: Stack, way: str) -> None:
+    """No worker takes the turn: within seconds `send` says the message is saved and
+    what it waits for; Ctrl-C then stops only the watching (exit 130), says the message
+    is saved and how to follow it, and a worker started later takes it once. Sent over
+    Temporal's HTTP API, or by the SDK (no HTTP address known)."""
+    stack.script([{"text": "later"}])
+    chat = stack.chat()
+    env = stack.env() if way == "http" else stack.env(TURNKEEPER_TEMPORAL_HTTP_ADDRESS="")
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        TURNKEEPER, "send", chat, "hello", "--message-id", "m-1", "--timeout", "120", env=env,
+        cwd=stack.dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    seen: list[str] = []
+    while not any("waiting for a worker" in line for line in seen):
+        line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert line, f"stderr ended: {seen}"
+        seen.append(line)
+    assert time.monotonic() - started < 8  # not a silent wait
+    assert "turnkeeper: message m-1 is saved; waiting for a worker to take the turn\n" in seen
+    proc.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    stderr = "".join(seen) + err.decode()
+    assert proc.returncode == 130, stderr
+    assert out.decode() == "" and "Traceback" not in stderr
+    assert (f"interrupted; message m-1 is saved and its turn goes on without this command: follow it with "
+            f"`turnkeeper events {chat} --follow` or `turnkeeper status {chat}`") in stderr
+    await stack.start_worker()  # and it was saved
     await stack.wait_turn_done(chat, 1)
     assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
 
