@@ -107,8 +107,10 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
+    login_limiter = auth.LoginLimiter()
+
     async def login(request: Request) -> Response:
-        return await auth.login(request, config.token, await read_json(request))
+        return await auth.login(request, config.token, await read_json(request), login_limiter)
 
     async def logout(request: Request) -> Response:
         return auth.logout()

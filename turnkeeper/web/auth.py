@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import time
+from collections import OrderedDict, deque
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -79,12 +82,70 @@ class Guard:
         await self.app(scope, receive, send)
 
 
-async def login(request: Request, token: str | None, body: dict) -> Response:
+# Failed logins an address may make within the window before /login refuses it (429)
+# until the oldest of them is a window old: the token cannot be guessed at speed.
+LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 60.0
+# The addresses remembered, the least recently seen forgotten first: bounded memory.
+LOGIN_ADDRESSES = 10_000
+
+
+def clock() -> float:
+    return time.monotonic()
+
+
+class LoginLimiter:
+    """Failed logins per client address, in memory (each web process its own): at most
+    `failures` within `window` seconds; a success forgets the address's failures."""
+
+    def __init__(self, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_S,
+                 addresses: int = LOGIN_ADDRESSES) -> None:
+        self.failures, self.window, self.addresses = failures, window, addresses
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()  # address -> its recent failures' times
+
+    def retry_after(self, address: str) -> int | None:
+        """Seconds until `address` may try again, or None if it may now."""
+        times = self._failed.get(address)
+        if times is None:
+            return None
+        now = clock()
+        while times and times[0] <= now - self.window:
+            times.popleft()
+        if not times:
+            del self._failed[address]
+            return None
+        if len(times) < self.failures:
+            return None
+        return max(1, math.ceil(times[0] + self.window - now))
+
+    def failed(self, address: str) -> None:
+        times = self._failed.pop(address, None)
+        if times is None:
+            times = deque(maxlen=self.failures)  # only the last `failures` ever matter
+        times.append(clock())
+        self._failed[address] = times  # the most recently seen last
+        while len(self._failed) > self.addresses:
+            self._failed.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        self._failed.pop(address, None)
+
+
+async def login(request: Request, token: str | None, body: dict, limiter: LoginLimiter) -> Response:
     if token is None:
         return Response(status_code=204)  # nothing to log in to
+    # The body is read: no await from the check to the failure's record, so requests
+    # sent at once cannot all pass the check before any of them is counted.
+    address = request.client.host if request.client is not None else ""
+    wait = limiter.retry_after(address)
+    if wait is not None:
+        return JSONResponse({"detail": f"too many failed logins from this address: try again in {wait} s"},
+                            status_code=429, headers={"Retry-After": str(wait)})
     given = body.get("token")
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
+        limiter.failed(address)
         return JSONResponse({"detail": "wrong token"}, status_code=401)
+    limiter.succeeded(address)
     response = Response(status_code=204)
     response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="strict",
                         secure=request.url.scheme == "https", path="/")

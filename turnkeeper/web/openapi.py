@@ -111,7 +111,9 @@ SPEC: dict[str, Any] = {
         "/login": {"post": {"summary": "exchange the token for the session cookie (HttpOnly, SameSite=Strict)",
                             "security": [],
                             "requestBody": _body({"type": "object", "properties": {"token": {"type": "string"}}}),
-                            "responses": {"204": _json("logged in"), "401": _json("wrong token", _ERROR)}}},
+                            "responses": {"204": _json("logged in"), "401": _json("wrong token", _ERROR),
+                                          "429": _json("10 failed logins from this address within a minute: "
+                                                       "try again after Retry-After seconds", _ERROR)}}},
         "/logout": {"post": {"summary": "forget the session cookie", "security": [],
                              "responses": {"204": _json("logged out")}}},
     },
