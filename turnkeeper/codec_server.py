@@ -2,7 +2,8 @@
 Temporal UI and `temporal --codec-endpoint` show encrypted payloads decrypted.
 
     POST /encode, POST /decode   body {"payloads": [{"metadata": {k: base64}, "data": base64}]}
-                                 (Payloads in protobuf's JSON form), answered in the same shape
+                                 (Payloads in protobuf's JSON form), answered in the same shape;
+                                 a body over MAX_BODY_BYTES (4 MiB) is refused with 413
 
 Keys are TURNKEEPER_ENCRYPTION_KEYS, as the workers have them; without keys
 payloads pass through, as they are stored. A payload that does not decrypt comes
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
-# A page of history holds many payloads, each up to Temporal's 2 MB (a third more as base64).
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# A request carries one event field's payloads (the UI and `temporal` ask field by field), which
+# Temporal holds to 2 MB: a third more as base64, with room to spare. Larger bodies get 413 unread.
+MAX_BODY_BYTES = 4 * 1024 * 1024
 ALLOWED_HEADERS = "Authorization, Content-Type, X-Namespace"
 PREFLIGHT_MAX_AGE_S = 600
 DECODE_ERROR_METADATA = "decode-error"
@@ -155,7 +157,11 @@ class Guard:
 
 
 class BadRequest(Exception):
-    pass
+    status = 400
+
+
+class TooLarge(BadRequest):
+    status = 413
 
 
 async def _read_payloads(request: Any) -> Any:
@@ -163,9 +169,10 @@ async def _read_payloads(request: Any) -> Any:
     from temporalio.api.common.v1 import Payloads
 
     try:
+        # Refused on its Content-Length, or as soon as a chunked body passes the limit.
         body = await read_body(request, MAX_BODY_BYTES)
     except BodyTooLarge as err:
-        raise BadRequest(str(err)) from None
+        raise TooLarge(str(err)) from None
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError):
@@ -199,14 +206,14 @@ def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
         try:
             payloads = await _read_payloads(request)
         except BadRequest as err:
-            return JSONResponse({"detail": str(err)}, status_code=400)
+            return JSONResponse({"detail": str(err)}, status_code=err.status)
         return answer([codec.encrypt(p) for p in payloads.payloads])
 
     async def decode(request: Request) -> Response:
         try:
             payloads = await _read_payloads(request)
         except BadRequest as err:
-            return JSONResponse({"detail": str(err)}, status_code=400)
+            return JSONResponse({"detail": str(err)}, status_code=err.status)
         out = []
         for p in payloads.payloads:
             try:

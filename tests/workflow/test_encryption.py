@@ -342,6 +342,59 @@ def test_the_codec_server_needs_its_token(codec_servers: tuple[CodecServer, Code
     assert without.call("/decode", empty, Host=f"codec.example:{without.port}")[0] == 403
 
 
+def test_the_codec_server_refuses_a_body_over_its_limit_before_it_arrives(
+        codec_servers: tuple[CodecServer, CodecServer]) -> None:
+    """A 5 MB body is refused (413) on its Content-Length: only the head is sent, and
+    the answer comes without waiting for the body. Calls of a normal size still work."""
+    server, _ = codec_servers
+    over = 5 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(f"POST /decode HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                     f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {over}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            got = sock.recv(65536)
+            assert got, answer
+            answer += got
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+
+    plain = [json_payload({"text": "still served"})]
+    status, _, body = server.call("/encode", {"payloads": [wire(p) for p in plain]})
+    assert status == 200
+    status, _, body = server.call("/decode", body)
+    assert status == 200 and [unwire(p) for p in body["payloads"]] == plain
+
+
+async def test_the_codec_server_stops_reading_a_chunked_body_past_its_limit() -> None:
+    """A body with no length (chunked) is counted as it arrives: refused (413) once it
+    passes the limit, the rest never read. The ASGI app called directly."""
+    from turnkeeper.codec_server import MAX_BODY_BYTES, CodecConfig, create_app
+
+    app = create_app(Settings.from_env({"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1}), CodecConfig())
+    chunk, total = b"x" * 65536, 5 * 1024 * 1024
+    pulled = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": chunk, "more_body": pulled * len(chunk) < total}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/decode", "raw_path": b"/decode", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1:8081"), (b"content-type", b"application/json"),
+                         (b"transfer-encoding", b"chunked")],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8081)}
+    await app(scope, receive, send)
+    assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 413
+    assert pulled * len(chunk) <= MAX_BODY_BYTES + len(chunk) < total
+
+
 def test_the_codec_server_refuses_a_wildcard_origin(tmp_path: Path) -> None:
     server = CodecServer(tmp_path, KEYS_1, TURNKEEPER_CODEC_CORS_ORIGIN="*")
     try:
