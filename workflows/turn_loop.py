@@ -42,17 +42,10 @@ with workflow.unsafe.imports_passed_through():
     )
 
     from turnkeeper import activity_io, metrics
+    from turnkeeper import models as rows
     from turnkeeper.models import (
-        DENIED_TOOL_TEXT,
-        DENIED_TURN_TEXT,
-        DISMISSED_TEXT,
-        INTERRUPTED_TOOL_TEXT,
         OPEN_STATUSES,
-        STOPPED_TEXT,
-        SUPERSEDED_TEXT,
         TURN_TASK_TIMEOUT,
-        UNAPPROVED_TOOL_TEXT,
-        UNSTARTED_TOOL_TEXT,
         ApprovalRequest,
         CarryOn,
         ChatTurnInput,
@@ -466,7 +459,7 @@ class Turn:
             # It may or may not have acted: never run again. A result it recorded stands.
             view.status = ToolCallStatus.INTERRUPTED
             unstarted = refused or steps.never_started(err)
-            await self._record_tool(call, "interrupted", UNSTARTED_TOOL_TEXT if unstarted else INTERRUPTED_TOOL_TEXT)
+            await self._record_tool(call, "interrupted", rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT)
             return Reason.RESTART_REQUIRES_CONFIRMATION if unstarted else Reason.TOOL_STATE_UNKNOWN
         if not result.recorded:
             await self._record_tool(call, result.status, result.content)
@@ -565,13 +558,13 @@ class Turn:
                 if view.id in {c.id for c in held}:
                     view.status = ToolCallStatus.ERROR
             for call in held:
-                await self._record_tool(call, "error", DENIED_TOOL_TEXT if denied else UNAPPROVED_TOOL_TEXT)
+                await self._record_tool(call, "error", rows.DENIED_TOOL_TEXT if denied else rows.UNAPPROVED_TOOL_TEXT)
         commit: list[UserMessage] = []
         if reason == Reason.DISMISSED:
             commit = [m for m in self.inbox.waiting if m.message_id in self.dismissed]
             self.inbox.drop(self.dismissed)
-        text = {Reason.DISMISSED: DENIED_TURN_TEXT if denied else DISMISSED_TEXT,
-                Reason.SUPERSEDED: SUPERSEDED_TEXT}.get(reason, STOPPED_TEXT)
+        text = {Reason.DISMISSED: rows.DENIED_TURN_TEXT if denied else rows.DISMISSED_TEXT,
+                Reason.SUPERSEDED: rows.SUPERSEDED_TEXT}.get(reason, rows.STOPPED_TEXT)
         await self._finish(text, commit)
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
