@@ -237,7 +237,7 @@ class Turn:
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
-        if self.inbox.waiting and not self.cancel_requested:
+        if self.inbox.waiting:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
             workflow.continue_as_new(ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
@@ -507,6 +507,7 @@ class Turn:
         written = await self._write(activity_io.UPDATE_TURN, _turn_write(self.state), activity_io.TurnWriteResult)
         if not written.written:
             return await self._store_ended(written)
+        self.decided = False
         self._upsert()
         return CONTINUE
 
