@@ -261,7 +261,7 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
 def _history_problem(run: _Run) -> str | None:
     made: set[str] = set()
     for step in run.steps:
-        if isinstance(step.result, activity_io.ModelCallResult):
+        if isinstance(step.result, activity_io.ModelCallResult) and step.result.reply is not None:
             reply = step.result.reply
             if reply.is_final and not (reply.text or "").strip():
                 return "the final answer is empty"
@@ -316,8 +316,8 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
     if problem is not None:
         return replace(invalid(problem), messages=messages)
 
-    finals = [s.result.reply for s in run.steps
-              if isinstance(s.result, activity_io.ModelCallResult) and s.result.reply.is_final]
+    finals = [s.result.reply for s in run.steps if isinstance(s.result, activity_io.ModelCallResult)
+              and s.result.reply is not None and s.result.reply.is_final]
     if finals:
         return Verdict(Reason.ANSWER_RESTORED, True, final_text=finals[-1].text, messages=messages,
                        detail="a final answer is in the history")
@@ -325,7 +325,7 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
     # Tool activities of this run, by call id; and the calls its model replies made.
     tool_steps = {s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, activity_io.ToolCallInput)}
     made_here = {c.id for s in run.steps if isinstance(s.result, activity_io.ModelCallResult)
-                 for c in s.result.reply.tool_calls}
+                 and s.result.reply is not None for c in s.result.reply.tool_calls}
     uncertain = [inp.call.id for inp, step in tool_steps.values()
                  if step.result is None and not step.never_started]
     # Calls a handed-on approval gate held were never scheduled before it either.
