@@ -119,6 +119,15 @@ class ApprovalItem:
 
 
 @dataclass(repr=False, eq=False)
+class DecisionItem:
+    """models.DecisionRecord"""
+
+    request_id: str
+    action: str
+    refusal: str | None = None
+
+
+@dataclass(repr=False, eq=False)
 class StateView:
     """models.TurnState: the same fields, in the same order, with the same defaults."""
 
@@ -134,6 +143,7 @@ class StateView:
     detail: str | None = None
     store_unavailable: bool = False
     approvals: list[ApprovalItem] = field(default_factory=list)
+    decisions: list[DecisionItem] = field(default_factory=list)
 
     def model_dump(self, *, mode: str) -> dict[str, Any]:
         """What `TurnState.model_dump(mode="json")` gives (the only mode asked for)."""
@@ -148,12 +158,15 @@ class StateView:
             "detail": self.detail, "store_unavailable": self.store_unavailable,
             "approvals": [{"id": a.id, "name": a.name, "arguments": a.arguments,
                            "idempotency_key": a.idempotency_key} for a in self.approvals],
+            "decisions": [{"request_id": d.request_id, "action": d.action, "refusal": d.refusal}
+                          for d in self.decisions],
         }
 
 
 STATE_FIELDS = tuple(f.name for f in fields(StateView))
 TOOL_CALL_VIEW_FIELDS = tuple(f.name for f in fields(ToolCallItem))
 APPROVAL_FIELDS = tuple(f.name for f in fields(ApprovalItem))
+DECISION_FIELDS = tuple(f.name for f in fields(DecisionItem))
 
 
 def state_view(data: Any) -> StateView:
@@ -161,6 +174,7 @@ def state_view(data: Any) -> StateView:
     data = _object(data, ("chat_id",), STATE_FIELDS)
     calls = [_object(c, TOOL_CALL_VIEW_FIELDS, TOOL_CALL_VIEW_FIELDS) for c in _list(data.get("tool_calls", []))]
     approvals = [_object(a, APPROVAL_FIELDS, APPROVAL_FIELDS) for a in _list(data.get("approvals", []))]
+    decisions = [_object(d, ("request_id", "action"), DECISION_FIELDS) for d in _list(data.get("decisions", []))]
     return StateView(
         chat_id=_str(data["chat_id"]),
         turn=_int(data.get("turn", 0)),
@@ -176,6 +190,8 @@ def state_view(data: Any) -> StateView:
         store_unavailable=_bool(data.get("store_unavailable", False)),
         approvals=[ApprovalItem(id=_str(a["id"]), name=_str(a["name"]), arguments=_str(a["arguments"]),
                                 idempotency_key=_str(a["idempotency_key"])) for a in approvals],
+        decisions=[DecisionItem(request_id=_str(d["request_id"]), action=_str(d["action"]),
+                                refusal=_opt_str(d.get("refusal"))) for d in decisions],
     )
 
 
