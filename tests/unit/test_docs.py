@@ -1,0 +1,57 @@
+"""The documentation keeps one home per fact: every variable the code reads has its
+row in docs/configuration.md and nowhere else, and the recovery table is shown on
+docs/recovery.md alone (tests/unit/test_recovery_machine.py checks it is current)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from turnkeeper import config, recovery_table
+
+from tests.support import ROOT
+
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+# Where the code that reads the environment lives (the tests and benches have their own).
+SOURCES = ("turnkeeper", "activities", "workflows")
+ROW = re.compile(r"^\| (`[A-Z][A-Z0-9_]*`(?:, `[A-Z][A-Z0-9_]*`)*) \|", re.MULTILINE)
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def _rows(text: str) -> set[str]:
+    """The variables a page's table rows start with."""
+    return {name for cell in ROW.findall(text) for name in re.findall(r"`([A-Z][A-Z0-9_]*)`", cell)}
+
+
+def _read_by_the_code() -> set[str]:
+    names = set(config.ENV_VARS) | set(config.WORKER_ENV_VARS) | set(config.TEMPORAL_CONNECTION_ENV_VARS)
+    for folder in SOURCES:
+        for path in (ROOT / folder).rglob("*.py"):
+            names |= set(re.findall(r"\bTURNKEEPER_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    return names
+
+
+def test_every_variable_the_code_reads_has_its_row() -> None:
+    documented = _rows(CONFIGURATION.read_text())
+    missing = sorted(_read_by_the_code() - documented)
+    assert not missing, f"docs/configuration.md has no row for {missing}"
+
+
+def test_every_row_names_a_variable_the_code_reads() -> None:
+    stale = sorted(_rows(CONFIGURATION.read_text()) - _read_by_the_code())
+    assert not stale, f"docs/configuration.md documents variables nothing reads: {stale}"
+
+
+def test_no_other_page_copies_the_variables_table() -> None:
+    for page in _pages():
+        if page != CONFIGURATION:
+            copied = sorted(_rows(page.read_text()) & _read_by_the_code())
+            assert not copied, f"{page.relative_to(ROOT)} has table rows for {copied}: link docs/configuration.md"
+
+
+def test_the_recovery_table_has_one_home() -> None:
+    shown = [page.relative_to(ROOT).as_posix() for page in _pages()
+             if recovery_table.table().splitlines()[2] in page.read_text()]
+    assert shown == ["docs/recovery.md"]
