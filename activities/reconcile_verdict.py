@@ -1,5 +1,5 @@
 """The reconciler's verdict on a turn whose run ended abnormally: what it left
-behind, judged by the reason table (README, "When a turn is interrupted").
+behind, judged by the reason table (docs/recovery.md, "Gates").
 Pure functions, no I/O: the reconciler (activities/reconciler.py) reads the
 run's history and the store's rows of the turn and acts on the verdict.
 

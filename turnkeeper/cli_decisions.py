@@ -113,7 +113,7 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
         state = await _stored_turn(settings, args.chat)
         later = (f" ({err}: the turn stops once a worker can read it)" if isinstance(err, Undecryptable)
                  else " (no worker is serving it now: the turn stops when one starts)")
-    if state.status not in OPEN_STATUSES or not state.turn:
+    if state.status not in OPEN_STATUSES:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     try:
         await tk.decide(client, args.chat, "stop", run_id=desc.run_id, timeout=0 if later else tk.DECISION_WAIT_S)

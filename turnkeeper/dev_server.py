@@ -41,7 +41,7 @@ SEARCH_ATTRIBUTE_CACHE: Mapping[str, object] = {"system.forceSearchAttributesCac
 # nothing while the server is idle; under load it means more, smaller reads of
 # the SQLite file instead of one batch per 50 ms: at 50 turns in flight about a
 # tenth more server CPU per turn than with 20, the same turns a second
-# (bench/engine_latency.py --previous-variant, README "Performance"). 200 a
+# (bench/engine_latency.py --previous-variant, docs/performance.md). 200 a
 # second leaves a busy queue's task at most 5 ms to wait; 1000 was no faster
 # and allows five times the reads (--reads-variant 1000). Safe on a single-node
 # server: the reads are local, and nothing else shares the database. Transfer: workflow and activity tasks on their way to matching (the

@@ -5,7 +5,7 @@ from __future__ import annotations
 from turnkeeper.models import Reason, TurnStatus
 from turnkeeper.workflows.recovery import Effect, Input, decide
 
-# What each effect means, in the words the README table uses.
+# What each effect means, in the words of the table in docs/recovery.md.
 EFFECT_TEXT: dict[Effect, str] = {
     Effect.JOIN: "joins the turn at its next model call",
     Effect.NEXT_TURN: "starts the next turn (a failed turn is closed `superseded` first)",

@@ -100,7 +100,7 @@ def poller_behaviors(settings: Settings) -> PollerBehaviors:
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The worker's event loop: uvloop unless `asyncio` is asked for (None: asyncio's own).
     Every task, activation and store call passes through the loop; uvloop cut the
-    worker's CPU per turn by about a seventh (README, "Performance")."""
+    worker's CPU per turn by about a seventh (docs/performance.md)."""
     if choice == "asyncio":
         return None
     try:

@@ -40,10 +40,8 @@ _INLINE = contextvars.ContextVar("turnkeeper_store_inline", default=False)
 def inline_calls() -> Iterator[None]:
     """Store calls made in here (and in tasks started in here) may run on the event
     loop where the backend can do so without waiting on a lock or a disk sync
-    (SQLite: see sqlite.py). The model and tool activities use it; local
-    activities do not: their results reach the workflow inside its task, and a
-    quicker result made the SDK's regrouping of local-activity results likelier
-    (bench/README, "Store calls on the event loop")."""
+    (SQLite: see sqlite.py). The model and tool activities use it; the web
+    process and the CLI keep to the store's thread."""
     token = _INLINE.set(True)
     try:
         yield
