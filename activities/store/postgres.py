@@ -20,6 +20,19 @@ The same transactions (`SQLStore`), tables, events and idempotency as
 Bodies and payloads are JSON in `text` columns, exactly as in SQLite (cast to
 `jsonb` in ad-hoc queries); a row that does not decode raises `CorruptRowError`
 naming it. Connection URLs are shown without user or password.
+
+Outages end by themselves. A server that is down, restarting, read-only (the
+database's or the role's `default_transaction_read_only`, a standby after a
+failover) or that cut its sessions fails a call as `StoreUnavailable`; no
+connection that met such a state goes back to the pool. A connection the server
+cut off is ended where it is met, and the call goes on with another (`_STALE`);
+one that was refused a write as read-only is ended, and the pool replaces every
+other connection it holds (`_DISCARD`), since a session keeps the setting it
+started with. Bound: the first call made once the cause is gone succeeds; the
+store adds no wait of its own (a write refused as read-only runs once more at
+once on a new connection, a call that met a cut-off one on the next). How soon
+that call comes is its caller's affair: a waiting turn tries again after 1, 2,
+4 ... up to 30 s. `check_writable` is the web page's health probe.
 """
 from __future__ import annotations
 
@@ -36,7 +49,7 @@ import asyncpg
 from turnkeeper.activities.store.base import StoreError, StoreUnavailable
 from turnkeeper.activities.store.core import SQLStore
 from turnkeeper.activities.store.schema import SCHEMA_VERSION, schema, stored_version
-from turnkeeper.activities.store.transaction import Transaction
+from turnkeeper.activities.store.transaction import Availability, Transaction
 
 T = TypeVar("T")
 
@@ -128,6 +141,19 @@ _STALE: tuple[type[BaseException], ...] = (
 # A call that ends in one of these leaves its connection unfit for the next call.
 _BROKEN: tuple[type[BaseException], ...] = (asyncio.CancelledError, OSError, *_STALE)
 
+# A session that met one of these keeps meeting it, whatever becomes of the cause:
+# `default_transaction_read_only` (set on the database or the role) is read when a
+# session starts, and a session on a server that was a standby stays on it. Such a
+# connection is ended, not handed back to the pool, and every other connection the
+# pool holds is replaced too (`Pool.expire_connections`): those opened during the
+# same spell are read-only as well, even the ones that have only read so far.
+_DISCARD: tuple[type[BaseException], ...] = (asyncpg.exceptions.ReadOnlySQLTransactionError,)
+
+
+class _Discarded(Exception):
+    """A write whose connection was read-only (its cause); the transaction wrote
+    nothing, and the connection has been ended."""
+
 
 @lru_cache(maxsize=None)
 def _numbered(sql: str) -> str:
@@ -145,6 +171,7 @@ class _Transaction(Transaction):
     def __init__(self, conn: asyncpg.Connection, channel: str) -> None:
         self.conn = conn
         self.channel = channel
+        self.wrote = False  # a row inserted, updated or deleted
 
     @staticmethod
     def texts(values: list[str]) -> list[str]:
@@ -153,7 +180,10 @@ class _Transaction(Transaction):
     async def execute(self, sql: str, *args: Any) -> int:
         status = await self.conn.execute(_numbered(sql), *args)  # "INSERT 0 1", "UPDATE 2", "SET"
         count = status.rpartition(" ")[2]
-        return int(count) if count.isdigit() else 0
+        written = int(count) if count.isdigit() else 0
+        if written and status.startswith(("INSERT", "UPDATE", "DELETE")):
+            self.wrote = True
+        return written
 
     async def fetchone(self, sql: str, *args: Any) -> asyncpg.Record | None:
         return await self.conn.fetchrow(_numbered(sql), *args)
@@ -191,12 +221,17 @@ class PostgresStore(SQLStore):
         # Notifications are per database: one channel per schema keeps deployments apart.
         self.channel = f"turnkeeper_{schema}" if schema else "turnkeeper"
         self._pool: asyncpg.Pool | None = None
+        self.availability = Availability()
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.display_url!r})"
 
     # -- lifecycle ---------------------------------------------------------------
     async def open(self) -> None:
+        with self.availability.watch(write=False):  # no DDL once the schema is current
+            await self._open()
+
+    async def _open(self) -> None:
         if self._pool is None:
             # ValueError too: asyncpg's complaint about a malformed URL.
             with self._errors("cannot open", ValueError):
@@ -310,6 +345,9 @@ class PostgresStore(SQLStore):
                 # Cancelled half way, or cut off: the driver would wait on the cancel, or
                 # hand the next caller a connection still "in another operation".
                 _terminate(conn)
+            elif isinstance(exc, (*_DISCARD, _Discarded)):
+                _terminate(conn)
+                await pool.expire_connections()
             raise
         finally:
             try:
@@ -323,17 +361,23 @@ class PostgresStore(SQLStore):
         # After the server cut sessions off (a restart, a failover, a proxy), the pool
         # still holds the dead ones. Each is ended when met (`_BROKEN`), so at most
         # max_size tries in a row meet one; all of them within one call's time.
+        # A write refused as read-only is tried once more, on a connection opened
+        # after it (`_DISCARD`): the first write after a read-only spell goes through.
         deadline = asyncio.get_running_loop().time() + self.call_timeout
-        for _ in range(self.max_size):
+        tries, read_only = 0, 0
+        while True:
             try:
                 return await call(deadline)
-            except _Unsent:
-                continue
-        try:
-            return await call(deadline)
-        except _Unsent as unsent:
-            assert unsent.__cause__ is not None
-            raise unsent.__cause__ from None
+            except _Unsent as unsent:
+                tries += 1
+                if tries > self.max_size:
+                    assert unsent.__cause__ is not None
+                    raise unsent.__cause__ from None
+            except _Discarded as discarded:
+                read_only += 1
+                if read_only > 1:
+                    assert discarded.__cause__ is not None
+                    raise discarded.__cause__ from None
 
     def _silent(self, exc: BaseException, doing: str) -> str:
         if isinstance(exc, TimeoutError):
@@ -344,8 +388,10 @@ class PostgresStore(SQLStore):
     async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
                          durable: bool) -> T:
         pool = self._require_pool()
+        wrote = False
 
         async def write(deadline: float) -> T:
+            nonlocal wrote
             async with self._connection(pool, deadline) as conn:
                 transaction = conn.transaction()
                 try:
@@ -360,16 +406,49 @@ class PostgresStore(SQLStore):
                     )
                     if durable:
                         await conn.execute("SET LOCAL synchronous_commit TO on")  # whatever the server's default
-                    result = await work(_Transaction(conn, self.channel), now)
+                    tx = _Transaction(conn, self.channel)
+                    result = await work(tx, now)
                 except BaseException as exc:
                     if not isinstance(exc, _BROKEN):
                         await transaction.rollback()
+                    if isinstance(exc, _DISCARD):
+                        raise _Discarded() from exc
                     raise  # else the connection is ended, and the server rolls back
                 await transaction.commit()
+                wrote = tx.wrote
                 return result
 
-        with self._errors():
-            return await self._once_more_if_stale(write)
+        with self.availability.watch(write=True) as call, self._errors():
+            result = await self._once_more_if_stale(write)
+            call.wrote = wrote
+            return result
+
+    async def check_writable(self) -> None:
+        """Raise `StoreUnavailable` unless a write would go through now: an UPDATE
+        that matches no row, in a transaction rolled back. PostgreSQL refuses it
+        all the same in a read-only session, and it takes no lock and writes nothing."""
+        pool = self._require_pool()
+
+        async def probe(deadline: float) -> None:
+            async with self._connection(pool, deadline) as conn:
+                transaction = conn.transaction()
+                try:
+                    await transaction.start()
+                except _STALE as exc:
+                    raise _Unsent() from exc
+                try:
+                    await conn.execute("UPDATE meta SET value = value WHERE false")
+                except _DISCARD as exc:
+                    await transaction.rollback()
+                    raise _Discarded() from exc
+                except BaseException as exc:
+                    if not isinstance(exc, _BROKEN):
+                        await transaction.rollback()
+                    raise
+                await transaction.rollback()
+
+        with self.availability.watch(write=True), self._errors():
+            await self._once_more_if_stale(probe)
 
     async def _run_read(self, work: Callable[[Transaction], Coroutine[Any, Any, T]], snapshot: bool) -> T:
         # One statement alone has a snapshot of its own: no transaction, no extra round trips.
@@ -385,5 +464,5 @@ class PostgresStore(SQLStore):
             except _STALE as exc:
                 raise _Unsent() from exc  # a read did nothing: the same call on another connection
 
-        with self._errors():
+        with self.availability.watch(write=False), self._errors():
             return await self._once_more_if_stale(read)

@@ -1,14 +1,20 @@
 """What a store backend implements (`Transaction`: SQL with `?` placeholders on
-its driver), and the pieces of a write that `SQLStore` builds its transactions of."""
+its driver), the pieces of a write that `SQLStore` builds its transactions of,
+and what the backends share about outages (`Availability`)."""
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import StoreError, TurnRef
+from turnkeeper.activities.store.base import StoreError, StoreUnavailable, TurnRef
 from turnkeeper.models import ChatMessage
+
+log = logging.getLogger("turnkeeper.store")
 
 
 class Transaction(ABC):
@@ -106,3 +112,52 @@ async def held_ids(tx: Transaction, chat_id: str, message_ids: list[str],
 def turn_ref(row: codec.Row) -> TurnRef:
     return TurnRef(chat_id=str(row["chat_id"]), turn=int(row["turn"]),
                    run_id=None if row["run_id"] is None else str(row["run_id"]))
+
+
+class WatchedCall:
+    """One store call as `Availability.watch` sees it."""
+
+    wrote = True
+    """Whether the call changed anything, as far as its backend tells: a write that
+    finds its work done already goes through even on a read-only database."""
+
+
+class Availability:
+    """Whether a store answers, as its calls find it; the log says when that changes.
+
+    One warning when a call first fails as `StoreUnavailable`, one info line when
+    the store answers again. After a failed write only a write that changed
+    something counts as an answer: while a database is read-only its reads still
+    work, and so do writes that find nothing to do."""
+
+    def __init__(self) -> None:
+        self._down_since: float | None = None
+        self._writes_failed = False
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    @contextmanager
+    def watch(self, write: bool) -> Iterator[WatchedCall]:
+        """Around one store call: a write, or a read (`write=False`)."""
+        call = WatchedCall()
+        try:
+            yield call
+        except StoreUnavailable as err:
+            self.failed(err, write)
+            raise
+        self.answered(write and call.wrote)
+
+    def failed(self, err: StoreUnavailable, write: bool) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("the session store does not answer: %s; turns wait for it", err)
+        self._writes_failed = self._writes_failed or write
+
+    def answered(self, wrote: bool) -> None:
+        if self._down_since is None or (self._writes_failed and not wrote):
+            return
+        log.info("the session store answers again, after %.1f s", time.monotonic() - self._down_since)
+        self._down_since = None
+        self._writes_failed = False

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,6 +22,9 @@ from turnkeeper.web import api, auth, sse
 from turnkeeper.web.backends import ApiError, Backends, backends, read_json
 from turnkeeper.web.openapi import SPEC
 from turnkeeper.web.server import WebConfig
+
+if TYPE_CHECKING:
+    from turnkeeper.activities.store import SessionStore
 
 log = logging.getLogger("turnkeeper.web")
 
@@ -65,12 +69,19 @@ async def healthz(request: Request) -> Response:
         parts["temporal"] = getattr(err, "detail", None) or str(err) or type(err).__name__
     try:
         store = await backends(request).store()
-        await asyncio.wait_for(store.list_chats(limit=1), HEALTH_TIMEOUT_S)
+        await asyncio.wait_for(_store_writable(store), HEALTH_TIMEOUT_S)
         parts["store"] = "ok"
     except Exception as err:  # noqa: BLE001
         parts["store"] = str(err) or type(err).__name__
     healthy = all(v == "ok" for v in parts.values())
     return JSONResponse(parts, status_code=200 if healthy else 503)
+
+
+async def _store_writable(store: SessionStore) -> None:
+    """Whether a write goes through now (the backends' `check_writable`), not a
+    read: a read-only store still answers reads, and turns wait on it all the same."""
+    check = getattr(store, "check_writable", None)
+    await (check() if check is not None else store.list_chats(limit=1))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
