@@ -1,7 +1,13 @@
 """The session store a chaos run uses, and the outages the harness makes in it.
 
-SQLite (the default): the workers share one file; an outage holds its write
-lock, as another process writing would.
+SQLite (the default): the workers share one file. An outage is one of:
+
+- `lock`: its write lock held, as another process writing would;
+- `read_only` (only as root, where `chattr` works): the file and its WAL made
+  immutable. The running workers' writes fail (an I/O error), and a worker
+  started meanwhile (the killer's replacements) opens the file read-only, as
+  SQLite does with a file it may not write: its store must open it again once
+  the file is writable.
 
 PostgreSQL (`--postgres URL`, a database the URL's user may create roles in):
 the run gets a login role and a schema of its own, dropped afterwards, so runs
@@ -13,6 +19,11 @@ an outage reaches them and nobody else. Each outage is one of:
   store's lock timeout, then fail;
 - `read_only`: the role's new sessions are read-only and its open ones are cut
   off, as during a failover to a standby; every write fails at once, reads work;
+  when it ends the role's sessions are cut off again;
+- `read_only_kept`: the same, but when it ends the setting is only reset, as a
+  database made writable again is: the sessions the workers opened meanwhile stay
+  read-only until the workers themselves end them (the role's setting rather
+  than the database's, so that it reaches no one else);
 - `cut`: the role's sessions are cut off again and again (`pg_terminate_backend`),
   as a restarting server or a proxy dropping connections would, in the middle of
   whatever transaction each one runs.
@@ -21,7 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,10 +74,10 @@ class ChaosStore(Protocol):
 
 
 class SQLiteChaosStore:
-    kinds = ("lock",)
-
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.kinds: tuple[str, ...] = ("lock",)  # and `read_only` where `chattr +i` works (setup)
+        self._immutable: list[Path] = []
 
     def worker_env(self) -> dict[str, str]:
         return {}  # the workers' own default: TURNKEEPER_DATA_DIR/sessions.db
@@ -72,10 +86,27 @@ class SQLiteChaosStore:
         return f"SQLite {self.path}"
 
     async def setup(self) -> None:
-        pass
+        if await asyncio.to_thread(self._chattr_works):
+            self.kinds = ("lock", "read_only")
+
+    def _chattr_works(self) -> bool:
+        if not hasattr(os, "geteuid") or os.geteuid() != 0:
+            return False
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.path.parent) as probe:
+            if not self._chattr("+i", [Path(probe.name)]):
+                return False
+            return self._chattr("-i", [Path(probe.name)])
+
+    @staticmethod
+    def _chattr(flag: str, files: list[Path]) -> bool:
+        try:
+            return subprocess.run(["chattr", flag, *map(str, files)], capture_output=True).returncode == 0
+        except OSError:
+            return False
 
     async def teardown(self, keep: bool) -> None:
-        pass
+        await asyncio.to_thread(self._writable)
 
     async def closed_turns(self) -> int | None:
         return await asyncio.to_thread(self._closed_turns)
@@ -94,8 +125,24 @@ class SQLiteChaosStore:
             conn.close()
 
     async def hold(self, kind: str, timeout: float) -> Hold | None:
+        if kind == "read_only":
+            return Hold(kind) if await asyncio.to_thread(self._read_only) else None
+        if kind != "lock":
+            raise ValueError(f"unknown outage kind {kind!r}")
         conn = await asyncio.to_thread(self._take_write_lock, timeout)
         return Hold(kind, conn) if conn is not None else None
+
+    def _read_only(self) -> bool:
+        files = [p for p in (self.path, self.path.with_name(self.path.name + "-wal")) if p.exists()]
+        if not files or not self._chattr("+i", files):
+            return False
+        self._immutable = files
+        return True
+
+    def _writable(self) -> None:
+        files, self._immutable = self._immutable, []
+        if files:
+            self._chattr("-i", files)
 
     def _take_write_lock(self, timeout: float) -> sqlite3.Connection | None:
         try:
@@ -106,7 +153,10 @@ class SQLiteChaosStore:
             return None
 
     async def release(self, hold: Hold) -> None:
-        await asyncio.to_thread(self._rollback, hold.conn)
+        if hold.kind == "read_only":
+            await asyncio.to_thread(self._writable)
+        else:
+            await asyncio.to_thread(self._rollback, hold.conn)
 
     @staticmethod
     def _rollback(conn: object) -> None:
@@ -117,7 +167,7 @@ class SQLiteChaosStore:
 
 
 class PostgresChaosStore:
-    kinds = ("lock", "read_only", "cut")
+    kinds = ("lock", "read_only", "read_only_kept", "cut")
 
     def __init__(self, admin_url: str, rng_uniform: Callable[[float, float], float]) -> None:
         self.admin_url = admin_url
@@ -170,7 +220,7 @@ class PostgresChaosStore:
         if kind == "lock":
             return await self._lock_tables(timeout)
         assert self._admin is not None
-        if kind == "read_only":
+        if kind in ("read_only", "read_only_kept"):
             await self._admin.execute(f'ALTER ROLE "{self.name}" SET default_transaction_read_only = on')
             hold = Hold(kind)
             hold.cuts.append(await self._cut(self._admin))
@@ -193,6 +243,9 @@ class PostgresChaosStore:
             await self._reset_role(self._admin)
             # Sessions opened read-only stay so until they end: cut them off too.
             hold.cuts.append(await self._cut(self._admin))
+        elif hold.kind == "read_only_kept":
+            assert self._admin is not None
+            await self._reset_role(self._admin)  # and nothing more: the workers' own sessions stay
         elif hold.task is not None:
             hold.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
