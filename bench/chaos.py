@@ -26,9 +26,10 @@ What runs (everything real, nothing mocked but the model):
   an approval gate (`approval_required`) before such a call is scheduled;
 - per chat, a user (bench/chaos_users.py) who sends a message, sends follow-ups
   at random moments while the turn runs (some immediately retried with the same
-  message id, some older ids retried later), presses Continue, Dismiss (by
-  update or by signal, with the recovery id on screen, one remembered from
-  before, or a made-up one) and Stop at random moments, more often while a
+  message id, some older ids retried later), presses Continue, Dismiss (with
+  the recovery id on screen, one remembered from before, or a made-up one) and
+  Stop at random moments, each by `turnkeeper.client.decide` (a signal whose
+  answer is read back from `state`) or as a bare signal, more often while a
   Continue runs (status `resuming`, where a new message also supersedes it),
   waits for the turn to end, and goes again;
 - bursts of large follow-ups (10-40 of 40-60 KB, now and then one over the
@@ -41,10 +42,11 @@ What runs (everything real, nothing mocked but the model):
   a replacement, so N workers stay up. A share of the kills (--stall-kills)
   happens while the harness holds the store's write lock for 0.2-1 s, as
   another process writing would: the victim is then likely inside a store
-  write (begin_turn, committing messages, recording a reply);
+  write (a model call numbering its turn and committing its messages, a reply
+  or a tool result recorded, a gate written);
 - a gate driver that lists `TurnStatus='awaiting_user'` chats, queries `state`
-  and answers each gate with the `continue_turn` (when `can_continue`) or
-  `dismiss_turn` update and the current recovery id, sometimes probing first
+  and answers each gate with Continue (when `can_continue`) or Dismiss by
+  `turnkeeper.client.decide` and the current recovery id, sometimes probing first
   with a made-up id (which must be refused as stale); an approval gate it
   approves or denies at random (--p-approve), and users press Continue and
   Dismiss at it at random moments like at any gate.
@@ -71,15 +73,19 @@ probe message, and the runs still running are looked at twice. The checker
 4. no non-determinism: no `nondeterminism`/`NondeterminismError`/`Failed
    activation` line in any worker log, no workflow task failure other than the
    benign "unhandled command" (a signal that raced a completion), and every
-   recorded history replays against today's `ChatTurn`;
+   run's history replays against today's `ChatTurn` (`Replayer`); the
+   report also counts the runs the reconciler ended because their workflow task
+   kept failing (activities/wedged_runs.py: what a history that no longer
+   replays comes to);
 5. every transcript is balanced: one tool row per tool call, no orphan tool
    row (a provider refuses anything else);
 5a. no tool that asks first ran without its user's approval: every
    `ledger_confirm` activity in any history was scheduled as approved, every
    ledger start of it belongs to such an activity, and no call answered
    `denied by the user` (or not run for want of approval) has a ledger start;
-6. every action answered in time: each update returned or was rejected, each
-   signal and signal-with-start was accepted by the server, within 5 s,
+6. every action answered in time: each decision was judged (accepted or
+   refused, read back from `state`), each bare signal and signal-with-start was
+   accepted by the server, within 5 s,
    less the time no worker served and the time the chat's workflow task sat
    with a killed worker until it timed out (latencies reported on each clock:
    max and p99);
@@ -92,7 +98,7 @@ probe message, and the runs still running are looked at twice. The checker
 It also reports anomalies that are not failures by themselves: a turn the
 store shows written to after its `turn_end` (a closed turn reopened), an
 assistant row written twice, a superseded turn with no successor, Dismiss
-updates with the current id refused while resuming.
+decisions with the current id refused while resuming.
 The summary goes to stdout (with --json, also the whole report as JSON); the
 exit status is 1 if any invariant failed. The work directory (logs, ledger,
 store, `evidence/<chat>.json` with the turns, transcript, event log, the

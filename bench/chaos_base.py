@@ -56,7 +56,7 @@ class ChaosConfig:
     think_max_s: float = 1.0         # pause between turns: uniform 0..this
     action: float = 0.03             # P(Continue, Dismiss or Stop at a random moment) per check
     resuming_action: float = 0.25    # the same while the turn runs a Continue (status resuming)
-    signal_form: float = 0.5         # P(Continue/Dismiss by signal rather than by update)
+    signal_form: float = 0.5         # P(Continue/Dismiss/Stop as a bare signal rather than by tk.decide)
     # bursts of large follow-ups, sent while a tool runs
     bursts: int | None = None        # bursts to send, paced over the target turns (None: turns // 25)
     burst_size: tuple[int, int] = (10, 40)            # follow-ups per burst
@@ -150,6 +150,9 @@ class Report:
     runs_by_status: dict[str, int] = field(default_factory=dict)
     workflow_task_timeouts: int = 0
     replayed_histories: int = 0
+    # Runs the reconciler ended because their workflow task kept failing (a history
+    # the workers' code does not replay, say): activities/wedged_runs.py.
+    runs_ended_by_reconciler: int = 0
     invariants: dict[str, int] = field(default_factory=dict)
     details: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -225,7 +228,8 @@ class Report:
             f"asking first       {kv(self.approvals)}",
             f"model requests     {self.model_requests} ({kv(self.model_answers)})",
             f"workflow runs      {kv(self.runs_by_status)}; {self.workflow_task_timeouts} workflow "
-            f"task timeouts; {self.replayed_histories} histories replayed",
+            f"task timeouts; {self.replayed_histories} histories replayed; "
+            f"{self.runs_ended_by_reconciler} runs ended by the reconciler for a failing workflow task",
             "invariants:",
         ]
         for name, count in self.invariants.items():
@@ -274,7 +278,7 @@ class ChatLog:
 
 @dataclass
 class Action:
-    kind: str            # continue/update, dismiss/signal, stop/signal, message, followup, burst, probe, ...
+    kind: str            # continue/decide, dismiss/signal, stop/decide, message, followup, burst, probe, ...
     chat_id: str
     source: str          # user, gate, burst, probe
     at_s: float          # since the harness started
@@ -295,8 +299,8 @@ class ActionLog:
 
     @staticmethod
     def group(kind: str) -> str:
-        if kind.startswith(("continue/update", "dismiss/update")):
-            return "updates"
+        if kind.endswith("/decide"):
+            return "decisions"
         if kind.endswith("/signal"):
             return "signals"
         return "messages"
@@ -339,13 +343,8 @@ def percentile(values: list[float], q: float) -> float:
 def error_kind(text: str) -> str:
     low = text.lower()
     for needle, kind in (("stale", "stale"), ("not waiting", "not waiting"), ("unavailable", "context unavailable"),
-                         ("already completed", "run closed"), ("not found", "run closed"),
-                         ("aborted by closing workflow", "run closed")):
+                         ("no turn is running", "not running"), ("malformed", "malformed"),
+                         ("already completed", "run closed"), ("not found", "run closed")):
         if needle in low:
             return kind
     return "other"
-
-
-def update_error_text(err: BaseException) -> str:
-    cause = getattr(err, "cause", None)
-    return f"{err} {cause}" if cause is not None else str(err)

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
 ABNORMAL_RUN = (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
                 WorkflowExecutionStatus.TIMED_OUT, WorkflowExecutionStatus.CANCELED)
+# How the reconciler's terminate (activities/run_sweep.py) names itself: it ends a run
+# whose workflow task keeps failing (activities/wedged_runs.py).
+RECONCILER_TERMINATES = "turnkeeper reconciler:"
 # invariant -> the details it sums
 INVARIANTS: dict[str, tuple[str, ...]] = {
     "duplicate_tool_executions": ("ledger_keys_started_twice", "ledger_start_without_tool_runs_row",
@@ -108,6 +111,20 @@ def held_by_killed_workers(histories: list[WorkflowHistory], killed_pids: set[in
                     spans[chat_id].append((scheduled, at))
                 scheduled = started = None
     return spans
+
+
+def ended_by_reconciler(histories: list[WorkflowHistory]) -> dict[str, str]:
+    """Run id -> the reason, for each run the reconciler terminated because its
+    workflow task kept failing (activities/wedged_runs.py), as a run whose history
+    the workers' code does not replay would be."""
+    ended: dict[str, str] = {}
+    for hist in histories:
+        for ev in hist.events:
+            if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+                reason = ev.workflow_execution_terminated_event_attributes.reason
+                if reason.startswith(RECONCILER_TERMINATES):
+                    ended[hist.run_id] = reason
+    return ended
 
 
 class Checker:
@@ -414,7 +431,7 @@ class Checker:
         report.while_resuming = log.while_resuming()
         report.latency = log.latency()
         bound = h.cfg.answer_bound_s
-        # An update is answered by a worker: the time in which none was serving
+        # A decision is judged by a worker: the time in which none was serving
         # (every one killed, the replacements not yet polling) is the killer's,
         # not the turn's. The bound applies to the rest; both clocks are reported.
         h.pool.look_for_serving()
@@ -452,16 +469,16 @@ class Checker:
                       f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}{around}", a.chat_id,
                       f"{a.kind} at {a.at_s:.1f} s took {took}")
         made_up = [a for a in log.actions if a.id_kind == "made-up" and a.outcome == "accepted"
-                   and a.kind.endswith("/update")]
+                   and a.kind.endswith("/decide")]
         for a in made_up:
             self.fail("run_errors", f"chat {a.chat_id}: {a.kind} with a made-up recovery id was accepted", a.chat_id)
         # Expected under the contract, not an invariant of its own: Dismiss with the
         # current id is accepted in every open status, resuming included.
-        refused = [a for a in log.actions if a.kind == "dismiss/update" and a.id_kind == "current"
+        refused = [a for a in log.actions if a.kind == "dismiss/decide" and a.id_kind == "current"
                    and a.status_seen == "resuming" and a.outcome.startswith("refused")]
         if refused:
             report.anomalies.append(
-                f"{len(refused)} Dismiss updates with the current id were refused while the turn was resuming "
+                f"{len(refused)} Dismiss decisions with the current id were refused while the turn was resuming "
                 f"(e.g. chat {refused[0].chat_id} at {refused[0].at_s:.1f} s: {refused[0].outcome}); the "
                 "contract accepts them (a race with the turn's end refuses some)")
 
@@ -585,9 +602,15 @@ class Checker:
                                 self.fail("confirm_tool_scheduled_unapproved",
                                           f"{CONFIRM_TOOL} call {call_id} scheduled without approval: {where}",
                                           hist.workflow_id.removeprefix("chat-"))
+        ended = ended_by_reconciler(histories)
+        report.runs_ended_by_reconciler = len(ended)
         for hist in histories:
             if hist.run_id in running:
                 self._save_history(hist)  # still running after the probes: why, is for its history to tell
+            if hist.run_id in ended:
+                self._save_history(hist)  # its workflow task kept failing: the history says where
+                self.evidence[hist.workflow_id.removeprefix("chat-")].append(
+                    f"run {hist.run_id} ended by the reconciler: {ended[hist.run_id][:300]}")
         identities.discard("")
         report.worker_identities_serving = len(identities)
         for call_id, where in scheduled.items():
@@ -752,16 +775,9 @@ def event_line(ev: Any) -> str:
     elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
         a = ev.workflow_execution_signaled_event_attributes
         extra = f" {a.signal_name} {_payload(a.input)}"
-    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
-        a = ev.workflow_execution_update_accepted_event_attributes
-        extra = f" {a.accepted_request.input.name} {_payload(a.accepted_request.input.args)}"
-    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_COMPLETED:
-        a = ev.workflow_execution_update_completed_event_attributes
-        extra = f" {a.meta.update_id[:12]} {'failed' if a.outcome.HasField('failure') else 'ok'}"
     elif ev.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
         fields = ev.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
         extra = " " + ",".join(f"{k}={v.data.decode(errors='replace')}" for k, v in fields.items())
-    elif ev.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-        a = ev.marker_recorded_event_attributes
-        extra = f" {a.marker_name}"
+    elif ev.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+        extra = f" {ev.workflow_execution_terminated_event_attributes.reason[:300]}"
     return f"{ev.event_id:>4} {t} {name}{extra}"

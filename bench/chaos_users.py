@@ -1,6 +1,7 @@
 """The chaos harness's users: each chat's user sends messages and follow-ups,
-retries ids, presses Continue, Dismiss and Stop at random moments (by update or
-by signal, with current, stale and made-up recovery ids), sends bursts of large
+retries ids, presses Continue, Dismiss and Stop at random moments (by
+turnkeeper.client.decide, which signals and reads the answer back from `state`, or
+by a bare signal; with current, stale and made-up recovery ids), sends bursts of large
 follow-ups while a tool runs; a gate driver answers every gate; and after the
 run a probe message goes to every chat. Every action's answer time is recorded.
 See bench/chaos.py."""
@@ -13,13 +14,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from temporalio.client import (
-    WorkflowExecutionStatus,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
-)
+from temporalio.client import WorkflowExecutionStatus
 
-from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind, update_error_text
+from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
 from turnkeeper import client as tk
 from turnkeeper.activities.store import SessionStore, StoreError, open_store
 from turnkeeper.models import UserMessage
@@ -260,48 +257,50 @@ class Users:
                                recovery_id: str | None = None) -> str:
         if recovery_id is None:
             id_kind, recovery_id = self._pick_recovery_id(chat, state)
-        form = "signal" if source == "user" and self._rand() < self.cfg.signal_form else "update"
+        form = "signal" if source == "user" and self._rand() < self.cfg.signal_form else "decide"
         action = self.actions.add(Action(kind=f"{verb}/{form}", chat_id=chat.chat_id, source=source,
                                          at_s=self._now(), status_seen=state.get("status") if state else None,
                                          id_kind=id_kind))
-        handle = self.client.get_workflow_handle(tk.workflow_id(chat.chat_id))
-        started = time.monotonic()
-        try:
-            if form == "signal":
-                await asyncio.wait_for(handle.signal(verb, {"recovery_id": recovery_id}), self.cfg.action_wait_s)
-                action.outcome = "accepted by the server"
-            else:
-                await asyncio.wait_for(tk.decide(self.client, chat.chat_id, f"{verb}_turn", recovery_id),
-                                       self.cfg.action_wait_s)
-                action.outcome = "accepted"
-            action.latency_s = time.monotonic() - started
-        except (asyncio.TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-            action.outcome = "no answer"  # the update's wait, cancelled by wait_for, raises the latter
-        except Exception as err:  # noqa: BLE001 — refused, or the run closed under us (superseded, completed)
-            action.latency_s = time.monotonic() - started
-            text = update_error_text(err) if isinstance(err, WorkflowUpdateFailedError) \
-                else f"{type(err).__name__}: {err}"
-            kind = self._rejected(text, count=source == "gate" and id_kind == "current")
-            action.outcome = f"refused: {kind}"
+        await self._decide(chat, action, verb, form, recovery_id,
+                           count=source == "gate" and id_kind == "current")
         if verb == "continue" and action.outcome == "accepted":
             chat.resumed_at = time.monotonic()
         return action.outcome
 
     async def _stop(self, chat: ChatLog, status_seen: str | None) -> None:
-        action = self.actions.add(Action(kind="stop/signal", chat_id=chat.chat_id, source="user",
+        form = "signal" if self._rand() < self.cfg.signal_form else "decide"
+        action = self.actions.add(Action(kind=f"stop/{form}", chat_id=chat.chat_id, source="user",
                                          at_s=self._now(), status_seen=status_seen))
+        await self._decide(chat, action, "stop", form, None, count=False)
+        if action.outcome in ("accepted", "accepted by the server"):
+            self.stops += 1
+
+    async def _decide(self, chat: ChatLog, action: Action, verb: str, form: str, recovery_id: str | None,
+                      count: bool) -> None:
+        """`verb` as a bare signal (answered once the server has it) or by tk.decide
+        (answered once a worker has judged it: the state it led to, or the refusal)."""
+        wait = self.cfg.action_wait_s
         started = time.monotonic()
         try:
-            await asyncio.wait_for(self.client.get_workflow_handle(tk.workflow_id(chat.chat_id)).signal("stop", {}),
-                                   self.cfg.action_wait_s)
+            if form == "signal":
+                handle = self.client.get_workflow_handle(tk.workflow_id(chat.chat_id))
+                payload = {} if verb == "stop" else {"recovery_id": recovery_id}
+                await asyncio.wait_for(handle.signal(verb, payload), wait)
+                action.outcome = "accepted by the server"
+            else:
+                # tk.decide gives up after `wait` itself (DecisionPending); wait_for only guards its RPCs.
+                await asyncio.wait_for(tk.decide(self.client, chat.chat_id, verb, recovery_id, timeout=wait),
+                                       wait + 10)
+                action.outcome = "accepted"
             action.latency_s = time.monotonic() - started
-            action.outcome = "accepted by the server"
-            self.stops += 1
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, tk.DecisionPending):
             action.outcome = "no answer"
-        except Exception as err:  # noqa: BLE001 — e.g. no run is running
+        except tk.DecisionRefused as err:
             action.latency_s = time.monotonic() - started
-            action.outcome = f"refused: {error_kind(str(err))}"
+            action.outcome = f"refused: {self._rejected(str(err), count=count)}"
+        except Exception as err:  # noqa: BLE001 — the run closed under us (superseded, completed), or no run
+            action.latency_s = time.monotonic() - started
+            action.outcome = f"refused: {self._rejected(f'{type(err).__name__}: {err}', count=count)}"
 
     def _rejected(self, text: str, count: bool = True) -> str:
         kind = error_kind(text)

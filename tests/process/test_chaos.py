@@ -1,7 +1,8 @@
 """A short run of the chaos harness (bench/chaos.py): three worker processes,
 SIGKILLed at random while chats send messages, follow-ups and retried ids,
-their users press Continue, Dismiss and Stop at random moments (updates and
-signals, stale ids among them), a burst of large follow-ups arrives while a
+their users press Continue, Dismiss and Stop at random moments (by
+turnkeeper.client.decide or as bare signals, stale ids among them), a burst of
+large follow-ups arrives while a
 tool runs, the store is out for a few seconds, and a driver answers every
 gate; then every chat gets a probe message, and the harness's checker.
 
@@ -18,7 +19,7 @@ import pytest
 
 import bench.chaos as chaos
 from bench.chaos_base import Action, ActionLog, error_kind, percentile
-from bench.chaos_check import held_by_killed_workers, no_worker_gaps, unserved_s
+from bench.chaos_check import ended_by_reconciler, held_by_killed_workers, no_worker_gaps, unserved_s
 from bench.chaos_infra import WorkerPool, WorkerProc
 from tests.pg import PG_URL, pg_admin
 
@@ -76,15 +77,18 @@ async def test_short_chaos_run_on_postgresql_keeps_every_invariant(tmp_path: Pat
 
 def test_answer_times_count_late_and_unanswered_actions_but_not_bursts() -> None:
     log = ActionLog()
-    log.add(Action(kind="continue/update", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted"))
-    log.add(Action(kind="dismiss/update", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"))
+    log.add(Action(kind="continue/decide", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted"))
+    log.add(Action(kind="dismiss/decide", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"))
     log.add(Action(kind="stop/signal", chat_id="c", source="user", at_s=3, latency_s=None, outcome="no answer"))
     log.add(Action(kind="burst", chat_id="c", source="burst", at_s=4, latency_s=0.0, outcome="12 follow-ups"))
     log.add(Action(kind="followup", chat_id="c", source="user", at_s=5, latency_s=0.1, outcome="accepted"))
+    log.add(Action(kind="stop/decide", chat_id="c", source="user", at_s=6, latency_s=0.3,
+                   outcome="refused: not running"))
     late = log.unanswered(chaos.ChaosConfig().answer_bound_s)
-    assert [a.kind for a in late] == ["dismiss/update", "stop/signal"]
-    assert log.counts() == {"continue/update": 1, "dismiss/update": 1, "stop/signal": 1, "burst": 1}
-    assert log.latency()["updates"] == {"n": 2, "max_s": 6.0, "p99_s": 6.0}
+    assert [a.kind for a in late] == ["dismiss/decide", "stop/signal"]
+    assert log.counts() == {"continue/decide": 1, "dismiss/decide": 1, "stop/signal": 1, "burst": 1,
+                            "stop/decide": 1}
+    assert log.latency()["decisions"] == {"n": 3, "max_s": 6.0, "p99_s": 6.0}
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -95,12 +99,13 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 99) == 0.0
 
 
-def test_update_refusals_are_sorted_by_their_words() -> None:
+def test_refusals_are_sorted_by_their_words() -> None:
     assert error_kind("recovery id 'x' is stale") == "stale"
     assert error_kind("not waiting for confirmation") == "not waiting"
     assert error_kind("recovery context is unavailable") == "context unavailable"
-    assert error_kind("RPCError: workflow update was aborted by closing workflow") == "run closed"
-    assert error_kind("workflow execution already completed") == "run closed"
+    assert error_kind("no turn is running") == "not running"
+    assert error_kind('malformed dismiss payload; expected {"recovery_id": "..."}') == "malformed"
+    assert error_kind("RPCError: workflow execution already completed") == "run closed"
     assert error_kind("something else") == "other"
 
 
@@ -176,3 +181,38 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
     w.look_for_serving()
     assert w.serving_at is not None
     assert 4.0 < time.monotonic() - w.serving_at < 6.0
+
+
+async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the_history() -> None:
+    """The reason is the reconciler's own (activities/run_sweep.py terminate), read back
+    from the run's history; an operator's terminate is not counted."""
+    from datetime import datetime, timezone
+
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.api.history.v1 import HistoryEvent
+    from temporalio.client import WorkflowHistory
+
+    from turnkeeper.activities import run_sweep, wedged_runs
+
+    class Handle:
+        reason = ""
+
+        async def terminate(self, reason: str) -> None:
+            self.reason = reason
+
+    handle = Handle()
+    await run_sweep.terminate(handle, wedged_runs.Wedged(  # type: ignore[arg-type]
+        failures=3, since=datetime.now(timezone.utc), cause="nondeterminism"))
+
+    def run(run_id: str, terminated_by: str | None) -> WorkflowHistory:
+        started = HistoryEvent(event_id=1, event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)
+        started.workflow_execution_started_event_attributes.original_execution_run_id = run_id
+        events = [started]
+        if terminated_by is not None:
+            ended = HistoryEvent(event_id=2, event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED)
+            ended.workflow_execution_terminated_event_attributes.reason = terminated_by
+            events.append(ended)
+        return WorkflowHistory("chat-c1", events)
+
+    histories = [run("r1", handle.reason), run("r2", "an operator"), run("r3", None)]
+    assert ended_by_reconciler(histories) == {"r1": handle.reason}
