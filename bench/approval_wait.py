@@ -13,7 +13,7 @@ slot: the worker runs at most 100 activities and 100 workflow tasks at a time,
 far fewer than the chats waiting).
 Then `--approve` of the waiting chats, oldest first (so mostly evicted from
 the workflow cache: the worker replays each), one at a time: the time from the
-`continue_turn` update's call (Approve) to the tool's own first line in its
+Approve (`turnkeeper.client.decide`: the `continue` signal) to the tool's own first line in its
 ledger (`start ... t=<unix time>`), median and p90.
 """
 from __future__ import annotations
@@ -129,7 +129,7 @@ async def main(steps: list[int], approve: int) -> None:
                     assert state.reason is not None and state.reason.value == "approval_required", state
                     key = state.approvals[0].idempotency_key
                     approved_at = time.time()
-                    await tk.decide(client, chat, "continue_turn", state.recovery_id or "")
+                    await tk.decide(client, chat, "continue", state.recovery_id)
                     deadline = time.monotonic() + 30
                     while key not in (starts := ledger_starts(ledger)):
                         if time.monotonic() > deadline:

@@ -9,7 +9,7 @@ model call finishes on another worker.
             SIGKILLed. Measured from the kill until the real `temporal workflow
             list --query "TurnStatus='awaiting_user' AND ChatId='<chat>'"` lists
             the chat (polled every 100 ms), and until the `state` query answers
-            awaiting_user. Each gate is then dismissed (update `dismiss_turn`).
+            awaiting_user. Each gate is then dismissed (`turnkeeper.client.decide`).
   SIGTERM   one worker's model call hangs (FakeChatServer answers after 30 s); a
             second worker is started and polling; the first worker is SIGTERMed.
             Measured from SIGTERM until the turn's workflow result arrives (the
@@ -54,7 +54,7 @@ from turnkeeper import client as tk
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
-from turnkeeper.models import RecoveryAction, Reason, TurnState, TurnStatus
+from turnkeeper.models import Reason, TurnState, TurnStatus
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import heartbeat_throttle
@@ -379,8 +379,7 @@ async def measure_sigkill(client: Client, address: str, tmp: Path, plan: Plan,
             victim.proc.wait(timeout=10)
 
             # Dismiss the gate so nothing is left running; the run then closes.
-            dismissed = await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
-                                                    result_type=TurnState)
+            dismissed = await tk.decide(client, chat_id, "dismiss", state.recovery_id)
             final: TurnState = await asyncio.wait_for(handle.result(), WAIT_TIMEOUT_S)
             if dismissed.reason != Reason.DISMISSED or final.reason != Reason.DISMISSED:
                 raise RuntimeError(f"chat {chat_id}: dismiss ended {final.status.value}/{final.reason}")

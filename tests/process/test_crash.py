@@ -11,9 +11,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.support import Stack, until
+from tests.unit.test_exec_sandbox import host_sleeps, sleep_marker
 from turnkeeper import client as tk
 from turnkeeper.activities.heartbeat import beat_interval
-from turnkeeper.models import INTERRUPTED_TOOL_TEXT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.models import INTERRUPTED_TOOL_TEXT, ToolCallStatus, TurnStatus
 
 pytestmark = pytest.mark.crash
 
@@ -59,9 +60,7 @@ async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
     await asyncio.sleep(8)  # longer than the tool would have taken: nobody re-ran it
     assert ledger.read_text().split("\n")[:-1] == [f"start {chat}/1/{hist[1]['tool_calls'][0]['id']}"]
 
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    resumed = await handle.execute_update("continue_turn", RecoveryAction(recovery_id=state.recovery_id),
-                                          result_type=TurnState)
+    resumed = await stack.decide(chat, "continue", state.recovery_id)
     assert resumed.status == TurnStatus.RESUMING and resumed.attempts == 1
     final = await stack.wait_turn_done(chat, 1, timeout=30)
     assert final.status == TurnStatus.RECOVERED and final.reason.value == "continued"
@@ -70,36 +69,29 @@ async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
     assert (await stack.history(chat))[-1]["content"].startswith("I could not confirm")
 
 
-def _running(pid: int) -> bool:
-    """True while `pid` runs; a zombie nobody has reaped yet counts as ended."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
-async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack) -> None:
-    stack.env_extra["TURNKEEPER_TOOLS"] = "exec"
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack, sandbox: str) -> None:
+    """In the sandbox a command's pids are its own namespace's: its processes are
+    looked for on the host's process list, by a `sleep` argument no other has."""
+    stack.env_extra.update({"TURNKEEPER_TOOLS": "exec", "TURNKEEPER_EXEC_SANDBOX": sandbox})
+    escaped, waited = sleep_marker(4), sleep_marker(4)
     stack.script([
         {"tool_calls": [{"name": "exec", "arguments": {
             # The setsid'ed part leaves the process group, as a daemon would.
-            "command": "setsid sh -c 'echo $$ > escaped.pid; sleep 4; echo late >> after.txt' "
-                       "</dev/null >/dev/null 2>&1 & "
-                       "echo $$ > shell.pid; sleep 4 & echo $! > sleep.pid; wait; echo late >> after.txt"}}]},
+            "command": f"setsid sh -c 'sleep {escaped}; echo late >> after.txt' </dev/null >/dev/null 2>&1 & "
+                       f"sleep {waited} & wait; echo late >> after.txt"}}]},
         {"text": "the command was interrupted"},
     ])
     worker = stack.spawn_worker()
     chat = stack.chat("exec-crash")
     await stack.send(chat, "run the slow command")
-    pid_files = [stack.ws / "shell.pid", stack.ws / "sleep.pid", stack.ws / "escaped.pid"]
-    await until(lambda: all(p.exists() and p.read_text().strip() for p in pid_files), what="the command to start")
-    pids = [int(p.read_text()) for p in pid_files]
+    await until(lambda: bool(host_sleeps(escaped) and host_sleeps(waited)), what="the command to start")
     started = time.monotonic()
     stack.kill(worker)
 
-    # The shell and what it started die with the worker, not when the command would have ended.
-    await until(lambda: not any(_running(pid) for pid in pids), timeout=2,
+    # What the command started dies with the worker, not when the command would have ended.
+    await until(lambda: not host_sleeps(escaped) and not host_sleeps(waited), timeout=2,
                 what="the command to die with its worker")
     stack.spawn_worker()
     state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)

@@ -14,7 +14,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 
 from tests.support import Stack, until
 from turnkeeper import client as tk
-from turnkeeper.models import INTERRUPTED_TOOL_TEXT, Reason, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.models import INTERRUPTED_TOOL_TEXT, Reason, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
 pytestmark = pytest.mark.crash
@@ -122,8 +122,7 @@ async def test_three_workers_share_turns_and_survive_a_sigkill(stack: Stack) -> 
         assert f"done {key}" not in ledger.read_text()
 
         # 5. Continue completes it on a surviving worker, still without running the tool again.
-        resumed = await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id),
-                                              result_type=TurnState)
+        resumed = await stack.decide(victim_chat, "continue", gate.recovery_id)
         assert resumed.status == TurnStatus.RESUMING
         done = await stack.wait_turn_done(victim_chat, 1, timeout=45)
         assert (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.CONTINUED)
