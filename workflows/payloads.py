@@ -20,7 +20,7 @@ def decode_payload(payload: RawValue | None) -> Any:
     if payload is None:
         return None
     try:
-        return workflow.payload_converter().from_payload(payload.payload, None)
+        return workflow.payload_converter().from_payload(payload.payload)
     except ValidationError as err:  # the JSON itself is broken
         raise Undecodable(f"not JSON ({err.errors()[0].get('msg')})") from None
     except Exception as err:  # noqa: BLE001 — e.g. KeyError for an unknown encoding

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
+from functools import partial
 from typing import Any
 
 from temporalio import workflow
@@ -80,7 +82,16 @@ CARRIED_TOOL_CALLS = 256
 # Announcements and store checks never give up: the store returns, and they are idempotent.
 PATIENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
-CONTINUE, ENDED, NO_TURN = "continue", "ended", "no_turn"
+class Flow(Enum):
+    """Where the loop goes next, beside a gate's reason."""
+
+    CONTINUE = "continue"
+    ENDED = "ended"
+    NO_TURN = "no_turn"
+    AGAIN = "again"
+
+
+CONTINUE, ENDED, NO_TURN, AGAIN = Flow.CONTINUE, Flow.ENDED, Flow.NO_TURN, Flow.AGAIN
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,7 @@ class Turn:
         self._checking: list[str] = []
         self._call_running = False
         self._count_gate = True
+        self._upserted: tuple[TurnStatus, Reason | None] | None = None
         self._turn_taken = False
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._ended: set[asyncio.Future[Any]] = set()
@@ -180,9 +192,11 @@ class Turn:
 
     def announce(self, event: NewEvent) -> None:
         self.events.append(event)
-        self._announce_next()
+        if self._announcing is None:
+            self._announce_next()
 
     def _announce_next(self, _: Any = None) -> None:
+        """Refusals go to the store's event log one batch at a time, in order."""
         self._announcing = None
         if not self.events:
             return
@@ -223,8 +237,10 @@ class Turn:
     # -- the run ----------------------------------------------------------------------------
     async def run(self, input: ChatTurnInput) -> TurnState:
         current = workflow.info().typed_search_attributes
-        if current.get(CHAT_ID_ATTR) != self.state.chat_id or current.get(TURN_STATUS_ATTR) != "running":
-            self._upsert()  # our client sets them at start; an operator's signal-with-start does not
+        if current.get(CHAT_ID_ATTR) == self.state.chat_id and current.get(TURN_STATUS_ATTR) == "running":
+            self._upserted = (TurnStatus.RUNNING, None)  # our client sets them at start
+        else:
+            self._upsert()  # an operator's signal-with-start does not
         if input.recovery is not None:
             await self._recover(input.recovery)
         elif input.carry_on is not None:
@@ -234,6 +250,7 @@ class Turn:
         else:
             self.state.status = TurnStatus.COMPLETED
         await self._quiet()
+        self._upsert()  # a run that began no turn ends listed as it ended
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
@@ -325,14 +342,14 @@ class Turn:
                 await self._end()
                 return
             step += 1
-            if lost is not None and await self._gate(lost) != CONTINUE:
+            if isinstance(lost, Reason) and await self._gate(lost) != CONTINUE:
                 return
             if self.held and not await self._approval():
                 return
             self._hand_on_if_long(step)
             self.inbox.in_flight = self.inbox.take()
 
-    async def _model_step(self, step: int, after_loss: bool) -> ModelReply | Lost | str:
+    async def _model_step(self, step: int, after_loss: bool) -> ModelReply | Lost | Flow:
         resuming = self.state.status == TurnStatus.RESUMING
         if sum(map(wire_size, self.inbox.in_flight)) > CHUNK_BYTES:
             # Too much for one activity input: committed first, in chunks.
@@ -411,7 +428,7 @@ class Turn:
         self._begun(began)
         return began.turn is not None
 
-    async def _tool_step(self, calls: list[ToolCall], approved: bool = False) -> Reason | None | str:
+    async def _tool_step(self, calls: list[ToolCall], approved: bool = False) -> Reason | Flow | None:
         """Run the model's tool calls in parallel: the reason for a gate if one was lost,
         ENDED when the turn's user ended it meanwhile. A call refused for a store
         outage before it acted runs again once the store is back."""
@@ -426,15 +443,15 @@ class Turn:
                 view.status = ToolCallStatus.RUNNING
                 handle = steps.tool_call(activity_io.ToolCallInput(chat_id=self.state.chat_id, turn=self.state.turn,
                                                                    call=call, approved=approved))
-                self.watch(handle, lambda f, v=view: _show_result(f, v))  # shown as each ends
+                self.watch(handle, partial(_show_result, view=view))  # shown as each ends
                 handles.append(handle)
             await self.wait(handles)
             again = []
             for (call, view), handle in zip(todo, handles):
                 outcome = await self._tool_outcome(call, view, handle)
-                if outcome == "again":
+                if outcome == AGAIN:
                     again.append((call, view))
-                elif outcome is not None:
+                elif isinstance(outcome, Reason):
                     lost.append(outcome)
             if self.ending is not None:
                 return ENDED
@@ -448,14 +465,14 @@ class Turn:
         return None
 
     async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
-                            handle: asyncio.Future[activity_io.ToolCallResult]) -> Reason | None | str:
+                            handle: asyncio.Future[activity_io.ToolCallResult]) -> Reason | Flow | None:
         try:
             result = handle.result()
         except (ActivityError, asyncio.CancelledError) as err:
             refused = steps.error_type(err) == activity_io.STORE_UNAVAILABLE_ERROR
             if refused and self.ending is None:
                 view.status = ToolCallStatus.PENDING
-                return "again"  # it never acted: its start could not be recorded
+                return AGAIN  # it never acted: its start could not be recorded
             # It may or may not have acted: never run again. A result it recorded stands.
             view.status = ToolCallStatus.INTERRUPTED
             unstarted = refused or steps.never_started(err)
@@ -471,7 +488,7 @@ class Turn:
             status=status, content=content))
 
     # -- gates ------------------------------------------------------------------------------
-    async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> str:
+    async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> Flow:
         """Wait for the user's decision: CONTINUE (resuming) or ENDED."""
         if self.ending is not None:
             await self._end()
@@ -511,7 +528,7 @@ class Turn:
         self._upsert()
         return CONTINUE
 
-    async def _store_ended(self, written: activity_io.TurnWriteResult) -> str:
+    async def _store_ended(self, written: activity_io.TurnWriteResult) -> Flow:
         """The store had ended the turn (a lost call committed its final answer): its
         ending stands. What the lost call held goes to the next turn unless the store has it."""
         self.state.status, self.state.reason, self.state.approvals = written.status, written.reason, []
@@ -539,7 +556,7 @@ class Turn:
         if lost == ENDED:
             await self._end()
             return False
-        return lost is None or await self._gate(lost) == CONTINUE  # type: ignore[arg-type]
+        return not isinstance(lost, Reason) or await self._gate(lost) == CONTINUE
 
     # -- endings --------------------------------------------------------------------------------
     async def _end(self) -> None:
@@ -610,6 +627,9 @@ class Turn:
 
     def _upsert(self) -> None:
         reason = self.state.reason
+        if self._upserted == (self.state.status, reason):
+            return
+        self._upserted = (self.state.status, reason)
         workflow.upsert_search_attributes([
             CHAT_ID_ATTR.value_set(self.state.chat_id),
             TURN_STATUS_ATTR.value_set(self.state.status.value),
@@ -651,7 +671,7 @@ def _turn_write(s: TurnState) -> activity_io.UpdateTurnInput:
                                        attempts=s.attempts, detail=s.detail)
 
 
-def _show_result(handle: asyncio.Future[activity_io.ToolCallResult], view: ToolCallView) -> None:
+def _show_result(handle: asyncio.Future[Any], view: ToolCallView) -> None:
     """A finished call shows in `state` at once, while its siblings still run."""
     if not handle.cancelled() and handle.exception() is None:
         view.status = ToolCallStatus.DONE if handle.result().status == "done" else ToolCallStatus.ERROR
