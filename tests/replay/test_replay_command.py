@@ -13,7 +13,7 @@ from tests.incompatible_workflows import MessageFailingChatTurn
 from tests.support import ROOT, Stack, until_async
 from turnkeeper import client as tk
 from turnkeeper import replay
-from turnkeeper.models import RecoveryAction, TurnState, TurnStatus
+from turnkeeper.models import TurnStatus
 from turnkeeper.workflows.reconcile import Reconcile
 
 TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
@@ -46,8 +46,7 @@ async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_ga
         await stack.send(chat, "write a.txt")
         await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
     state = await stack.state(closed)
-    await stack.client.get_workflow_handle(tk.workflow_id(closed)).execute_update(
-        "dismiss_turn", RecoveryAction(recovery_id=state.recovery_id or ""), result_type=TurnState)
+    await stack.decide(closed, "dismiss", state.recovery_id)
     await stack.wait_turn_done(closed, 1)
 
     query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue,

@@ -13,9 +13,9 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.support import Stack, until
+from tests.support import Stack, until, until_async
 from turnkeeper import client as tk
-from turnkeeper.models import RecoveryAction, TurnStatus
+from turnkeeper.models import Reason, RecoveryAction, TurnStatus
 from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
@@ -47,6 +47,16 @@ async def _kill_the_worker_running_the_tool(stack: Stack, name: str) -> tuple[st
     return chat, handle
 
 
+async def _turn_1_is(stack: Stack, chat: str, status: TurnStatus, reason: Reason) -> None:
+    """The store's row of turn 1 reaches `status`/`reason` (a newer message's turn may follow)."""
+    store = await stack.store()
+
+    async def reached() -> bool:
+        record = await store.get_turn(chat, 1)
+        return record is not None and (record.status, record.reason) == (status, reason)
+    await until_async(reached, timeout=60, what=f"turn 1 {status.value}/{reason.value}")
+
+
 async def _replays(stack: Stack, chat: str) -> list[str]:
     failures = []
     replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter)
@@ -62,8 +72,7 @@ async def _replays(stack: Stack, chat: str) -> list[str]:
 
 
 @pytest.mark.parametrize("action", ["stop", "message", "dismiss-stale"])
-@pytest.mark.parametrize("when", ["after-loss"])
-async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
+async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str) -> None:
     ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
     first = stack.spawn_worker()
     chat = stack.chat("order")
@@ -71,27 +80,29 @@ async def test_input_and_loss_in_one_task_replay(stack: Stack, action: str, when
     await until(lambda: ledger.exists() and "start" in ledger.read_text(), 60, "the tool to start")
     stack.kill(first)
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    if when == "after-loss":
-        await asyncio.sleep(5)  # past a lost step's detection (at most 2.4 s) and the sticky timeout (1 s)
+    await asyncio.sleep(5)  # past a lost step's detection (at most 2.4 s) and the sticky timeout (1 s)
     if action == "stop":
         await handle.signal("stop", {})
     elif action == "message":
         await stack.send(chat, "a newer message")
-    elif action == "dismiss-stale":
-        await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
     else:
-        await handle.signal("continue", RecoveryAction(recovery_id="made-up"))
-    if when == "before-loss":
-        await asyncio.sleep(5)
+        await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
     stack.spawn_worker()
-    await stack.wait_state(chat, lambda s: s.status != TurnStatus.RUNNING, timeout=60)
+    # The loss is taken first, then the input, while the gate is being written: Stop
+    # ends the turn, a newer message waits behind the gate, a stale Dismiss is refused.
+    if action == "stop":
+        await _turn_1_is(stack, chat, TurnStatus.RECOVERED, Reason.STOPPED)
+    else:
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=60)
+        assert gate.reason == Reason.TOOL_STATE_UNKNOWN
+        assert len(gate.pending_followups) == (1 if action == "message" else 0)
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
 
 
-@pytest.mark.parametrize("action", ["dismiss-update", "message"])
-@pytest.mark.parametrize("when", ["after-loss"])
-async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, action: str, when: str) -> None:
+@pytest.mark.parametrize("action", ["dismiss", "message"])
+async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, action: str) -> None:
+    """As above, for a step of a continued turn: the input meets a `resuming` turn."""
     ledger = _slow_tool(stack, [SLOW_TOOL, SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
     first = stack.spawn_worker()
     chat = stack.chat("order")
@@ -101,38 +112,24 @@ async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, acti
     second = stack.spawn_worker()
     gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=60)
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id))
+    await stack.decide(chat, "continue", gate.recovery_id)
     await until(lambda: ledger.read_text().count("start") == 2, 60, "the continued tool to start")
     stack.kill(second)
-    if when == "after-loss":
-        await asyncio.sleep(5)
-    pending = None
-    if action == "dismiss-update":
-        pending = asyncio.create_task(handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=gate.recovery_id)))
-    elif action == "continue-update-stale":
-        pending = asyncio.create_task(handle.execute_update("continue_turn", RecoveryAction(recovery_id="made-up")))
-    elif action == "dismiss-signal":
+    await asyncio.sleep(5)  # past a lost step's detection and the sticky timeout
+    if action == "dismiss":
         await handle.signal("dismiss", RecoveryAction(recovery_id=gate.recovery_id))
-    elif action == "stop":
-        await handle.signal("stop", {})
     else:
         await stack.send(chat, "a newer message")
-    if when == "before-loss":
-        await asyncio.sleep(5)
     stack.spawn_worker()
-    if pending is not None:
-        try:
-            await asyncio.wait_for(pending, 30)
-        except Exception as err:  # noqa: BLE001 — refused is an answer too
-            print("update answered:", err)
-    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await _turn_1_is(stack, chat, TurnStatus.RECOVERED, Reason.DISMISSED if action == "dismiss" else Reason.SUPERSEDED)
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
 
 
 @pytest.mark.parametrize("signal", ["dismiss", "stop", "message"])
 async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -> None:
-    """A signal reaches the server while the run's first task waits on a store call."""
+    """A signal reaches the server while the run's first model call waits on the store
+    (which numbers the turn there). Whatever it did, every message is answered once."""
     import sqlite3
     stack.script([{"text": "hello"}, {"text": "again"}])
     await stack.start_worker()
@@ -152,7 +149,16 @@ async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -
     await asyncio.sleep(0.2)
     blocker.execute("ROLLBACK")
     blocker.close()
+    sent = ["one", "two"] if signal == "message" else ["one"]
+
+    async def answered() -> bool:
+        rows = await stack.history(chat)
+        return [r["role"] for r in rows] == ["user", "assistant"] * len(sent) and \
+            [r["content"] for r in rows if r["role"] == "user"] == sent
+    await until_async(answered, what="every message answered once")
     await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    if signal == "dismiss":  # nothing waited for a decision: refused, in words
+        assert "recovery_action_rejected" in await stack.event_types(chat)
     await asyncio.sleep(2)
     assert await _replays(stack, chat) == []
 
@@ -209,22 +215,7 @@ async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(
     assert await _replays(stack, chat) == []
 
 
-async def test_new_runs_record_that_they_apply_each_activation_as_one_batch(stack: Stack) -> None:
-    from temporalio.worker._workflow_instance import _WorkflowLogicFlag
-
-    stack.script([{"text": "hello"}])
-    await stack.start_worker()
-    chat = stack.chat()
-    handle = await stack.send(chat, "hi")
-    await handle.result()
-    history = await handle.fetch_history()
-    used = {flag for e in history.events if e.HasField("workflow_task_completed_event_attributes")
-            for flag in e.workflow_task_completed_event_attributes.sdk_metadata.lang_used_flags}
-    assert _WorkflowLogicFlag.PROCESS_WORKFLOW_ACTIVATION_JOBS_AS_SINGLE_BATCH in used
-
-
-@pytest.mark.parametrize("form", ["signal"])
-async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays(stack: Stack, form: str) -> None:
+async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays(stack: Stack) -> None:
     """The step is lost and its task waits on the dead worker's sticky queue; a `state`
     query on the other worker already shows the gate, and the user dismisses it."""
     chat, handle = await _kill_the_worker_running_the_tool(stack, "shown")
@@ -233,12 +224,7 @@ async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays
         shown = await stack.state(chat)
     except Exception:  # noqa: BLE001 — the query may time out on the dead worker's queue
         shown = None
-    if form == "signal":
-        await handle.signal("dismiss", RecoveryAction(recovery_id=(shown and shown.recovery_id) or "none"))
-    else:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(handle.execute_update(
-                "dismiss_turn", RecoveryAction(recovery_id=(shown and shown.recovery_id) or "none")), 20)
+    await handle.signal("dismiss", RecoveryAction(recovery_id=(shown and shown.recovery_id) or "none"))
     await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
