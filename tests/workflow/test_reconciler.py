@@ -1,5 +1,5 @@
 """The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
-the pure verdict (activities/reconcile_verdict.py) on recorded histories, then real passes on the dev
+the pure verdict (activities/reconcile_verdict.py) on a turn's history, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, the cost of a pass over many healthy chats, and quiet passes
 deleted by the passes after them."""
@@ -13,13 +13,15 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import (
@@ -31,6 +33,7 @@ from temporalio.client import (
     WorkflowHistory,
 )
 from temporalio.common import SearchAttributeKey
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -55,10 +58,8 @@ from turnkeeper.models import (
     ChatTurnInput,
     ModelReply,
     Reason,
-    RecoveryAction,
     RecoveryStart,
     ToolCall,
-    TurnState,
     TurnStatus,
     UserMessage,
 )
@@ -79,14 +80,12 @@ from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
 
-# -- reconcile_verdict.py on a recorded history ---------------------------------------------------
+# -- reconcile_verdict.py on a run's history --------------------------------------------------
 #
-# test_two_sequential_tool_calls-0: model call (event 8, reply 10: call_0_0 write_file),
-# tool 14/16, model call 20 (reply 22: call_1_0 read_file), tool 26/28, model call 32
-# (reply 34: the final answer "a.txt says alpha"), run completed 39.
+# One turn, recorded once for these tests: model call (its reply asks for call_0_0
+# write_file), the tool, a model call (call_1_0 read_file), the tool, a model call
+# (the final answer "a.txt says alpha"), the run completed. The tests cut or edit it.
 
-# The first release's recordings: never re-recorded, so the event ids below hold.
-RECORDED = HISTORIES / "first-release" / "test_two_sequential_tool_calls-0.json"
 USER = ChatMessage(role="user", content="write then read")
 ASK_0 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="write_file",
                                                              arguments='{"path": "notes/a.txt", "content": "alpha"}')])
@@ -97,8 +96,52 @@ DONE_1 = ChatMessage(role="tool", content="alpha", tool_call_id="call_1_0", name
 FINAL = ChatMessage(role="assistant", content="a.txt says alpha")
 
 
-def _recorded() -> dict[str, Any]:
-    return cast(dict[str, Any], json.loads(RECORDED.read_text()))
+@dataclass(frozen=True)
+class Recorded:
+    """The turn's history as JSON, and where its steps are in it."""
+
+    raw: dict[str, Any]
+    model_scheduled: list[int]
+    model_completed: list[int]
+    tool_scheduled: list[int]
+    tool_completed: list[int]
+
+    def copy(self) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(json.dumps(self.raw)))
+
+
+@pytest.fixture(scope="module")
+async def recorded(temporal_env: Any, temporal_address: str, temporal_http_address: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Recorded]:
+    stack = Stack(temporal_env.client, temporal_address, tmp_path_factory.mktemp("verdict"),
+                  http_address=temporal_http_address)
+    try:
+        stack.script([
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes/a.txt", "content": "alpha"}}]},
+            {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes/a.txt"}}]},
+            {"text": "a.txt says alpha"},
+        ])
+        await stack.start_worker()
+        handle = await stack.send(stack.chat(), "write then read")
+        assert (await handle.result()).status == TurnStatus.COMPLETED
+        history = await stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id
+                                                         ).fetch_history()
+    finally:
+        await stack.close()
+    raw = cast(dict[str, Any], json.loads(history.to_json()))
+    scheduled = {int(e["eventId"]): e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+                 for e in raw["events"] if "activityTaskScheduledEventAttributes" in e}
+    completed = {int(e["eventId"]): int(e["activityTaskCompletedEventAttributes"]["scheduledEventId"])
+                 for e in raw["events"] if "activityTaskCompletedEventAttributes" in e}
+
+    def of(name: str) -> tuple[list[int], list[int]]:
+        ids = sorted(i for i, n in scheduled.items() if n == name)
+        return ids, [next(c for c, s in completed.items() if s == i) for i in ids]
+
+    model = of(activity_io.MODEL_CALL)
+    tool = of(activity_io.TOOL_CALL)
+    assert (len(model[0]), len(tool[0])) == (3, 2), scheduled  # the turn described above
+    yield Recorded(raw, model[0], model[1], tool[0], tool[1])
 
 
 def _events(raw: dict[str, Any], through: int | None = None) -> list[HistoryEvent]:
@@ -122,59 +165,55 @@ def _edit(raw: dict[str, Any], event_id: int, change: Callable[[dict[str, Any]],
     payload["data"] = base64.b64encode(json.dumps(body).encode()).decode()
 
 
-def test_recorded_history_is_the_one_described() -> None:
-    """Guards the event ids the verdict tests above rely on."""
-    raw = _recorded()
-    names = {int(e["eventId"]): e["eventType"] for e in raw["events"]}
-    assert names[14] == names[26] == "EVENT_TYPE_ACTIVITY_TASK_SCHEDULED"
-    assert names[22] == names[34] == "EVENT_TYPE_ACTIVITY_TASK_COMPLETED"
-
-
-def test_a_final_answer_in_the_history_is_restored() -> None:
-    verdict = reconcile_verdict.judge_history(_events(_recorded()), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+def test_a_final_answer_in_the_history_is_restored(recorded: Recorded) -> None:
+    verdict = reconcile_verdict.judge_history(_events(recorded.raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert verdict.reason == Reason.ANSWER_RESTORED and verdict.final_text == "a.txt says alpha"
     assert [m.text for m in verdict.messages] == ["write then read"]
 
 
-def test_a_persisted_completion_wins() -> None:
-    raw = _recorded()
-    _payload(raw, 16)["metadata"]["encoding"] = base64.b64encode(b"binary/encrypted").decode()
+def test_a_persisted_completion_wins(recorded: Recorded) -> None:
+    raw = recorded.copy()
+    _payload(raw, recorded.tool_completed[0])["metadata"]["encoding"] = base64.b64encode(b"binary/encrypted").decode()
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
     assert verdict.reason == Reason.COMMITTED and verdict.closes_turn
 
 
-def test_a_tool_scheduled_without_a_close_event_may_have_acted() -> None:
-    verdict = reconcile_verdict.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1])
+def test_a_tool_scheduled_without_a_close_event_may_have_acted(recorded: Recorded) -> None:
+    through = recorded.tool_scheduled[1]
+    verdict = reconcile_verdict.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.TOOL_STATE_UNKNOWN, True)
     assert verdict.unanswered == (UnansweredCall("call_1_0", "read_file", started=True),)
     # Once its interrupted row exists, nothing is left to answer (idempotent).
     answered = ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file")
-    again = reconcile_verdict.judge_history(_events(_recorded(), through=27), [USER, ASK_0, DONE_0, ASK_1, answered])
+    again = reconcile_verdict.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1, answered])
     assert again.reason == Reason.TOOL_STATE_UNKNOWN and again.unanswered == ()
 
 
-def test_only_completed_steps_ask_to_restart() -> None:
-    lost_model_call = reconcile_verdict.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0])
+def test_only_completed_steps_ask_to_restart(recorded: Recorded) -> None:
+    lost_model_call = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_scheduled[1]),
+                                                      [USER, ASK_0, DONE_0])
     assert (lost_model_call.reason, lost_model_call.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert lost_model_call.unanswered == ()
     # A reply whose tool was never scheduled: it did not run, and its row says so.
-    unscheduled = reconcile_verdict.judge_history(_events(_recorded(), through=23), [USER, ASK_0, DONE_0, ASK_1])
+    unscheduled = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_completed[1]),
+                                                  [USER, ASK_0, DONE_0, ASK_1])
     assert unscheduled.reason == Reason.RESTART_REQUIRES_CONFIRMATION
     assert unscheduled.unanswered == (UnansweredCall("call_1_0", "read_file", started=False),)
     # The resumed step lost again: the live run would have said loop_guard too.
-    resumed = reconcile_verdict.judge_history(_events(_recorded(), through=21), [USER, ASK_0, DONE_0], resuming=True)
+    resumed = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_scheduled[1]),
+                                              [USER, ASK_0, DONE_0], resuming=True)
     assert resumed.reason == Reason.LOOP_GUARD
 
 
 @pytest.mark.parametrize("case", ["encoding", "schema", "input"])
-def test_an_undecodable_payload_is_checkpoint_unknown(case: str) -> None:
-    raw = _recorded()
+def test_an_undecodable_payload_is_checkpoint_unknown(recorded: Recorded, case: str) -> None:
+    raw = recorded.copy()
     if case == "encoding":
-        _payload(raw, 22)["metadata"]["encoding"] = base64.b64encode(b"json/protobuf").decode()
+        _payload(raw, recorded.model_completed[1])["metadata"]["encoding"] = base64.b64encode(b"json/protobuf").decode()
     elif case == "schema":
-        _payload(raw, 22)["data"] = base64.b64encode(b'{"schema": 99, "reply": "v2"}').decode()
+        _payload(raw, recorded.model_completed[1])["data"] = base64.b64encode(b'{"schema": 99, "reply": "v2"}').decode()
     else:
-        _edit(raw, 26, lambda body: body.pop("call"))
+        _edit(raw, recorded.tool_scheduled[1], lambda body: body.pop("call"))
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_UNKNOWN, False)
 
@@ -191,44 +230,67 @@ def _blank_answer(body: dict[str, Any]) -> None:
     body["reply"]["text"] = "  "
 
 
-@pytest.mark.parametrize("event_id,change,why", [
-    (22, _rename_call, "appears twice"),
-    (26, _ghost_call, "no model reply asked for it"),
-    (34, _blank_answer, "empty"),
+@pytest.mark.parametrize("where,change,why", [
+    ("second reply", _rename_call, "appears twice"),
+    ("second tool", _ghost_call, "no model reply asked for it"),
+    ("final answer", _blank_answer, "empty"),
 ])
-def test_a_malformed_history_is_checkpoint_invalid(event_id: int, change: Callable[[dict[str, Any]], None],
-                                                   why: str) -> None:
-    raw = _recorded()
+def test_a_malformed_history_is_checkpoint_invalid(recorded: Recorded, where: str,
+                                                   change: Callable[[dict[str, Any]], None], why: str) -> None:
+    raw = recorded.copy()
+    event_id = {"second reply": recorded.model_completed[1], "second tool": recorded.tool_scheduled[1],
+                "final answer": recorded.model_completed[2]}[where]
     _edit(raw, event_id, change)
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
     assert why in verdict.detail
 
 
-def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate() -> None:
-    raw = _recorded()
+def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate(recorded: Recorded) -> None:
+    raw = recorded.copy()
     start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
         turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False))
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = reconcile_verdict.judge_history(_events(raw, through=7), [USER])
+    verdict = reconcile_verdict.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
 
 
-def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve() -> None:
+def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve(recorded: Recorded) -> None:
     """Its waiting calls were never scheduled: the reconciler answers them as not run."""
-    raw = _recorded()
+    raw = recorded.copy()
     start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
         turn=1, reason=Reason.APPROVAL_REQUIRED, approvals=[ToolCall(id="call_0_0", name="write_file")]))
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = reconcile_verdict.judge_history(_events(raw, through=7), [USER, ASK_0])
+    verdict = reconcile_verdict.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER, ASK_0])
     assert (verdict.reason, verdict.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert verdict.unanswered == (UnansweredCall("call_0_0", "write_file", started=False),)
 
 
+def _event_with(kind: str, payload: Any, signal: str | None = None) -> HistoryEvent:
+    event = HistoryEvent(event_type=getattr(EventType, f"EVENT_TYPE_WORKFLOW_EXECUTION_{kind}"))
+    if kind == "STARTED":
+        event.workflow_execution_started_event_attributes.input.payloads.extend(
+            pydantic_data_converter.payload_converter.to_payloads([payload]))
+    else:
+        attrs = event.workflow_execution_signaled_event_attributes
+        attrs.signal_name = signal or "user_message"
+        attrs.input.payloads.extend(pydantic_data_converter.payload_converter.to_payloads([payload]))
+    return event
+
+
 def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
-    raw = json.loads((HISTORIES / "first-release" / "test_follow_up_is_steered_into_the_running_turn-0.json").read_text())
-    messages = reconcile_verdict.acknowledged(_events(raw))
-    assert len(messages) == 2 and messages[0].message_id != messages[1].message_id
+    """The run's input first (messages an earlier run handed on), then its message
+    signals in history order: each once, and none the run refused as unreadable."""
+    def message(i: str) -> UserMessage:
+        return UserMessage(message_id=i, text=f"text of {i}")
+
+    events = [_event_with("STARTED", ChatTurnInput(chat_id="c", pending=[message("m1"), message("m2")])),
+              _event_with("SIGNALED", message("m3")),
+              _event_with("SIGNALED", {"recovery_id": "r"}, signal="dismiss"),
+              _event_with("SIGNALED", {"message_id": "bad", "text": 5}),
+              _event_with("SIGNALED", message("m2")),  # a client's retry
+              _event_with("SIGNALED", message("m4"))]
+    assert [m.message_id for m in reconcile_verdict.acknowledged(events)] == ["m1", "m2", "m3", "m4"]
 
 
 def test_judging_the_store_alone() -> None:
@@ -409,9 +471,12 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
         # consent), and Dismiss commits it as a user row: it is not lost.
         state = await stack.state(chat["followup"])
         assert state.pending_followups == ["later"] and state.recovery_id
-        handle = stack.client.get_workflow_handle(tk.workflow_id(chat["followup"]))
-        await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
-                                    result_type=TurnState)
+        await stack.decide(chat["followup"], "dismiss", state.recovery_id)
+
+        async def closed() -> bool:  # the closing store write follows the answer
+            record = await store.get_turn(chat["followup"], 1)
+            return record is not None and record.status == TurnStatus.RECOVERED
+        await until(closed, "the dismissed turn closed in the store")
         assert [m.get("content") for m in await stack.history(chat["followup"])].count("and then?") == 1
 
 
@@ -426,9 +491,8 @@ async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack:
     activities = build_activities(settings, store, provider, default_registry())
     terminated, completed = stack.chat("terminated"), stack.chat("completed")
 
-    # Workflow tasks and local activities only: the model call waits for another worker.
-    turns = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn], activities=activities,
-                   no_remote_activities=True)
+    # Workflow tasks only: the model call (which numbers the turn) waits for another worker.
+    turns = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn], no_remote_activities=True)
     async with turns:
         handle = await stack.send(terminated, "question")
 
@@ -847,6 +911,7 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
         assert [i.every.total_seconds() for i in described.schedule.spec.intervals] == [3600]
         assert described.schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
         if os.environ.get("TK_RECORD_HISTORIES"):  # for tests/replay/test_replay.py
+            HISTORIES.mkdir(exist_ok=True)
             for name, run_id in (("reconcile_pass_that_acted", acted), ("reconcile_quiet_pass", later[-1])):
                 history = await stack.client.get_workflow_handle(workflow_ids[run_id], run_id=run_id).fetch_history()
                 (HISTORIES / f"{name}.json").write_text(history.to_json())
