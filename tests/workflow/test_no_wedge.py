@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
-from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio import activity, workflow
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from tests.support import Stack, until, until_async
 from tests.workflow.test_cli import tk as cli
+from turnkeeper import activity_io
 from turnkeeper import client as tk
-from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
+from turnkeeper.models import Reason, TurnState, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
 pytestmark = pytest.mark.crash
@@ -36,24 +37,43 @@ def _ok(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _answers_next_message(stack: Stack, chat: str, timeout: float = 30) -> None:
-    """Sends a probe; returns once an assistant row follows it in the transcript."""
+    """Sends a probe; returns once an assistant row follows it in the transcript and
+    the chat's run has ended."""
     await stack.send(chat, "are you there?", message_id="probe")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = await stack.history(chat)
         at = next((i for i, r in enumerate(rows) if r.get("content") == "are you there?"), None)
         if at is not None and any(r["role"] == "assistant" for r in rows[at + 1:]):
+            await _no_run_lingers(stack, chat)
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"chat {chat} did not answer its next message: {await stack.history(chat)}")
+
+
+async def _no_run_lingers(stack: Stack, chat: str, timeout: float = 10) -> None:
+    """Once its turn has answered, the chat's run closes: none stays open with nothing to do."""
+    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+
+    async def closed() -> bool:
+        return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+    await until_async(closed, timeout=timeout, what=f"chat {chat}: its run to close after the answer")
+
+
+async def _answered_at_once(stack: Stack, chat: str, action: str, recovery_id: str | None = None,
+                            bound: float = 2.0) -> TurnState:
+    """The decision and the state it led to, within `bound` seconds of sending it."""
+    started = time.monotonic()
+    state = await stack.decide(chat, action, recovery_id)
+    assert time.monotonic() - started < bound, f"{action} answered after {time.monotonic() - started:.1f} s"
+    return state
 
 
 async def _user_rows(stack: Stack, chat: str) -> list[str]:
     return [r["content"] for r in await stack.history(chat) if r["role"] == "user"]
 
 
-@pytest.mark.parametrize("form", ["update", "signal"])
-async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack, form: str) -> None:
+async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack) -> None:
     ledger = stack.dir / "ledger.txt"
     stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
                             "TK_LEDGER": str(ledger)})
@@ -70,21 +90,24 @@ async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack, f
         stack.spawn_worker()
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
         assert gate.reason == Reason.TOOL_STATE_UNKNOWN
-        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-        await handle.execute_update("continue_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
+        resumed = await stack.decide(chat, "continue", gate.recovery_id)
+        assert (resumed.status, resumed.reason) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED)
         await until(lambda: len(server.requests) == 2, what="the continued model call under way")
-        # A follow-up sent now supersedes nothing yet: Dismiss comes first.
+        # The answer is the turn's end, at once: the slow model call is cancelled after it.
         started = time.monotonic()
-        if form == "update":
-            state = await handle.execute_update("dismiss_turn", {"recovery_id": gate.recovery_id},
-                                                result_type=TurnState)
-            assert time.monotonic() - started < 2.0
-            assert state.status in (TurnStatus.RESUMING, TurnStatus.RECOVERED)
-        else:
-            await handle.signal("dismiss", {"recovery_id": gate.recovery_id})
-        done = await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED, timeout=10)
-        assert done.reason == Reason.DISMISSED and done.recovery_id == gate.recovery_id
+        answer = await _answered_at_once(stack, chat, "dismiss", gate.recovery_id)
+        assert (answer.status, answer.reason, answer.recovery_id) == (
+            TurnStatus.RECOVERED, Reason.DISMISSED, gate.recovery_id)
+
+        async def closed_in_the_store() -> bool:
+            record = await (await stack.store()).get_turn(chat, 1)
+            return record is not None and record.status == TurnStatus.RECOVERED
+        await until_async(closed_in_the_store, timeout=5, what="the dismissed turn closed in the store")
         assert time.monotonic() - started < 5.0
+        record = await (await stack.store()).get_turn(chat, 1)
+        assert record is not None and record.reason == Reason.DISMISSED
+        with pytest.raises(tk.DecisionRefused, match="no turn is running"):
+            await stack.decide(chat, "stop")  # the answer stays true: nothing runs any more
         await _answers_next_message(stack, chat)
         assert await _user_rows(stack, chat) == ["write k.txt", "are you there?"]
         assert ledger.read_text().count("start") == 1  # the tool never ran again
@@ -159,39 +182,37 @@ async def test_a_message_acknowledged_while_the_store_is_locked_lands_once(stack
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("action", ["continue", "dismiss"])
-async def test_an_update_during_a_store_outage_is_answered_at_once(stack: Stack, action: str) -> None:
-    """The store goes out while the model call runs; the call fails, and the gate
-    cannot be written. Continue and Dismiss still answer within 2 s, with the state
-    they lead to, and the turn acts on them once the store is back."""
+async def test_a_decision_during_a_store_outage_is_answered_at_once(stack: Stack, action: str) -> None:
+    """The store goes out while the turn waits at its gate. Continue and Dismiss still
+    answer within 2 s, with the state they lead to; the turn's store write waits,
+    visibly, and the turn acts on the decision once the store is back."""
     with FakeChatServer(responder=_ok) as server:
-        server.script([{"status": 401, "message": "bad key", "delay": 1.5}, {"text": "after the outage"}])
+        server.script([{"status": 401, "message": "bad key"}, {"text": "after the outage"}])
         _fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
         await stack.send(chat, "one")
-        await until(lambda: len(server.requests) == 1, what="the model call")
+        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+        assert gate.reason == Reason.MODEL_FAILED
         blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         try:
-            gate = await stack.wait_state(
-                chat, lambda s: s.status == TurnStatus.AWAITING_USER and s.store_unavailable, timeout=20)
-            handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-            started = time.monotonic()
-            answer = await handle.execute_update(f"{action}_turn", RecoveryAction(recovery_id=gate.recovery_id),
-                                                 result_type=TurnState)
-            assert time.monotonic() - started < 2.0
+            answer = await _answered_at_once(stack, chat, action, gate.recovery_id)
             if action == "continue":
                 assert (answer.status, answer.reason, answer.attempts) == (
                     TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
             else:
                 assert (answer.status, answer.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
-            await asyncio.sleep(2)
-            assert (await stack.state(chat)).store_unavailable  # still waiting for the store
+            await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=40)  # its write waits
+            assert len(server.requests) == 1  # nothing acted on yet
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
         ended = Reason.CONTINUED if action == "continue" else Reason.DISMISSED
-        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.reason == ended, timeout=60)
+        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.reason == ended
+                               and not s.store_unavailable, timeout=60)
+        record = await (await stack.store()).get_turn(chat, 1)
+        assert record is not None and (record.status, record.reason) == (TurnStatus.RECOVERED, ended)
         assert await _user_rows(stack, chat) == ["one"]
         await _answers_next_message(stack, chat)
 
@@ -226,7 +247,8 @@ async def test_a_first_message_over_a_smaller_limit_is_refused_and_the_run_takes
     assert rejected == [{"message_id": "big", "reason": "message is 2000 bytes; the limit is 1000"}]
 
 
-async def test_a_malformed_message_keeps_its_id_and_a_malformed_update_is_refused_in_words(stack: Stack) -> None:
+async def test_a_malformed_message_keeps_its_id_and_a_malformed_decision_is_refused_in_words(
+        stack: Stack) -> None:
     with FakeChatServer([{"status": 400, "message": "API error 401: unauthorized"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker()
@@ -235,22 +257,27 @@ async def test_a_malformed_message_keeps_its_id_and_a_malformed_update_is_refuse
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
         # The provider's own words reach `state` and the event log.
         assert gate.reason == Reason.MODEL_FAILED and "unauthorized" in (gate.detail or "")
-        events = await (await stack.store()).events(chat)
+        store = await stack.store()
+        events = await store.events(chat)
         assert any(e.type == "recovery_state" and "unauthorized" in e.payload.get("detail", "") for e in events)
 
         await handle.signal("user_message", {"message_id": "mine", "text": 5})
-        with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update("dismiss_turn", {"recoveryid": gate.recovery_id}, result_type=TurnState)
-        cause = refused.value.cause
-        assert "malformed dismiss payload" in str(cause.message) and "recovery_id" in str(cause.message)
-        assert cause.non_retryable
-        async def rejected() -> list[dict[str, Any]]:
-            return [e.payload for e in await (await stack.store()).events(chat) if e.type == "message_rejected"]
-        deadline = time.monotonic() + 10
-        while not await rejected() and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert [r["message_id"] for r in await rejected()] == ["mine"]
-        state = await handle.execute_update("dismiss_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
+        # A client that can read its request id back reads the refusal's words.
+        await handle.signal("dismiss", {"recoveryid": gate.recovery_id, "request_id": "typo"})
+        refused = await stack.wait_state(chat, lambda s: any(d.request_id == "typo" for d in s.decisions),
+                                         timeout=10)
+        [decision] = [d for d in refused.decisions if d.request_id == "typo"]
+        assert "malformed dismiss payload" in (decision.refusal or "") and "recovery_id" in (decision.refusal or "")
+        assert (refused.status, refused.recovery_id) == (TurnStatus.AWAITING_USER, gate.recovery_id)
+        with pytest.raises(tk.DecisionRefused, match="malformed continue payload"):
+            await stack.decide(chat, "continue", "")  # no recovery id at all
+
+        async def rejected() -> bool:
+            types = [(e.type, e.payload) for e in await store.events(chat)]
+            return [p["message_id"] for t, p in types if t == "message_rejected"] == ["mine"] and \
+                sum(t == "recovery_action_rejected" for t, _ in types) == 2
+        await until_async(rejected, timeout=10, what="both refusals in the event log")
+        state = await stack.decide(chat, "dismiss", gate.recovery_id)
         assert state.status == TurnStatus.RECOVERED
         await _answers_next_message(stack, chat)
 
@@ -297,9 +324,9 @@ async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stac
 async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Refused signals at a gate add to its history: past the bound the gate goes on
     in a fresh run of the same turn, with the same recovery id and pending messages."""
-    from turnkeeper.workflows import history_bound
+    from turnkeeper.workflows import turn_loop
 
-    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 60)
     with FakeChatServer([{"status": 400, "message": "no"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
@@ -315,8 +342,8 @@ async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, mon
             await asyncio.sleep(0.2)
         again = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
         assert (again.turn, again.reason, again.recovery_id) == (1, Reason.MODEL_FAILED, gate.recovery_id)
-        done = await handle.execute_update("continue_turn", {"recovery_id": gate.recovery_id}, result_type=TurnState)
-        assert done.status in (TurnStatus.RESUMING, TurnStatus.RECOVERED)
+        done = await stack.decide(chat, "continue", gate.recovery_id)
+        assert (done.status, done.reason) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED)
         await stack.wait_turn_done(chat, 1)
         rejected = [e for e in await (await stack.store()).events(chat, limit=10_000)
                     if e.type == "recovery_action_rejected"]
@@ -329,9 +356,9 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
     """Between two steps, a run past the history bound hands the turn on to a fresh
     run (continue-as-new), which takes the next step: every tool runs once, a
     follow-up sent meanwhile lands once, and the turn ends as one turn."""
-    from turnkeeper.workflows import history_bound
+    from turnkeeper.workflows import turn_loop
 
-    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 25)
+    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 25)
     ledger = stack.dir / "ledger.txt"
     monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tools run in this process
     stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
@@ -364,7 +391,7 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
 async def test_a_turn_of_many_steps_goes_on_in_fresh_runs_at_the_real_bound(stack: Stack) -> None:
     """At the shipped bound: a turn of 150 steps is taken by at least two runs, none of
     whose histories passes the bound by more than one step, and ends as one turn."""
-    from turnkeeper.workflows.history_bound import RUN_HISTORY_EVENTS
+    from turnkeeper.workflows.turn_loop import RUN_HISTORY_EVENTS
 
     steps = 150
     stack.script([{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps
@@ -488,99 +515,102 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
 
 
 @contextlib.asynccontextmanager
-async def _workflows_only(stack: Stack, resume_window: int) -> AsyncIterator[Any]:
-    """Workflow tasks and store calls in this process, and no worker for the model
-    call: nobody takes it within the resume window, so it is lost with its message.
-    Yields the store."""
+async def _losing_the_first_model_call(stack: Stack) -> AsyncIterator[Any]:
+    """Every workflow task and activity in this process, with the turn's first model
+    call lost before it reached the store (its worker gone: the run cannot tell) and
+    every later one made as usual. Yields the store, whose methods a test may wrap."""
     from turnkeeper.activities.assemble import build_activities
     from turnkeeper.activities.providers import load_provider
     from turnkeeper.activities.store import open_store
     from turnkeeper.activities.tools import default_registry
+    from turnkeeper.step_timeouts import StepTimeouts
     from turnkeeper.workflows.chat_turn import ChatTurn
 
-    settings = stack.settings(TURNKEEPER_RESUME_WINDOW=str(resume_window))
+    settings = stack.settings()
     store = open_store(settings)
     await store.open()
+    activities = build_activities(settings, store, load_provider(settings.model), default_registry())
+    [real] = [a for a in activities if activity._Definition.must_from_callable(a).name == activity_io.MODEL_CALL]
+    calls: list[activity_io.ModelCallInput] = []
+
+    @activity.defn(name=activity_io.MODEL_CALL)
+    async def model_call(inp: activity_io.ModelCallInput) -> activity_io.ModelCallResult:
+        calls.append(inp)
+        if len(calls) == 1:
+            raise RuntimeError("the worker running the model call was lost")
+        return await real(inp)
+
     try:
         async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          activities=build_activities(settings, store, load_provider(settings.model),
-                                                      default_registry()),
-                          no_remote_activities=True):
+                          activities=[model_call if a is real else a for a in activities],
+                          interceptors=[StepTimeouts(settings)]):
             yield store
     finally:
         await store.close()
 
 
-def _ended_holding_m1(state: TurnState) -> bool:
-    """Turn 1 ended as the store has it, its lost message held for the next turn: the
-    run hands it on after its `end_of_run` activity, which only a full worker runs."""
-    return (state.turn, state.status, state.pending_followups) == (1, TurnStatus.RECOVERED, ["m1"])
-
-
-async def _stopped_turn_hands_its_message_to_turn_2(stack: Stack, chat: str) -> None:
-    """Turn 1 stays as the store ended it; its lost message is turn 2's, answered once."""
-    await stack.start_worker()
+async def _turn_1_stopped_and_its_message_answered_in_turn_2(stack: Stack, chat: str) -> None:
+    """Turn 1 stays as the store ended it; the lost call's message is turn 2's, answered once."""
     done = await stack.wait_turn_done(chat, 2)
     assert done.status == TurnStatus.COMPLETED
     turn1 = await (await stack.store()).get_turn(chat, 1)
-    assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+    assert turn1 is not None and (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
     assert await _user_rows(stack, chat) == ["hello"]
     assert [r["content"] for r in await stack.history(chat)] == ["hello", "answered in turn 2"]
-    await _answers_next_message(stack, chat)
 
 
 async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_on(stack: Stack) -> None:
-    """A lost model call held a message the store never took; before the gate's
-    first write, another task (its worker killed, its write kept) ended the turn in
-    the store. The gate follows the store, and the message starts the next turn
+    """A lost model call held a message the store never took; between the store
+    numbering the turn for its gate and the gate's first write, another writer ended
+    the turn. The gate follows the store, and the message starts the next turn
     instead of vanishing with the lost call."""
     from turnkeeper.activities.store.base import TurnUpdate
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
-    async with _workflows_only(stack, resume_window=3) as store:
+    async with _losing_the_first_model_call(stack) as store:
+        begin = store.begin_turn
+
+        async def begin_then_ended_elsewhere(chat_id: str, run_id: str, message_ids: list[str]) -> Any:
+            begun = await begin(chat_id, run_id, message_ids)
+            if chat_id == chat and begun.turn == 1:  # what another writer did meanwhile: a Stop's end
+                assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED,
+                                                                   reason=Reason.STOPPED))
+            return begun
+        store.begin_turn = begin_then_ended_elsewhere
         await stack.send(chat, "hello", message_id="m1")
-        await until_async(lambda: _turn_exists(store, chat, 1), what="turn 1 begun")
-        # What the discarded task wrote: a Stop's end, with none of the call's messages.
-        assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED))
-        await stack.wait_state(chat, _ended_holding_m1, timeout=20)
-    await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
-
-
-async def _turn_exists(store: Any, chat: str, turn: int) -> bool:
-    return await store.get_turn(chat, turn) is not None
+        await _turn_1_stopped_and_its_message_answered_in_turn_2(stack, chat)
+        await _answers_next_message(stack, chat)
 
 
 async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messages_on(stack: Stack) -> None:
     """As above, at the Continue: the gate opened and was answered, and the store
-    write of the Continue finds the turn ended by another task (chaos seed 525:
-    a Stop's end written by a task whose worker was killed). The ending stands,
+    write of the Continue finds the turn ended by another writer. The ending stands,
     nothing is resumed, and the lost call's message starts the next turn."""
     from turnkeeper.activities.store.base import TurnUpdate
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
-    async with _workflows_only(stack, resume_window=2) as store:
+    async with _losing_the_first_model_call(stack) as store:
         await stack.send(chat, "hello", message_id="m1")
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
-        assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
+        assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION and gate.pending_followups == ["m1"]
         assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED,
                                                            recovery_id=gate.recovery_id))
-        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-        await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
-                                    result_type=TurnState)
-        await stack.wait_state(chat, _ended_holding_m1, timeout=20)
-    await _stopped_turn_hands_its_message_to_turn_2(stack, chat)
+        answer = await stack.decide(chat, "continue", gate.recovery_id)
+        assert answer.status == TurnStatus.RESUMING  # judged against the gate the run showed
+        await _turn_1_stopped_and_its_message_answered_in_turn_2(stack, chat)
+        await _answers_next_message(stack, chat)
+
 
 @pytest.mark.timeout(120)
-async def test_a_stop_while_the_store_numbers_the_turn_stops_that_turn(stack: Stack) -> None:
-    """A Stop that reaches the run while its first store call (the one that numbers
-    the turn) waits stops that turn, whichever the SDK hands over first (chaos seed
-    525: live it came first and was ignored, the replay took the result first and
-    the Stop with it). Nothing is lost: the turn's message, never committed, is the
-    next turn's, and the chat answers its next message."""
+async def test_a_stop_while_the_first_model_call_waits_for_the_store_loses_no_message(stack: Stack) -> None:
+    """A Stop that reaches the run while its first model call waits out a store
+    outage (before the store has numbered the turn) is answered at once, and the
+    call never asks the model. Nothing is lost: the message, never committed, is
+    the next run's, answered once, and the chat answers its next message."""
     with FakeChatServer(responder=_ok) as server:
-        server.script([{"text": "warm"}, {"text": "answered in turn 2"}])
+        server.script([{"text": "warm"}, {"text": "answered after the stop"}])
         _fake_model(stack, server)
         await stack.start_worker()
         await (await stack.send(stack.chat("warm"), "warm up")).result()  # the store exists
@@ -588,19 +618,20 @@ async def test_a_stop_while_the_store_numbers_the_turn_stops_that_turn(stack: St
         blocker = sqlite3.connect(stack.data / "sessions.db", isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         try:
-            handle = await stack.send(chat, "one", message_id="m1")
+            await stack.send(chat, "one", message_id="m1")
             await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=40)
-            await handle.signal("stop", {})
+            stopped = await _answered_at_once(stack, chat, "stop")
+            assert (stopped.status, stopped.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
             await asyncio.sleep(0.5)
+            assert len(server.requests) == 1  # the warm chat's
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
-        done = await stack.wait_turn_done(chat, 2, timeout=60)
-        assert done.status == TurnStatus.COMPLETED
-        turn1 = await (await stack.store()).get_turn(chat, 1)
-        assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
-        assert len(server.requests) == 2  # the warm chat's and turn 2's: turn 1 never asked the model
-        assert await _user_rows(stack, chat) == ["one"]
+
+        async def answered() -> bool:
+            return [r["content"] for r in await stack.history(chat)] == ["one", "answered after the stop"]
+        await until_async(answered, timeout=60, what="the message answered once")
+        assert len(server.requests) == 2
         await _answers_next_message(stack, chat)
 
 
@@ -637,7 +668,7 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
     chat = stack.chat()
     store = await stack.store()
     async with _failing_run(stack, chat) as (handle, run_id):
-        await store.begin_turn(chat, run_id, ["m1"])  # as the run's first task would have
+        await store.begin_turn(chat, run_id, ["m1"])  # as the run's first model call would have
 
         async def failing() -> bool:
             raw = (await handle.describe()).raw_description
@@ -657,9 +688,7 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
     ended = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id).describe()
     assert ended.status == WorkflowExecutionStatus.TERMINATED
     gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=gate.recovery_id or ""),
-                                result_type=TurnState)
+    await stack.decide(chat, "dismiss", gate.recovery_id)
     await _answers_next_message(stack, chat)
     assert (await _user_rows(stack, chat)).count("hello") == 1
 
@@ -710,10 +739,9 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
 
 async def test_refusals_made_while_the_runs_last_events_are_written_are_announced(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run's last event write waits out a store outage; a message refused
-    meanwhile is announced before the run ends, never dropped with it (chaos
-    seed 539: two follow-ups over the pending bound, acknowledged and then
-    neither committed nor refused)."""
+    """The turn has ended, and its run's announcement of a refused message waits out
+    a store outage; a message refused meanwhile is announced too, in order, and the
+    run ends only after both are written: neither is dropped with it."""
     from turnkeeper.activities.store import StoreUnavailable
     from turnkeeper.activities.store.core import SQLStore
     from turnkeeper.models import NewEvent
@@ -726,25 +754,34 @@ async def test_refusals_made_while_the_runs_last_events_are_written_are_announce
             raise StoreUnavailable("the store is out (test)")
         await written(self, chat_id, events, keys=keys)
 
-    with FakeChatServer() as server:
-        server.script([{"text": "never delivered", "delay": 30}])
-        _fake_model(stack, server)
-        await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="200")
-        chat = stack.chat()
-        handle = await stack.send(chat, "one", message_id="m1")
-        await until(lambda: len(server.requests) == 1, what="the model call")
-        monkeypatch.setattr(SQLStore, "append_events", append_events)
-        await handle.signal("stop")
-        await stack.send(chat, "x" * 500, message_id="over-1")  # over the worker's 200 bytes
-        # The turn has ended; its run waits to write the first refusal.
-        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.store_unavailable)
-        await stack.send(chat, "y" * 500, message_id="over-2")
-        await asyncio.sleep(1.0)
-        outage["on"] = False
-        await handle.result()
-        store = await stack.store()
-        refused = [e.payload["message_id"] for e in await store.events(chat) if e.type == "message_rejected"]
-        assert refused == ["over-1", "over-2"]
+    ledger = stack.dir / "ledger.txt"
+    monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tool runs in this process
+    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x",
+                                                                        "seconds": 30}}]}])
+    await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="200")
+    chat = stack.chat()
+    handle = await stack.send(chat, "one", message_id="m1")
+    await until(lambda: ledger.exists() and "start" in ledger.read_text(), what="the tool to start")
+    monkeypatch.setattr(SQLStore, "append_events", append_events)
+    stopped = await stack.decide(chat, "stop")
+    assert (stopped.status, stopped.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
+    await stack.send(chat, "x" * 500, message_id="over-1")  # over the worker's 200 bytes
+    store = await stack.store()
+
+    async def closed() -> bool:
+        record = await store.get_turn(chat, 1)
+        return record is not None and record.status == TurnStatus.RECOVERED
+    await until_async(closed, what="the stopped turn closed in the store")
+    await asyncio.sleep(1.0)
+    # The turn has ended; its run waits to write the first refusal.
+    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    await stack.send(chat, "y" * 500, message_id="over-2")
+    await asyncio.sleep(1.0)
+    outage["on"] = False
+    await asyncio.wait_for(handle.result(), 60)
+    refused = [e.payload["message_id"] for e in await store.events(chat) if e.type == "message_rejected"]
+    assert refused == ["over-1", "over-2"]
 
 
 async def test_a_run_started_by_hand_with_a_blank_chat_id_fails_once(stack: Stack) -> None:

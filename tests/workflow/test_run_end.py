@@ -1,16 +1,7 @@
-"""A message that reaches the server while a run's last workflow task runs is
-taken by the next turn, also when that task got the run's last store result late.
-
-A store call is a local activity: the SDK hands its result to a live run one
-workflow task after the task that asked for it when that task also answered a
-`state` query. The run's end (or its `end_of_run` activity, patches.RECOVERY_MACHINE_9)
-then goes out with the later task, and a signal that comes meanwhile makes the
-server refuse an end: the retried task must take the message and hand it on.
-This test makes that happen on purpose; the variant where the store's answer was
-recorded with the earlier task (whose replay ended runs before RECOVERY_MACHINE_9
-too soon) is timing-dependent, and `tests/workflow/test_no_wedge.py` meets it
-in about one run in five with store calls on the event loop.
-"""
+"""A message that reaches the server as a run ends is taken by the next turn: one
+sent while the turn's closing store write is under way, and one that lands while
+the run's last workflow task runs (the server refuses the run's end, and the
+retried task takes the message and hands it on)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,15 +9,16 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import pytest
 from temporalio import workflow
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.worker import (
+    ExecuteWorkflowInput,
     Interceptor,
-    StartLocalActivityInput,
     UnsandboxedWorkflowRunner,
     Worker,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
-    WorkflowOutboundInterceptor,
 )
 
 from tests.support import Stack, until, until_async
@@ -34,44 +26,36 @@ from turnkeeper.client import workflow_id
 from turnkeeper.models import Reason, TurnStatus
 
 
-class _LateResult(Interceptor):
-    """Calls `on_late()` in the workflow's thread when a live run gets a store
-    call's result in a later workflow task than the one that asked for it. The
-    call holds that task until it returns."""
+class _AtTheEnd(Interceptor):
+    """Calls `on_end()` in the workflow's thread when a live run has returned, before
+    the task that completes it reaches the server. The call holds that task."""
 
-    def __init__(self, on_late: Callable[[], None]) -> None:
-        self.on_late = on_late
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        self.on_end = on_end
 
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
-        on_late = self.on_late
-
-        class _Outbound(WorkflowOutboundInterceptor):
-            def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:
-                handle = super().start_local_activity(input)
-                asked_at = workflow.info().get_current_history_length()
-
-                def resolved(_: Any) -> None:
-                    if not workflow.unsafe.is_replaying() and workflow.info().get_current_history_length() > asked_at:
-                        on_late()
-                handle.add_done_callback(resolved)
-                return handle
+        on_end = self.on_end
 
         class _Inbound(WorkflowInboundInterceptor):
-            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
-                super().init(_Outbound(outbound))
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                result = await super().execute_workflow(input)
+                if not workflow.unsafe.is_replaying():
+                    on_end()
+                return result
 
         return _Inbound
 
 
 @contextlib.asynccontextmanager
-async def _worker(stack: Stack, *, finish_delay: float = 0.0,
-                  on_late: Callable[[], None] = lambda: None) -> AsyncIterator[None]:
-    """The workflows and every activity in this process; `finish_turn` writes
-    take `finish_delay` seconds longer."""
+async def _worker(stack: Stack, *, finish_delay: float = 0.0, on_finish: Callable[[], None] = lambda: None,
+                  on_end: Callable[[], None] = lambda: None) -> AsyncIterator[None]:
+    """The workflows and every activity in this process (workflow tasks on a thread of
+    their own); `finish_turn` writes call `on_finish` and take `finish_delay` seconds longer."""
     from turnkeeper.activities.assemble import build_activities
     from turnkeeper.activities.providers import load_provider
     from turnkeeper.activities.store import open_store
     from turnkeeper.activities.tools import default_registry
+    from turnkeeper.step_timeouts import StepTimeouts
     from turnkeeper.workflows.chat_turn import ChatTurn
 
     settings = stack.settings()
@@ -80,6 +64,7 @@ async def _worker(stack: Stack, *, finish_delay: float = 0.0,
     finish = store.finish_turn
 
     async def slow_finish(*args: Any, **kwargs: Any) -> Any:
+        on_finish()
         await asyncio.sleep(finish_delay)
         return await finish(*args, **kwargs)
     store.finish_turn = slow_finish  # type: ignore[method-assign]
@@ -87,41 +72,67 @@ async def _worker(stack: Stack, *, finish_delay: float = 0.0,
         async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
                           activities=build_activities(settings, store, load_provider(settings.model),
                                                       default_registry()),
-                          interceptors=[_LateResult(on_late)], workflow_runner=UnsandboxedWorkflowRunner()):
+                          interceptors=[StepTimeouts(settings), _AtTheEnd(on_end)],
+                          workflow_runner=UnsandboxedWorkflowRunner()):
             yield
     finally:
         await store.close()
 
 
-async def test_a_message_signalled_as_a_dismissed_turn_ends_is_taken(stack: Stack) -> None:
+async def _user_rows(stack: Stack, chat: str) -> list[str]:
+    return [r["content"] for r in await stack.history(chat) if r["role"] == "user"]
+
+
+async def _answered(stack: Stack, chat: str, rows: list[str]) -> None:
+    async def done() -> bool:
+        return [r["content"] for r in await stack.history(chat)][-len(rows):] == rows
+    await until_async(done, timeout=15, what=f"the transcript to end with {rows}")
+
+
+async def test_a_message_sent_while_a_dismissed_turn_writes_its_end_is_taken(stack: Stack) -> None:
     stack.script([{"error": "the model is down"}, {"text": "answered"}])
     chat = stack.chat()
-    async with _worker(stack):
+    finishing = asyncio.Event()
+    async with _worker(stack, finish_delay=1.0, on_finish=finishing.set):
         await stack.send(chat, "hello", message_id="m1")
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
-    assert gate.reason == Reason.MODEL_FAILED
-    handle = stack.client.get_workflow_handle(workflow_id(chat))
-    # With no worker, the Dismiss's workflow task waits, and a query sent now is
-    # answered by that task: the gate's closing store write (slowed to finish after
-    # the query's answer) then reaches the run in the task after it.
-    await handle.signal("dismiss", {"recovery_id": gate.recovery_id})
-    query = asyncio.create_task(handle.query("state"))
-    await asyncio.sleep(0.5)
+        assert gate.reason == Reason.MODEL_FAILED
+        dismissed = await stack.decide(chat, "dismiss", gate.recovery_id)
+        assert (dismissed.status, dismissed.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
+        await asyncio.wait_for(finishing.wait(), 10)
+        await stack.send(chat, "late", message_id="m2")  # while the closing row is written
+        await _answered(stack, chat, ["late", "answered"])
+    assert await _user_rows(stack, chat) == ["hello", "late"]
+    turn1 = await (await stack.store()).get_turn(chat, 1)
+    assert turn1 is not None and (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
+
+
+@pytest.mark.parametrize("ending", ["answered", "dismissed"])
+async def test_a_message_that_lands_during_the_runs_last_task_is_taken(stack: Stack, ending: str) -> None:
+    stack.script([{"text": "first answer"} if ending == "answered" else {"error": "the model is down"},
+                  {"text": "answered"}])
+    chat = stack.chat()
     loop = asyncio.get_running_loop()
-    late: list[bool] = []
+    sent: list[bool] = []
 
-    def on_late() -> None:
-        # The task that got the result late waits for this message to reach the server.
-        if not late:
-            late.append(True)
-            asyncio.run_coroutine_threadsafe(stack.send(chat, "late", message_id="m2"), loop).result(timeout=1.5)
+    def on_end() -> None:
+        # The run's last task waits for this message to reach the server.
+        if not sent:
+            sent.append(True)
+            asyncio.run_coroutine_threadsafe(stack.send(chat, "late", message_id="m2"), loop).result(timeout=5)
 
-    async with _worker(stack, finish_delay=0.3, on_late=on_late):
-        await query
-        await until(lambda: bool(late), timeout=10, what="the store result handed over a task late")
-
-        async def answered() -> bool:
-            return [r["content"] for r in await stack.history(chat)][-2:] == ["late", "answered"]
-        await until_async(answered, timeout=15, what="the late message answered in the next turn")
-    rows = [(r["role"], r["content"]) for r in await stack.history(chat)]
-    assert [c for role, c in rows if role == "user"] == ["hello", "late"]
+    async with _worker(stack, on_end=on_end):
+        first = await stack.send(chat, "hello", message_id="m1")
+        if ending == "dismissed":
+            gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+            await stack.decide(chat, "dismiss", gate.recovery_id)
+        await until(lambda: bool(sent), timeout=15, what="the run's last task")
+        await _answered(stack, chat, ["late", "answered"])
+    assert await _user_rows(stack, chat) == ["hello", "late"]
+    # The server refused the run's end for the message, and the run handed it on.
+    history = await stack.client.get_workflow_handle(workflow_id(chat), run_id=first.first_execution_run_id
+                                                     ).fetch_history()
+    causes = [e.workflow_task_failed_event_attributes.cause for e in history.events
+              if e.HasField("workflow_task_failed_event_attributes")]
+    assert causes == [WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND]
+    assert history.events[-1].HasField("workflow_execution_continued_as_new_event_attributes")
