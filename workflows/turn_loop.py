@@ -421,8 +421,10 @@ class Turn:
         """The turn's number, when the call that took it was lost or cancelled first."""
         if self.state.turn and self._turn_taken:
             return True
+        # With no message in hand (the lost call committed them), only the turn it began is asked for.
         began: activity_io.BeginTurnResult = await self._write(activity_io.BEGIN_TURN, activity_io.BeginTurnInput(
-            chat_id=self.state.chat_id, run_id=workflow.info().run_id, only_existing=not create,
+            chat_id=self.state.chat_id, run_id=workflow.info().run_id,
+            only_existing=not create or not self.inbox.in_flight,
             message_ids=[m.message_id for m in self.inbox.in_flight],
             message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight]), activity_io.BeginTurnResult)
         self._begun(began)
@@ -507,7 +509,10 @@ class Turn:
             return ENDED
         if not written.written:
             return await self._store_ended(written)
-        self.state, self.decided = opened, False
+        # Inputs taken while the gate was written changed the rest of the state: keep it.
+        for name in ("status", "reason", "recovery_id", "can_continue", "detail"):
+            setattr(self.state, name, getattr(opened, name))
+        self.decided = False
         self._upsert()
         workflow.set_current_details(f"Waiting for the user: {reason.value}. Continue or Dismiss with "
                                      f"recovery id {opened.recovery_id}.")
