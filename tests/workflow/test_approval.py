@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import ActivityEnvironment
 
 from tests.support import Stack, until_async
@@ -21,11 +20,11 @@ from turnkeeper.activities.tools import ToolRegistry, default_registry, load_too
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     DENIED_TOOL_TEXT,
+    DENIED_TURN_TEXT,
     DISMISSED_TEXT,
     SUPERSEDED_TEXT,
     UNAPPROVED_TOOL_TEXT,
     Reason,
-    RecoveryAction,
     ToolCall,
     ToolCallStatus,
     TurnState,
@@ -44,11 +43,6 @@ def _tools(stack: Stack, ledger: Path) -> None:
 
 def _asks(s: TurnState) -> bool:
     return s.status == TurnStatus.AWAITING_USER and s.reason == Reason.APPROVAL_REQUIRED
-
-
-async def _decide(stack: Stack, chat: str, update: str, recovery_id: str | None) -> TurnState:
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id or ""), result_type=TurnState)
 
 
 def _starts(ledger: Path) -> list[str]:
@@ -79,11 +73,10 @@ async def test_approve_runs_the_waiting_calls_once_and_the_others_at_once(stack:
     record = await (await stack.store()).get_turn(chat, 1)
     assert (record.status, record.reason) == (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED)
 
-    approved = await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    approved = await stack.decide(chat, "continue", gate.recovery_id)
     assert (approved.status, approved.reason, approved.approvals) == (TurnStatus.RUNNING, None, [])
-    with pytest.raises(WorkflowUpdateFailedError) as again:
-        await _decide(stack, chat, "continue_turn", gate.recovery_id)
-    assert "not waiting for confirmation" in str(again.value.cause)
+    with pytest.raises(tk.DecisionRefused, match="not waiting for confirmation"):
+        await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.wait_turn_done(chat, 1)
     assert (done.status, done.reason, done.attempts) == (TurnStatus.COMPLETED, None, 0)
     assert (stack.ws / "g.txt").read_text() == "approved"
@@ -119,7 +112,7 @@ async def test_deny_answers_each_waiting_call_and_ends_the_turn_without_model_wo
     await until_async(stored, what="the turn's end stored")
     hist = await stack.history(chat)
     assert [(m["role"], m.get("content")) for m in hist[2:]] == [
-        ("tool", DENIED_TOOL_TEXT), ("tool", DENIED_TOOL_TEXT), ("assistant", DISMISSED_TEXT)]
+        ("tool", DENIED_TOOL_TEXT), ("tool", DENIED_TOOL_TEXT), ("assistant", DENIED_TURN_TEXT)]
     assert _starts(ledger) == [] and not (stack.ws / "a.txt").exists()
     types = await stack.event_types(chat)
     assert "tool_started" not in types and types.count("turn_end") == 1
@@ -147,7 +140,7 @@ async def test_a_continue_after_the_store_closed_the_turn_runs_nothing(stack: St
     store = await stack.store()
     await store.finish_turn(chat, gate.turn, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED,
                                                         recovery_id=gate.recovery_id), closing_text=DISMISSED_TEXT)
-    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.wait_turn_done(chat, 1)
     assert (done.status, done.reason, done.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
     await asyncio.sleep(0.5)
@@ -184,9 +177,9 @@ async def test_a_newer_message_supersedes_the_wait(stack: Stack) -> None:
 
 async def test_a_waiting_approval_handed_on_keeps_its_calls(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     """A gate whose history grows long goes on in a fresh run: the calls still wait."""
-    from turnkeeper.workflows import history_bound
+    from turnkeeper.workflows import turn_loop
 
-    monkeypatch.setattr(history_bound, "RUN_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 60)
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
     stack.script([{"tool_calls": [_call("guarded_write", path="h.txt", content="h")]}, {"text": "written"}])
@@ -206,7 +199,7 @@ async def test_a_waiting_approval_handed_on_keeps_its_calls(stack: Stack, monkey
     again = await stack.wait_state(chat, _asks)
     assert (again.turn, again.recovery_id) == (1, gate.recovery_id)
     assert [a.model_dump() for a in again.approvals] == [a.model_dump() for a in gate.approvals]
-    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.wait_turn_done(chat, 1)
     assert done.status == TurnStatus.COMPLETED and (stack.ws / "h.txt").read_text() == "h"
     assert len(_starts(ledger)) == 1
@@ -228,7 +221,7 @@ async def test_a_wait_survives_sigkilled_workers_and_runs_once_approved(stack: S
         state = await stack.wait_state(chat, _asks, timeout=30)
         assert (state.recovery_id, [a.id for a in state.approvals]) == (gate.recovery_id, ["call_0_0"])
     assert _starts(ledger) == []
-    approved = await _decide(stack, chat, "continue_turn", gate.recovery_id)
+    approved = await stack.decide(chat, "continue", gate.recovery_id)
     assert approved.status == TurnStatus.RUNNING
     done = await stack.wait_turn_done(chat, 1, timeout=30)
     assert done.status == TurnStatus.COMPLETED
@@ -248,7 +241,7 @@ async def test_confirm_tools_from_the_environment_and_the_decorator(stack: Stack
     shown = describe_gate(gate)
     assert 'write_file {"path": "e.txt", "content": "e"}' in shown
     assert f"turnkeeper continue {chat}" in shown and f"turnkeeper dismiss {chat}" in shown
-    await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+    await stack.decide(chat, "dismiss", gate.recovery_id)
     assert not (stack.ws / "e.txt").exists()
 
     load_tool_modules(["tests.ledger_tools"])

@@ -543,7 +543,7 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
     gate = await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.AWAITING_USER)
     assert gate.reason == Reason.MODEL_FAILED and canary["error"] in (gate.detail or "")  # read with the key
     assert (stack.ws / "notes.txt").read_text() == canary["arguments"]
-    dismissed = await tk.decide(stack.client, chat, "dismiss_turn", gate.recovery_id or "")
+    dismissed = await stack.decide(chat, "dismiss", gate.recovery_id)
     assert dismissed.status == TurnStatus.RECOVERED
     # A control: a message from a client without keys is stored as sent (and the worker reads it).
     control = f"CANARY-control-{uuid.uuid4().hex[:12]}"

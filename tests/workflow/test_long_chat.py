@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from tests.support import Stack
-from turnkeeper import client as tk
 from turnkeeper.activities.context import SUMMARY_HEADING
 from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION
-from turnkeeper.models import Reason, RecoveryAction, TurnState, TurnStatus
+from turnkeeper.models import Reason, TurnStatus
 from turnkeeper.testing import FakeChatServer
 
 BUDGET = 600
@@ -86,9 +85,7 @@ async def test_a_worker_killed_while_summarising_loses_one_model_step(stack: Sta
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
         assert (gate.turn, gate.reason, gate.can_continue) == (n, Reason.RESTART_REQUIRES_CONFIRMATION, True)
         assert (await store.context_rows(chat)).summary is None  # nothing half-made was kept
-        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-        await handle.execute_update("continue_turn", RecoveryAction(recovery_id=gate.recovery_id),
-                                    result_type=TurnState)
+        await stack.decide(chat, "continue", gate.recovery_id)
         done = await stack.wait_turn_done(chat, n, timeout=30)
         assert (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.CONTINUED)
         made = len(summaries)  # the lost one, then the fold made again (one call per part it folds)

@@ -3,13 +3,16 @@ window, on a real dev server with real worker processes and SIGKILL/SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import time
+from collections.abc import Awaitable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.worker import Worker
 
 from tests.support import Stack, until, until_async
@@ -20,15 +23,18 @@ from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.store import open_store
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.models import (
+    DISMISSED_TEXT,
+    STOPPED_TEXT,
     SUPERSEDED_TEXT,
     ChatTurnInput,
     Reason,
-    RecoveryAction,
     RecoveryStart,
     ToolCallStatus,
     TurnState,
     TurnStatus,
 )
+from turnkeeper.search_attributes import RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
+from turnkeeper.step_timeouts import StepTimeouts
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import check_tools
 from turnkeeper.workflows.chat_turn import ChatTurn
@@ -52,14 +58,12 @@ def _fake_model(stack: Stack, server: FakeChatServer) -> None:
                             "OPENAI_API_KEY": "k"})
 
 
-async def _decide(stack: Stack, chat: str, update: str, recovery_id: str | None) -> TurnState:
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    return await handle.execute_update(update, RecoveryAction(recovery_id=recovery_id or ""),
-                                       result_type=TurnState)
-
-
 def _awaiting(s: TurnState) -> bool:
     return s.status == TurnStatus.AWAITING_USER
+
+
+async def _eq(got: Awaitable[Any], want: Any) -> bool:
+    return await got == want
 
 
 async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) -> None:
@@ -77,7 +81,7 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
         assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION and gate.can_continue
         assert gate.attempts == 0 and gate.recovery_id
 
-        resumed = await _decide(stack, chat, "continue_turn", gate.recovery_id)
+        resumed = await stack.decide(chat, "continue", gate.recovery_id)
         assert (resumed.status, resumed.reason, resumed.attempts) == (
             TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
         await until(lambda: len(server.requests) == 2, what="resumed model call")
@@ -89,7 +93,7 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
         await asyncio.sleep(1)
         assert len(server.requests) == 2
 
-        await _decide(stack, chat, "continue_turn", guard.recovery_id)
+        await stack.decide(chat, "continue", guard.recovery_id)
         done = await stack.wait_turn_done(chat, 1)
         assert (done.status, done.reason, done.attempts) == (TurnStatus.RECOVERED, Reason.CONTINUED, 2)
         hist = await stack.history(chat)
@@ -110,25 +114,28 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
     gate = await stack.wait_state(chat, _awaiting)
     assert gate.reason == Reason.MODEL_FAILED
 
-    with pytest.raises(WorkflowUpdateFailedError) as stale:
-        await _decide(stack, chat, "continue_turn", "not-the-id")
-    assert "stale" in str(stale.value.cause)
+    with pytest.raises(tk.DecisionRefused, match="stale"):
+        await stack.decide(chat, "continue", "not-the-id")
     handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
     await handle.signal("continue", {"recovery_id": "not-the-id"})
     await handle.signal("dismiss", {"recovery_id": "also-wrong"})
     # Unreadable ones are refused and recorded too, never dropped unseen.
     await stack.signal_undecodable(chat, "continue")
     await stack.signal_undecodable(chat, "dismiss")
-    await asyncio.sleep(0.5)
-    assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
-    rejected = [e.payload for e in await (await stack.store()).events(chat) if e.type == "recovery_action_rejected"]
-    assert [(r["action"], r["recovery_id"]) for r in rejected] == [
-        ("continue", "not-the-id"), ("dismiss", "also-wrong"), ("continue", None), ("dismiss", None)]
+    store = await stack.store()
 
-    await _decide(stack, chat, "continue_turn", gate.recovery_id)
-    with pytest.raises(WorkflowUpdateFailedError) as again:
-        await _decide(stack, chat, "continue_turn", gate.recovery_id)
-    assert "not waiting for confirmation" in str(again.value.cause)
+    async def rejected() -> list[tuple[str, str | None]]:
+        return [(e.payload["action"], e.payload["recovery_id"]) for e in await store.events(chat)
+                if e.type == "recovery_action_rejected"]
+
+    want = [("continue", "not-the-id"), ("continue", "not-the-id"), ("dismiss", "also-wrong"),
+            ("continue", None), ("dismiss", None)]
+    await until_async(lambda: _eq(rejected(), want), what="every refusal recorded")
+    assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
+
+    await stack.decide(chat, "continue", gate.recovery_id)
+    with pytest.raises(tk.DecisionRefused, match="not waiting for confirmation"):
+        await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.wait_turn_done(chat, 1)
     assert done.reason == Reason.CONTINUED and done.attempts == 1
     assert [m["content"] for m in await stack.history(chat)] == ["hi", "after continue"]
@@ -139,17 +146,17 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
     await store.begin_turn(other, "lost-run", ["m1"])
     from turnkeeper.models import UserMessage
     await store.commit_user_messages(other, 1, [UserMessage(message_id="m1", text="lost")])
-    await stack.client.start_workflow(
+    run = await stack.client.start_workflow(
         "ChatTurn", ChatTurnInput(chat_id=other, recovery=RecoveryStart(
             turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False)),
         id=tk.workflow_id(other), task_queue=stack.task_queue)
     gate = await stack.wait_state(other, _awaiting)
     assert gate.reason == Reason.CHECKPOINT_UNKNOWN and not gate.can_continue
-    with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await _decide(stack, other, "continue_turn", gate.recovery_id)
-    assert "context is unavailable" in str(refused.value.cause)
-    dismissed = await _decide(stack, other, "dismiss_turn", gate.recovery_id)
+    with pytest.raises(tk.DecisionRefused, match="context is unavailable"):
+        await stack.decide(other, "continue", gate.recovery_id)
+    dismissed = await stack.decide(other, "dismiss", gate.recovery_id)
     assert dismissed.status == TurnStatus.RECOVERED and dismissed.reason == Reason.DISMISSED
+    await run.result()  # the answer comes before the closing row is written
     assert [m["role"] for m in await stack.history(other)] == ["user", "assistant"]
 
 
@@ -192,7 +199,7 @@ async def test_a_late_retry_of_a_committed_message_does_not_supersede(stack: Sta
         state = await stack.state(chat)
         assert (state.status, state.recovery_id) == (TurnStatus.AWAITING_USER, gate.recovery_id)
         assert state.pending_followups == []
-        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        done = await stack.decide(chat, "dismiss", gate.recovery_id)
         assert done.reason == Reason.DISMISSED
         assert [m["content"] for m in await stack.history(chat)][:1] == ["first"]
         assert [m["role"] for m in await stack.history(chat)].count("user") == 1
@@ -232,7 +239,7 @@ async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_superse
         assert (state.turn, state.status, state.recovery_id) == (3, TurnStatus.AWAITING_USER, gate.recovery_id)
         assert state.pending_followups == []
         monkeypatch.setattr(SQLStore, "held_message_ids", checked)
-        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        done = await stack.decide(chat, "dismiss", gate.recovery_id)
         assert done.reason == Reason.DISMISSED
         users = [m["content"] for m in await stack.history(chat) if m["role"] == "user"]
         assert users == ["text of m1", "text of m2", "text of m3"]
@@ -248,7 +255,7 @@ async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stac
         await until(lambda: len(server.requests) == 1, what="model call under way")
         await stack.send(chat, "second", message_id="m2")
         gate = await stack.wait_state(chat, _awaiting)
-        done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+        done = await stack.decide(chat, "dismiss", gate.recovery_id)
         assert done.reason == Reason.DISMISSED
         handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
         await handle.result()
@@ -267,7 +274,7 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         chat = stack.chat()
         handle = await stack.send(chat, "one", message_id="m1")
         gate = await stack.wait_state(chat, _awaiting)
-        await _decide(stack, chat, "continue_turn", gate.recovery_id)
+        await stack.decide(chat, "continue", gate.recovery_id)
         await until(lambda: len(server.requests) == 2, what="resumed call under way")
         await stack.send(chat, "two", message_id="m2")
         done = await stack.wait_turn_done(chat, 2, timeout=30)
@@ -276,22 +283,18 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
         hist = await stack.history(chat)
         assert [m["content"] for m in hist] == ["one", SUPERSEDED_TEXT, "two", "the new turn"]
-        # The store check of "two" is judged after an activity's completion, never on
-        # its own result: the call is cancelled after `end_of_run` (patches.RECOVERY_MACHINE_10).
+        # "two" supersedes only once the store has said it is no late retry: its check
+        # comes first, then the resumed call is cancelled.
         first = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.first_execution_run_id
                                                        ).fetch_history()
-        assert _steps_around_the_cancel(first) == [activity_io.HELD_MESSAGES, activity_io.END_OF_RUN,
-                                                   f"cancel {activity_io.MODEL_CALL}"]
+        assert _steps_around_the_cancel(first) == [activity_io.HELD_MESSAGES, f"cancel {activity_io.MODEL_CALL}"]
 
 
 async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_next_turn(stack: Stack) -> None:
     """A newer message sent while a continued turn's tool runs and no worker takes
     workflow tasks, then a worker that caches no run (it replays the whole history
     at every task, as one taking the run over does): the message supersedes the
-    continuation and starts the next turn. The shape of chaos seed 582 also needs
-    a task that times out between the tool's end and the message, which this test
-    does not force; tests/replay/test_replay.py replays that run
-    (`test_a_newer_message_that_came_with_a_continued_steps_end_is_handed_on`)."""
+    continuation and starts the next turn, whichever of the two it takes first."""
     with FakeChatServer() as server:
         server.script([{"status": 400, "message": "bad"},
                        {"tool_calls": [_call("slow_write", path="s.txt", content="s", seconds=2)]},
@@ -307,17 +310,18 @@ async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_
         def activities() -> list[Any]:
             return build_activities(settings, store, provider, default_registry())
 
-        def workflows_only(cached: int = 100) -> Worker:  # workflow tasks and store writes
+        def workflows_only(cached: int = 100) -> Worker:  # workflow tasks only
             return Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          activities=activities(), no_remote_activities=True, max_cached_workflows=cached)
-        steps = Worker(stack.client, task_queue=stack.task_queue, activities=activities())
+                          no_remote_activities=True, max_cached_workflows=cached,
+                          interceptors=[StepTimeouts(settings)])
+        steps = Worker(stack.client, task_queue=stack.task_queue, activities=activities())  # and store writes
         chat = stack.chat()
         try:
             async with steps:
                 async with workflows_only():
                     handle = await stack.send(chat, "one", message_id="m1")
                     gate = await stack.wait_state(chat, _awaiting)
-                    await _decide(stack, chat, "continue_turn", gate.recovery_id)
+                    await stack.decide(chat, "continue", gate.recovery_id)
                     await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING
                                                                for c in s.tool_calls))
                 # No worker takes workflow tasks now: the message and the tool's end
@@ -354,9 +358,6 @@ def _steps_around_the_cancel(history: Any) -> list[str]:
                 seen = []  # the last model call's
             else:
                 seen.append(name)
-        elif e.HasField("marker_recorded_event_attributes") and \
-                activity_io.HELD_MESSAGES.encode() in e.marker_recorded_event_attributes.SerializeToString():
-            seen.append(activity_io.HELD_MESSAGES)
         elif e.HasField("activity_task_cancel_requested_event_attributes"):
             scheduled = e.activity_task_cancel_requested_event_attributes.scheduled_event_id
             return [*seen, f"cancel {names[scheduled]}"]
@@ -386,27 +387,27 @@ async def test_stop_keeps_completed_results_and_interrupts_running_tools(stack: 
 async def test_step_nobody_picks_up_within_the_resume_window_asks_the_user(stack: Stack) -> None:
     stack.script([{"text": "finally"}])
     settings = stack.settings(TURNKEEPER_RESUME_WINDOW="2")
-    store = open_store(settings)
-    await store.open()
-    provider = load_provider(settings.model)
-    # Workflow tasks and store writes only: no worker takes the model call.
+    # Workflow tasks only: no worker takes the model call (nor, for now, a store write).
     workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                            activities=build_activities(settings, store, provider, default_registry()),
-                            no_remote_activities=True)
+                            no_remote_activities=True, interceptors=[StepTimeouts(settings)])
     chat = stack.chat()
-    try:
-        async with workflows_only:
-            await stack.send(chat, "anyone there?")
-            gate = await stack.wait_state(chat, _awaiting, timeout=20)
-            assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION
-            # A process: one client holds one worker per queue. Serving before the
-            # decision, or the 2 s window could pass again while it starts.
-            await stack.wait_serving(stack.spawn_worker())
-            await _decide(stack, chat, "continue_turn", gate.recovery_id)
-            done = await stack.wait_turn_done(chat, 1)
-            assert done.reason == Reason.CONTINUED
-    finally:
-        await store.close()
+    async with workflows_only:
+        handle = await stack.send(chat, "anyone there?")
+
+        async def window_passed() -> bool:
+            events = (await handle.fetch_history()).events
+            return any(e.HasField("activity_task_timed_out_event_attributes") for e in events)
+        await until_async(window_passed, timeout=20, what="the model call's resume window passed")
+        # A process: one client holds one worker per queue. It numbers the turn the lost
+        # call never began, then writes the gate; serving before the decision, or the
+        # 2 s window could pass again while it starts.
+        await stack.wait_serving(stack.spawn_worker(TURNKEEPER_RESUME_WINDOW="2"))
+        gate = await stack.wait_state(chat, _awaiting, timeout=20)
+        assert (gate.turn, gate.reason) == (1, Reason.RESTART_REQUIRES_CONFIRMATION)
+        await stack.decide(chat, "continue", gate.recovery_id)
+        done = await stack.wait_turn_done(chat, 1)
+        assert done.reason == Reason.CONTINUED
+        assert [m["content"] for m in await stack.history(chat)] == ["anyone there?", "finally"]
 
 
 async def test_sigterm_hands_a_model_call_to_the_next_worker(stack: Stack) -> None:
@@ -513,7 +514,108 @@ async def test_an_unreadable_stored_row_asks_the_user_without_continue(stack: St
     failure = (await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()).events
     assert any("message row id=2 does not decode" in e.activity_task_failed_event_attributes.failure.message
                for e in failure if e.HasField("activity_task_failed_event_attributes"))
-    with pytest.raises(WorkflowUpdateFailedError):
-        await _decide(stack, chat, "continue_turn", gate.recovery_id)
-    done = await _decide(stack, chat, "dismiss_turn", gate.recovery_id)
+    with pytest.raises(tk.DecisionRefused, match="context is unavailable"):
+        await stack.decide(chat, "continue", gate.recovery_id)
+    done = await stack.decide(chat, "dismiss", gate.recovery_id)
     assert (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
+
+
+ORDERS = list(itertools.permutations(("continue", "dismiss", "stop")))
+ENDING_REASON = {"dismiss": Reason.DISMISSED, "stop": Reason.STOPPED}
+OPEN = ("running", "awaiting_user", "resuming")
+
+
+def _table_answers(order: Sequence[str]) -> dict[str, str | None]:
+    """What each decision is answered, judged in `order` at a gate (the resumed call
+    outlasts them all): None for accepted, else the refusal's words."""
+    status, answers = "awaiting", {}
+    for action in order:
+        if status == "ended":
+            answers[action] = "no turn is running" if action == "stop" else "not waiting for confirmation"
+        elif action == "continue" and status == "resuming":
+            answers[action] = "not waiting for confirmation"
+        else:
+            answers[action] = None
+            status = "resuming" if action == "continue" else "ended"
+    return answers
+
+
+async def _closed(handle: WorkflowHandle[Any, Any]) -> bool:
+    return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+
+
+async def _answer(decision: Awaitable[TurnState]) -> TurnState | str:
+    try:
+        return await decision
+    except tk.DecisionRefused as refused:
+        return str(refused)
+
+
+async def test_continue_dismiss_and_stop_within_milliseconds_after_a_crash_agree_with_the_turn(
+        stack: Stack) -> None:
+    """A gate after a crash, then Continue, Dismiss and Stop sent back to back, in
+    every order: each client's answer holds. The turn ends as the accepted Dismiss or
+    Stop said (a Continue accepted before it counts an attempt) in `state`, the store's
+    row and the TurnStatus search attribute, and the run is not listed as open."""
+    chats = [stack.chat(f"race{i}") for i in range(len(ORDERS))]
+    # The first calls are lost with their worker; a resumed call outlasts the decisions.
+    with FakeChatServer([{"text": "never delivered", "delay": 60}] * len(chats),
+                        responder=lambda request: {"text": "resumed answer", "delay": 3}) as server:
+        _fake_model(stack, server)
+        first = stack.spawn_worker()
+        await stack.wait_serving(first)
+        for chat in chats:
+            await stack.send(chat, f"hello from {chat}")
+        await until(lambda: len(server.requests) == len(chats), what="every model call under way")
+        stack.kill(first)
+        await stack.wait_serving(stack.spawn_worker())
+        for chat in chats:
+            await stack.wait_state(chat, _awaiting, timeout=45)
+
+        for chat, order in zip(chats, ORDERS):
+            handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
+            run_id = (await handle.describe()).run_id
+            gate = await stack.state(chat)
+            assert (gate.turn, gate.reason) == (1, Reason.RESTART_REQUIRES_CONFIRMATION)
+            sent = []
+            for action in order:  # each signal leaves a few milliseconds after the one before
+                sent.append(asyncio.create_task(_answer(tk.decide(
+                    stack.client, chat, action, gate.recovery_id, run_id=run_id, timeout=20))))
+                await asyncio.sleep(0.002)
+            answers = dict(zip(order, await asyncio.gather(*sent)))
+            context = f"{chat}, sent {order}: {answers}"
+
+            run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
+            judged = [e.workflow_execution_signaled_event_attributes.signal_name
+                      for e in (await run.fetch_history()).events
+                      if e.HasField("workflow_execution_signaled_event_attributes")
+                      and e.workflow_execution_signaled_event_attributes.signal_name != "user_message"]
+            words = {a: None if isinstance(answer, TurnState) else answer for a, answer in answers.items()}
+            assert words == _table_answers(judged), f"{context}; judged in the order {judged}"
+            [ending] = [a for a in ("dismiss", "stop") if words[a] is None]
+            reason = ENDING_REASON[ending]
+            attempts = 1 if words["continue"] is None else 0
+            accepted = answers[ending]
+            assert isinstance(accepted, TurnState)
+            assert (accepted.status, accepted.reason) == (TurnStatus.RECOVERED, reason), context
+
+            # The run that judged them, and the chat as clients read it once its runs are done.
+            await until_async(partial(_closed, handle), timeout=30, what=f"{chat}'s runs closed")
+            for final in (await run.query("state", result_type=TurnState), await stack.state(chat)):
+                assert (final.turn, final.status, final.reason, final.attempts) == (
+                    1, TurnStatus.RECOVERED, reason, attempts), f"{context}; state: {final}"
+            record = await (await stack.store()).get_turn(chat, 1)
+            assert record is not None
+            assert (record.status, record.reason, record.attempts) == (TurnStatus.RECOVERED, reason, attempts), context
+            attributes = (await run.describe()).typed_search_attributes
+            assert (attributes.get(TURN_STATUS_ATTR), attributes.get(RECOVERY_REASON_ATTR)) == (
+                "recovered", reason.value), context
+            closing = STOPPED_TEXT if ending == "stop" else DISMISSED_TEXT
+            assert (await stack.history(chat))[-1]["content"] == closing, context
+
+            statuses = ", ".join(f"'{s}'" for s in OPEN)
+            query = f"WorkflowId='{tk.workflow_id(chat)}' AND TurnStatus IN ({statuses})"
+
+            async def listed_open(query: str = query) -> bool:
+                return not [wf async for wf in stack.client.list_workflows(query)]
+            await until_async(listed_open, timeout=10, what=f"{chat} no longer listed as open")

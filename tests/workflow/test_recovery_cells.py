@@ -1,7 +1,8 @@
 """Every cell of the recovery table on a real dev server: a turn is brought to a
-status, one input arrives, and then (a) the input was answered within 2 s, (b) the
-turn did what `workflows.recovery.decide` says, and (c) the chat answers its next
-message and its run closes. The approval gate (`awaiting_user/approval_required`,
+status, one input arrives, and then (a) the input was answered within 2 s (a
+decision read back in the table's words), (b) the turn did what
+`workflows.recovery.decide` says, and (c) the chat answers its next message, its
+runs close and none is left listed as open. The approval gate (`awaiting_user/approval_required`,
 a tool that asks first) is a column of its own. The crash inputs (a lost step, a shutdown, a run
 that ended abnormally) have their own tests in test_recovery.py and
 test_reconciler.py; the store outage in test_no_wedge.py."""
@@ -12,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from tests.support import Stack
@@ -38,12 +39,13 @@ REACH: dict[Column, list[dict[str, Any]]] = {
     (TurnStatus.COMPLETED, None): [{"text": "done"}],
     (TurnStatus.RECOVERED, None): [FAIL],
 }
-# (input, form, stale id?)
+# (input, form, stale id?): "decide" reads the answer back (turnkeeper.client.decide),
+# "signal" sends it as any Temporal client can, without a request id.
 ACTIONS = [
     ("user_message", "signal", False),
-    ("continue", "update", False), ("continue", "signal", False), ("continue", "update", True),
-    ("dismiss", "update", False), ("dismiss", "signal", False), ("dismiss", "signal", True),
-    ("stop", "signal", False),
+    ("continue", "decide", False), ("continue", "signal", False), ("continue", "decide", True),
+    ("dismiss", "decide", False), ("dismiss", "signal", False), ("dismiss", "signal", True),
+    ("stop", "decide", False), ("stop", "signal", False),
 ]
 CELLS = [(column, *action) for column in REACH for action in ACTIONS]
 
@@ -63,15 +65,15 @@ async def _reach(stack: Stack, chat: str, column: Column) -> TurnState:
     if reason == Reason.APPROVAL_REQUIRED:
         return await stack.wait_state(chat, lambda s: s.reason == Reason.APPROVAL_REQUIRED)
     if status == TurnStatus.RUNNING:
-        return await stack.wait_state(chat, lambda s: s.turn == 1)
+        # The store has the turn's row once the first model call has begun it.
+        await _until_turn(stack, chat, 1, (TurnStatus.RUNNING, None))
+        return await stack.state(chat)
     if status == TurnStatus.COMPLETED:
         return await stack.wait_turn_done(chat, 1)
     gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
     if status == TurnStatus.AWAITING_USER:
         return gate
-    handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-    update = "continue_turn" if status == TurnStatus.RESUMING else "dismiss_turn"
-    return await handle.execute_update(update, {"recovery_id": gate.recovery_id}, result_type=TurnState)
+    return await stack.decide(chat, "continue" if status == TurnStatus.RESUMING else "dismiss", gate.recovery_id)
 
 
 async def _act(stack: Stack, chat: str, name: str, form: str, recovery_id: str | None) -> str:
@@ -81,14 +83,14 @@ async def _act(stack: Stack, chat: str, name: str, form: str, recovery_id: str |
     try:
         if name == "user_message":
             await stack.send(chat, "another message", message_id="m-input")
+        elif form == "decide":
+            await tk.decide(stack.client, chat, name, recovery_id, timeout=ANSWER_WITHIN_S)
         elif name == "stop":
             await handle.signal("stop", {})
-        elif form == "signal":
-            await handle.signal(name, {"recovery_id": recovery_id})
         else:
-            await handle.execute_update(f"{name}_turn", {"recovery_id": recovery_id}, result_type=TurnState)
-    except WorkflowUpdateFailedError as err:
-        return str(err.cause.message if err.cause else err)
+            await handle.signal(name, {"recovery_id": recovery_id})
+    except tk.DecisionRefused as err:
+        return str(err)
     except RPCError as err:  # a closed run refuses at the server
         return str(err)
     return "accepted"
@@ -111,6 +113,13 @@ async def _until_turn(stack: Stack, chat: str, turn: int, want: tuple[TurnStatus
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"turn {turn} of {chat}: wanted {want}, last {got}")
+
+
+def _refusal(column: Column, name: str, stale: bool, can_continue: bool) -> str | None:
+    """The table's words for a refusal by an open run ("stale" with the id it names)."""
+    status, reason = column
+    words = decide(status, Input(name), id_matches=not stale, can_continue=can_continue, reason=reason).refusal
+    return "recovery id 'stale-id' is stale" if words == "stale" else words
 
 
 def _expected(column: Column, name: str, stale: bool, can_continue: bool) -> Effect:
@@ -136,9 +145,15 @@ async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: b
         assert time.monotonic() - started < ANSWER_WITHIN_S, f"{name} {form} answered after {time.monotonic() - started:.2f} s"
 
         effect = _expected(column, name, stale, reached.can_continue)
-        if form == "update" and effect == Effect.REFUSE:
-            assert answer != "accepted", answer
         closed = status in (TurnStatus.COMPLETED, TurnStatus.RECOVERED)
+        if form == "decide":  # the answer read back is the table's
+            assert (answer != "accepted") == (effect == Effect.REFUSE), f"{effect}: {answer}"
+            if effect == Effect.REFUSE and not closed:  # a closed run is refused by the server
+                if name != "stop" and not stale and reached.recovery_id is None:
+                    # No gate, no id to send: the payload is refused as malformed, in words.
+                    assert answer.startswith(f"malformed {name} payload"), answer
+                else:
+                    assert answer == _refusal(column, name, stale, reached.can_continue), answer
         if effect in (Effect.REFUSE, Effect.NOTHING):
             if not closed:  # the run is open: the refusal is recorded, the turn unchanged
                 await asyncio.sleep(0.3)
@@ -172,6 +187,12 @@ async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: b
             assert time.monotonic() < deadline, f"the probe was not answered: {rows}"
             await asyncio.sleep(0.1)
         assert ids.count("probe") == 1
+        # No run of the chat is left listed as open once all have closed.
+        query = f"WorkflowId='{tk.workflow_id(chat)}' AND TurnStatus IN ('running', 'awaiting_user', 'resuming')"
+        deadline = time.monotonic() + 10
+        while listed := [wf.run_id async for wf in stack.client.list_workflows(query)]:
+            assert time.monotonic() < deadline, f"closed runs listed as open: {listed}"
+            await asyncio.sleep(0.2)
         # The asked-for tool ran once if the user approved it, and never otherwise.
         written = (stack.ws / "asked.txt").exists()
         assert written == (effect == Effect.APPROVE), f"{effect}: the tool {'ran' if written else 'did not run'}"

@@ -13,7 +13,8 @@ from tests.support import Stack, until
 from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper import loop_activations
-from turnkeeper.models import TURN_TASK_TIMEOUT, RecoveryAction, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.models import TURN_TASK_TIMEOUT, ToolCallStatus, TurnState, TurnStatus
+from turnkeeper.search_attributes import TURN_STATUS_ATTR
 from turnkeeper.testing import FakeChatServer
 
 
@@ -42,8 +43,8 @@ async def test_two_sequential_tool_calls(stack: Stack) -> None:
     types = await stack.event_types(chat)
     assert types[0] == "turn_started" and types[-1] == "turn_end"
     assert types.count("tool_started") == 2 and types.count("tool_finished") == 2
-    # What a plain turn costs in round trips: its steps and the one store call that
-    # numbers it; no `end_of_run` (bench/README, "Engine latency").
+    # What a plain turn costs in round trips: its steps alone. The first model call
+    # numbers the turn and the last one closes it; no store write of its own, no marker.
     events = (await stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
               .fetch_history()).events
     assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
@@ -178,15 +179,20 @@ async def test_duplicate_message_id_counts_once(stack: Stack) -> None:
     stack.script([{"text": "hello back"}, {"text": "never used"}])
     await stack.start_worker()
     chat = stack.chat()
+    first = await stack.send(chat, "hello", message_id="same")
     await stack.send(chat, "hello", message_id="same")
-    await stack.send(chat, "hello", message_id="same")
-    await stack.wait_turn_done(chat, 1)
-    # A retry after the turn ended is still the same message.
-    again = await (await stack.send(chat, "hello", message_id="same")).result()
+    await first.result()
+    # A retry after the turn ended is still the same message: its run begins no turn.
+    retry = await stack.send(chat, "hello", message_id="same")
+    assert retry.result_run_id != first.result_run_id
+    again = await retry.result()
     assert again.status == TurnStatus.COMPLETED
     hist = await stack.history(chat)
     assert [m.get("content") for m in hist] == ["hello", "hello back"]
     assert (await (await stack.store()).get_turn(chat)).turn == 1
+    # That run closes listed as it ended, not as a turn still running.
+    attributes = (await retry.describe()).typed_search_attributes
+    assert attributes.get(TURN_STATUS_ATTR) == "completed"
 
 
 async def test_unknown_tool_becomes_a_result_the_model_sees(stack: Stack) -> None:
@@ -233,10 +239,9 @@ async def test_malformed_arguments_and_output_through_openai(stack: Stack) -> No
         assert sent[1]["tool_calls"][0]["function"]["arguments"] == "{not json"
         assert sent[2]["role"] == "tool"
         # Dismiss closes the turn; nothing runs again.
-        handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
-        done = await handle.execute_update("dismiss_turn", RecoveryAction(recovery_id=state.recovery_id),
-                                           result_type=TurnState)
+        done = await stack.decide(chat, "dismiss", state.recovery_id)
         assert done.status == TurnStatus.RECOVERED and done.reason.value == "dismissed"
+        await stack.client.get_workflow_handle(tk.workflow_id(chat)).result()
         assert len(server.requests) == 3
 
 
