@@ -280,10 +280,19 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
         if "already completed" in str(err):
             raise DecisionRefused(NOT_RUNNING if action == "stop" else NOT_WAITING) from None
         raise
+    from datetime import timedelta
+
     deadline = time.monotonic() + timeout
     pause = 0.01
     while True:
-        state = await handle.query("state", result_type=TurnState)
+        left = max(deadline - time.monotonic(), 0.5)
+        try:
+            state = await handle.query("state", result_type=TurnState, rpc_timeout=timedelta(seconds=left))
+        except RPCError:
+            if time.monotonic() < deadline:
+                await asyncio.sleep(pause)
+                continue
+            raise DecisionPending(f"chat {chat_id}: the {action} is sent; no worker has judged it yet") from None
         for record in state.decisions:
             if record.request_id == request_id:
                 if record.refusal is not None:

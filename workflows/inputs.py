@@ -112,6 +112,9 @@ def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
     recovery_id: str | None = None
     try:
         raw = decode_payload(payload)
+        candidate = raw.get("request_id") if isinstance(raw, dict) else None
+        if isinstance(candidate, str) and 0 < len(candidate) <= 200:
+            request_id = candidate  # a malformed decision is answered too
         if action == "stop":
             request_id = StopRequest.model_validate(raw if isinstance(raw, dict) else {}).request_id
         else:

@@ -346,6 +346,11 @@ class Turn:
                 return
             if self.held and not await self._approval():
                 return
+            # A newer message under its retry check is no follow-up yet: the check decides.
+            await self.until(lambda: not self._checking)
+            if self.ending is not None:
+                await self._end()
+                return
             self._hand_on_if_long(step)
             self.inbox.in_flight = self.inbox.take()
 
@@ -572,6 +577,13 @@ class Turn:
         if not await self._ensure_turn(create=False):
             self.inbox.return_in_flight()  # no call of this run began a turn: nothing to close
             return
+        if self.inbox.in_flight:
+            # A lost call may have committed them: the next turn takes only what the store lacks.
+            held: activity_io.HeldMessagesResult = await self._write(
+                activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
+                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]),
+                activity_io.HeldMessagesResult)
+            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in set(held.held)]
         self.inbox.return_in_flight()
         denied = bool(self.held) and reason == Reason.DISMISSED
         if self.held:
