@@ -262,6 +262,7 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
     import time
     import uuid
 
+    from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError
 
     from turnkeeper.models import TurnState
@@ -288,7 +289,7 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
         left = max(deadline - time.monotonic(), 0.5)
         try:
             state = await handle.query("state", result_type=TurnState, rpc_timeout=timedelta(seconds=left))
-        except RPCError:
+        except (RPCError, WorkflowQueryFailedError):
             if time.monotonic() < deadline:
                 await asyncio.sleep(pause)
                 continue

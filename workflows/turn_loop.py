@@ -94,6 +94,10 @@ class Flow(Enum):
 CONTINUE, ENDED, NO_TURN, AGAIN = Flow.CONTINUE, Flow.ENDED, Flow.NO_TURN, Flow.AGAIN
 
 
+class QueryCatchUp(Exception):
+    """Fails a workflow task's activation on purpose (see `Turn._woken`): never a workflow failure."""
+
+
 @dataclass(frozen=True)
 class Lost:
     reason: Reason
@@ -128,6 +132,8 @@ class Turn:
         self._turn_taken = False
         self._store_wait_s = STORE_WAIT_FIRST_S
         self._ended: set[asyncio.Future[Any]] = set()
+        self._seen: tuple[int, int, Any] | None = None
+        self._catching_up = False
         self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None] | None] = {}
 
     # -- what `state` shows ------------------------------------------------------------
@@ -139,12 +145,30 @@ class Turn:
     # -- inputs: taken one at a time, in history order -------------------------------------
     async def next_input(self) -> TurnInput:
         try:
-            await workflow.wait_condition(lambda: bool(self.inputs))
+            await workflow.wait_condition(self._woken)
         except asyncio.CancelledError:
             # Cancelling the run (the UI's "Request Cancellation") is the user's Stop.
             self.cancel_requested = True
             return Decision("stop", None)
+        if self._catching_up:
+            raise QueryCatchUp("a query applied events of a workflow task not started yet: "
+                               "this worker drops the run and the next task replays it whole")
         return self.inputs.popleft()
+
+    def _woken(self) -> bool:
+        """Whether an input waits; also notices an activation that applies events of a
+        workflow task not yet started (history length moved, its size and time did not:
+        those two move at a task's start only). A worker answering a query about a run
+        it did not hold does that, and sends what the run does with them along with the
+        next task's commands, where a replay takes them together and in another order
+        (tests/replay/test_sdk_query_order.py). Failing that activation fails the query
+        and evicts the run instead."""
+        info = workflow.info()
+        seen = (info.get_current_history_length(), info.get_current_history_size(), workflow.now())
+        last, self._seen = self._seen, seen
+        if last is not None and seen[0] != last[0] and seen[1:] == last[1:]:
+            self._catching_up = True
+        return bool(self.inputs) or self._catching_up
 
     def take(self, inp: TurnInput) -> None:
         if isinstance(inp, Message):
@@ -579,11 +603,11 @@ class Turn:
             return
         if self.inbox.in_flight:
             # A lost call may have committed them: the next turn takes only what the store lacks.
-            held: activity_io.HeldMessagesResult = await self._write(
+            stored: activity_io.HeldMessagesResult = await self._write(
                 activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
                     chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]),
                 activity_io.HeldMessagesResult)
-            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in set(held.held)]
+            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in set(stored.held)]
         self.inbox.return_in_flight()
         denied = bool(self.held) and reason == Reason.DISMISSED
         if self.held:
