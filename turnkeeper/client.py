@@ -306,7 +306,18 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
+    """The `state` query. A worker that met the run in the middle of a workflow task
+    refuses one query on purpose (workflows/turn_loop.py, `Turn._woken`): asked again,
+    the query waits for that task and is answered after it."""
+    from temporalio.client import WorkflowQueryFailedError
+
     from turnkeeper.models import TurnState
 
     handle = client.get_workflow_handle(workflow_id(chat_id))
-    return await handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)
+    for attempt in range(3):
+        try:
+            return await handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)
+        except WorkflowQueryFailedError as err:
+            if "QueryCatchUp" not in err.message or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
