@@ -31,6 +31,15 @@ if TYPE_CHECKING:
 
 LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
 QUERY_CATCH_UP = "QueryCatchUp"
+_LOG_RECORD_START = re.compile(r"^(\x1b\[2m)?\d{4}-\d\d-\d\d")
+
+
+def _record(lines: list[str], start: int) -> str:
+    """The log record that begins at `start`: its line and the traceback after it."""
+    end = start + 1
+    while end < len(lines) and not _LOG_RECORD_START.match(lines[end]):
+        end += 1
+    return "\n".join(lines[start:end])
 ABNORMAL_RUN = (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
                 WorkflowExecutionStatus.TIMED_OUT, WorkflowExecutionStatus.CANCELED)
 # How the reconciler's terminate (activities/run_sweep.py) names itself: it ends a run
@@ -652,7 +661,7 @@ class Checker:
         for log in sorted((h.work / "logs").glob("worker-*.log")):
             lines = log.read_text(errors="replace").splitlines()
             for n, line in enumerate(lines, 1):
-                if LOG_BUG_PATTERNS.search(line) and any(QUERY_CATCH_UP in later for later in lines[n - 1:n + 60]):
+                if LOG_BUG_PATTERNS.search(line) and QUERY_CATCH_UP in _record(lines, n - 1):
                     # An activation failed on purpose: a query's catch-up, the run evicted (turn_loop._woken).
                     if QUERY_CATCH_UP in line or "Failed" in line:
                         self.det["query_catch_ups_evicted"] += 1
