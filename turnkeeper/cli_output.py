@@ -85,8 +85,9 @@ def replay_lines(report: ReplayReport, task_queue: str, since: timedelta) -> lis
     else:
         lines.append(f"{len(report.failures)} of {counts} do not replay on this code: workers running it "
                      "would fail each such run's next workflow task, again and again, until the reconciler "
-                     "ends the run after a minute and recovers its turn. Put the change behind "
-                     "workflow.patched, or mend what fails (docs/operations.md, \"Before a deploy\")")
+                     "ends the run after a minute and recovers its turn. Ship it as a new worker deployment "
+                     "version (running turns stay on the build that began them), or mend what fails "
+                     "(docs/operations.md, \"Shipping a change to workflow code\")")
     return lines
 
 
