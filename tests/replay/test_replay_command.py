@@ -71,7 +71,7 @@ async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_ga
     for chat, status in ((closed, "closed"), (waiting, "running")):
         [line] = [x for x in lines if f"does not replay: {tk.workflow_id(chat)} run " in x]
         assert f"(ChatTurn, {status}): " in line and "Nondeterminism" in line, line
-    assert "do not replay on this code" in lines[-1] and "workflow.patched" in lines[-1], lines[-1]
+    assert "do not replay on this code" in lines[-1] and "deployment version" in lines[-1], lines[-1]
 
     usage = await run(stack, TURNKEEPER, "replay", "--since", "soon")
     assert usage.returncode == 2 and "--since: must be a number and a unit" in usage.stderr, usage.stderr
