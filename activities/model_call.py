@@ -35,7 +35,8 @@ T = TypeVar("T")
 class ModelCallActivity:
     def __init__(self, settings: Settings, store: SessionStore, provider: ModelProvider,
                  registry: ToolRegistry,
-                 begin: Callable[[activity_io.BeginTurnInput], Awaitable[activity_io.BeginTurnResult]]) -> None:
+                 begin: Callable[[activity_io.BeginTurnInput], Awaitable[activity_io.BeginTurnResult]] | None = None,
+                 ) -> None:
         self._begin = begin
         self._settings = settings
         self._store = store
@@ -52,6 +53,8 @@ class ModelCallActivity:
         async with heartbeating():
             began: activity_io.BeginTurnResult | None = None
             if inp.begins_turn:
+                if self._begin is None:
+                    raise ApplicationError("this worker's model activity cannot number a turn", non_retryable=True)
                 # The run's first call numbers its turn: one round trip fewer than a
                 # step of its own. Idempotent by the run's id, as every retry needs.
                 try:
