@@ -132,7 +132,7 @@ async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupte
         line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
         assert line, f"stderr ended: {seen}"
         seen.append(line)
-    assert time.monotonic() - started < 8  # not a silent wait
+    assert time.monotonic() - started < 15  # not a silent wait (2 s after sending; the CLI starts slower on a busy machine)
     assert "turnkeeper: message m-1 is saved; waiting for a worker to take the turn\n" in seen
     proc.send_signal(signal.SIGINT)
     out, err = await asyncio.wait_for(proc.communicate(), 30)
