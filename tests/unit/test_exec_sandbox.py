@@ -16,8 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from turnkeeper.activities.tools import (
+    ToolContext,
+    ToolOutcome,
+    default_registry,
+    sandbox,
+)
 
-from turnkeeper.activities.tools import ToolContext, ToolOutcome, default_registry, sandbox
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.worker import check_tools
 
@@ -79,19 +84,6 @@ class SeenSleeping:
 # --- fixtures ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    out = tmp_path / "outside"
-    out.mkdir()
-    (out / "secret.txt").write_text("top secret")
-    return out
 
 
 @pytest.fixture

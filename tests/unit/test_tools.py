@@ -13,23 +13,23 @@ from typing import Literal
 
 import pytest
 from pydantic import BaseModel
-
 from turnkeeper.activities.tools import (
     ToolContext,
     ToolLoadError,
     ToolOutcome,
     ToolRegistry,
     WorkspaceEscape,
+    builtin,
     default_registry,
     load_tool_modules,
     resolve_in_workspace,
+    sandbox,
     tool,
 )
-from turnkeeper.activities.tools import builtin, sandbox
-from turnkeeper.config import DEFAULT_TOOLS
-from turnkeeper.models import EffectClass
 
 from tests.unit.test_exec_sandbox import SeenSleeping, host_sleeps, sleep_marker
+from turnkeeper.config import DEFAULT_TOOLS
+from turnkeeper.models import EffectClass
 
 CAP = 16 * 1024
 WITH_EXEC = (*DEFAULT_TOOLS, "exec")
@@ -40,19 +40,6 @@ class Point(BaseModel):
     y: int = 0
 
 
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    out = tmp_path / "outside"
-    out.mkdir()
-    (out / "secret.txt").write_text("top secret")
-    return out
 
 
 def make_ctx(workspace: Path, exec_timeout: float = 10, heartbeat=None) -> ToolContext:
