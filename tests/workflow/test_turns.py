@@ -349,3 +349,20 @@ async def test_next_message_closes_a_turn_that_ended_abnormally(stack: Stack) ->
     assert "superseded" in hist[3]["content"]
     turn1 = await (await stack.store()).get_turn(chat, 1)
     assert (turn1.status.value, turn1.reason.value) == ("recovered", "superseded")
+
+
+async def test_the_turns_own_message_is_no_pending_follow_up_while_its_first_call_runs(stack: Stack) -> None:
+    """`pending_followups` lists what no call has taken: not the message the running
+    first model call commits, only a follow-up sent while it runs."""
+    with FakeChatServer() as server:
+        server.script([{"text": "slow answer", "delay": 2.0}, {"text": "answer two"}])
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
+                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        await stack.start_worker()
+        chat = stack.chat()
+        await stack.send(chat, "one", message_id="a")
+        await until(lambda: len(server.requests) == 1, what="the first model call under way")
+        assert (await stack.state(chat)).pending_followups == []
+        await stack.send(chat, "two", message_id="b")
+        assert (await stack.wait_state(chat, lambda s: s.pending_followups != [])).pending_followups == ["b"]
+        await stack.wait_turn_done(chat, 2)
