@@ -171,20 +171,6 @@ def approve(state: TurnState) -> None:
     state.approvals = []
 
 
-def after_decision(state: TurnState, action: Action) -> TurnState:
-    """The state an accepted Continue or Dismiss leads to, as its update answers it
-    at once: the turn acts on the decision once its store writes go through."""
-    after = state.model_copy(deep=True)
-    if action == "continue":
-        accept_continue(after)
-        after.detail = None
-    else:
-        end_recovered(after, Reason.DISMISSED)
-        after.pending_followups = []  # committed as user rows, not answered
-        after.approvals = []  # denied
-    return after
-
-
 def finish(state: TurnState) -> None:
     """The turn committed its answer: a plain completion, or a recovery that worked."""
     if state.status == _RESUMING:

@@ -80,7 +80,6 @@ def test_an_approval_gate_is_no_loss_and_goes_on_as_the_turn_was() -> None:
     recovery.open_gate(running, Reason.APPROVAL_REQUIRED, GATE_ID, can_continue=False)
     assert (running.status, running.reason, running.can_continue) == (
         TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED, True)
-    assert recovery.after_decision(running, "continue").status == TurnStatus.RUNNING
     recovery.accept_continue(running)
     assert (running.status, running.reason, running.attempts) == (TurnStatus.RUNNING, None, 0)
 
@@ -98,6 +97,6 @@ def test_deny_ends_the_turn_dismissed() -> None:
     recovery.open_gate(state, Reason.APPROVAL_REQUIRED, GATE_ID)
     outcome = recovery.decide(state.status, recovery.Input.DISMISS, reason=state.reason)
     assert outcome.effect == recovery.Effect.DENY and recovery.ending_of(outcome.effect) == Reason.DISMISSED
-    after = recovery.after_decision(state, "dismiss")
-    assert (after.status, after.reason, after.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
-    assert recovery.refusal(state, "continue", "stale-id") == "recovery id 'stale-id' is stale"
+    recovery.end_recovered(state, Reason.DISMISSED)
+    assert (state.status, state.reason, state.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
+    assert recovery.refusal(state, "continue", GATE_ID) == recovery.NOT_WAITING
