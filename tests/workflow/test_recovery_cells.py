@@ -73,7 +73,10 @@ async def _reach(stack: Stack, chat: str, column: Column) -> TurnState:
     gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
     if status == TurnStatus.AWAITING_USER:
         return gate
-    return await stack.decide(chat, "continue" if status == TurnStatus.RESUMING else "dismiss", gate.recovery_id)
+    decided = await stack.decide(chat, "continue" if status == TurnStatus.RESUMING else "dismiss", gate.recovery_id)
+    # The answer comes as the turn judges it; the store has it once the write that follows lands.
+    await _until_turn(stack, chat, 1, (decided.status, decided.reason))
+    return decided
 
 
 async def _act(stack: Stack, chat: str, name: str, form: str, recovery_id: str | None) -> str:
