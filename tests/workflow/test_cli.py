@@ -113,6 +113,13 @@ async def test_send_without_a_worker_says_so(stack: Stack) -> None:
     assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
 
 
+def _ctrl_c_as_in_a_shell() -> None:
+    """The child takes SIGINT as a terminal's Ctrl-C reaches it, whatever this test
+    process (its SDK threads, earlier tests) left blocked or ignored."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("way", ["http", "sdk"])
 async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupted(stack: Stack, way: str) -> None:
     """No worker takes the turn: within seconds `send` says the message is saved and
@@ -125,7 +132,8 @@ async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupte
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         TURNKEEPER, "send", chat, "hello", "--message-id", "m-1", "--timeout", "120", env=env,
-        cwd=stack.dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        cwd=stack.dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_ctrl_c_as_in_a_shell)
     assert proc.stderr is not None
     seen: list[str] = []
     while not any("waiting for a worker" in line for line in seen):
