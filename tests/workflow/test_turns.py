@@ -366,3 +366,32 @@ async def test_the_turns_own_message_is_no_pending_follow_up_while_its_first_cal
         await stack.send(chat, "two", message_id="b")
         assert (await stack.wait_state(chat, lambda s: s.pending_followups != [])).pending_followups == ["b"]
         await stack.wait_turn_done(chat, 2)
+
+
+async def test_cancelling_the_run_is_stop(stack: Stack) -> None:
+    """The UI's "Request Cancellation" (`temporal workflow cancel`) stops the turn as Stop
+    does: the running call cancelled, the turn ended recovered/stopped, no gate opened."""
+    with FakeChatServer() as server:
+        server.script([{"text": "never seen", "delay": 20}])
+        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
+                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        await stack.start_worker()
+        chat = stack.chat()
+        handle = await stack.send(chat, "one", message_id="a")
+        await until(lambda: len(server.requests) == 1, what="the model call under way")
+        await until_turn_row(stack, chat)
+        await stack.client.get_workflow_handle(tk.workflow_id(chat)).cancel()
+        final = await asyncio.wait_for(handle.result(), 30)
+        assert (final.status.value, final.reason and final.reason.value) == ("recovered", "stopped")
+        record = await (await stack.store()).get_turn(chat, 1)
+        assert (record.status.value, record.reason and record.reason.value) == ("recovered", "stopped")
+        assert "awaiting_user" not in await stack.event_types(chat) and not any(
+            e.payload.get("status") == "awaiting_user" for e in await (await stack.store()).events(chat))
+
+
+async def until_turn_row(stack: Stack, chat: str) -> None:
+    for _ in range(100):
+        if await (await stack.store()).get_turn(chat, 1) is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the first model call never numbered the turn")
