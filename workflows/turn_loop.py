@@ -333,6 +333,7 @@ class Turn:
         # Messages handed to a model call stay ours until it succeeds: a lost call may
         # not have committed them (the store's commit is idempotent).
         self.inbox.in_flight = self.inbox.take()
+        self.under_way = True  # messages taken: a Stop has a turn to stop, numbered or not yet
         after_loss = False
         while True:
             outcome = await self._model_step(step, after_loss)
