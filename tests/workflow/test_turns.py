@@ -155,8 +155,7 @@ async def test_follow_up_after_the_answer_starts_the_next_turn(stack: Stack) -> 
 async def test_message_during_the_final_model_call_becomes_the_next_turn(stack: Stack) -> None:
     with FakeChatServer() as server:
         server.script([{"text": "answer one", "delay": 1.5}, {"text": "answer two"}])
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
-                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        _use_fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
         handle = await stack.send(chat, "one", message_id="a")
@@ -356,8 +355,7 @@ async def test_the_turns_own_message_is_no_pending_follow_up_while_its_first_cal
     first model call commits, only a follow-up sent while it runs."""
     with FakeChatServer() as server:
         server.script([{"text": "slow answer", "delay": 2.0}, {"text": "answer two"}])
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
-                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        _use_fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
         await stack.send(chat, "one", message_id="a")
@@ -373,8 +371,7 @@ async def test_cancelling_the_run_is_stop(stack: Stack) -> None:
     does: the running call cancelled, the turn ended recovered/stopped, no gate opened."""
     with FakeChatServer() as server:
         server.script([{"text": "never seen", "delay": 20}])
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
-                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"})
+        _use_fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
         handle = await stack.send(chat, "one", message_id="a")
@@ -395,3 +392,8 @@ async def until_turn_row(stack: Stack, chat: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the first model call never numbered the turn")
+
+
+def _use_fake_model(stack: Stack, server: FakeChatServer) -> None:
+    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model", "OPENAI_BASE_URL": server.base_url,
+                            "OPENAI_API_KEY": "k"})
