@@ -16,7 +16,6 @@ cancelled, completed results stand, and one closing row is written.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,9 +31,9 @@ from temporalio.workflow import ContinueAsNewVersioningBehavior
 with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows import recovery, steps
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.workflows.input_queue import InputQueue
     from turnkeeper.workflows.inputs import (
         Decision,
-        Done,
         Message,
         TurnInput,
         refuse_message,
@@ -94,10 +93,6 @@ class Flow(Enum):
 CONTINUE, ENDED, NO_TURN, AGAIN = Flow.CONTINUE, Flow.ENDED, Flow.NO_TURN, Flow.AGAIN
 
 
-class QueryCatchUp(Exception):
-    """Fails a workflow task's activation on purpose (see `Turn._woken`): never a workflow failure."""
-
-
 @dataclass(frozen=True)
 class Lost:
     reason: Reason
@@ -112,7 +107,7 @@ class Turn:
         self.inbox = Inbox()
         for message in input.pending:
             self.inbox.offer(message)
-        self.inputs: deque[TurnInput] = deque()
+        self.inputs = InputQueue()
         self.settings = activity_io.TurnSettings()
         self.settings_known = False
         self.under_way = False  # a message was handed to a model call: there is a turn to stop
@@ -121,7 +116,6 @@ class Turn:
         self.dismissed: set[str] = set()  # pending when Dismiss came: committed as user rows
         self.held: list[ToolCall] = []  # calls waiting for the user's approval
         self.events: list[NewEvent] = []
-        self.cancel_requested = False
         self._announcing: workflow.ActivityHandle[None] | None = None
         self._announced = 0
         self._superseding: list[str] = []
@@ -131,10 +125,6 @@ class Turn:
         self._upserted: tuple[TurnStatus, Reason | None] | None = None
         self._turn_taken = False
         self._store_wait_s = STORE_WAIT_FIRST_S
-        self._ended: set[asyncio.Future[Any]] = set()
-        self._seen: tuple[int, int, Any] | None = None
-        self._catching_up = False
-        self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None] | None] = {}
 
     # -- what `state` shows ------------------------------------------------------------
     def query(self) -> TurnState:
@@ -143,53 +133,20 @@ class Turn:
             m.message_id for m in held_back + self.inbox.waiting]})
 
     # -- inputs: taken one at a time, in history order -------------------------------------
-    async def next_input(self) -> TurnInput:
-        try:
-            await workflow.wait_condition(self._woken)
-        except asyncio.CancelledError:
-            # Cancelling the run (the UI's "Request Cancellation") is the user's Stop.
-            self.cancel_requested = True
-            return Decision("stop", None)
-        if self._catching_up:
-            raise QueryCatchUp("a query applied events of a workflow task not started yet: "
-                               "this worker drops the run and the next task replays it whole")
-        return self.inputs.popleft()
-
-    def _woken(self) -> bool:
-        """Whether an input waits; also notices an activation that applies events of a
-        workflow task not yet started (history length moved, its size and time did not:
-        those two move at a task's start only). A worker answering a query about a run
-        it did not hold does that, and sends what the run does with them along with the
-        next task's commands, where a replay takes them together and in another order
-        (tests/replay/test_sdk_query_order.py). Failing that activation fails the query
-        and evicts the run instead."""
-        info = workflow.info()
-        seen = (info.get_current_history_length(), info.get_current_history_size(), workflow.now())
-        last, self._seen = self._seen, seen
-        if last is not None and seen[0] != last[0] and seen[1:] == last[1:]:
-            self._catching_up = True
-        return bool(self.inputs) or self._catching_up
-
     def take(self, inp: TurnInput) -> None:
         if isinstance(inp, Message):
             take_message(self, inp.payload)
         elif isinstance(inp, Decision):
             take_decision(self, inp.action, inp.payload)
         else:
-            self._ended.add(inp.future)
-            then = self._then.pop(inp.future, None)
-            if then is not None:
-                then(inp.future)
+            self.inputs.take_end(inp)
 
     def watch(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
-        """`future`'s end becomes an input (and `then` runs as it is taken)."""
-        if future not in self._then:
-            future.add_done_callback(lambda f: self.inputs.append(Done(f)))
-        self._then[future] = then or self._then.get(future)
+        self.inputs.watch(future, then)
 
     async def until(self, done: Callable[[], bool]) -> None:
         while not done():
-            self.take(await self.next_input())
+            self.take(await self.inputs.next())
 
     async def wait(self, futures: list[Any], cancel_on_end: bool = True) -> None:
         """Take inputs until every future has ended; Stop, Dismiss or a newer message
@@ -197,13 +154,13 @@ class Turn:
         for future in futures:
             self.watch(future)
         cancelled = False
-        while not all(f in self._ended for f in futures):
+        while not all(f in self.inputs.ended for f in futures):
             if cancel_on_end and self.ending is not None and not cancelled:
                 cancelled = True
                 for future in futures:
                     future.cancel()
-            self.take(await self.next_input())
-        self._ended.difference_update(futures)
+            self.take(await self.inputs.next())
+        self.inputs.ended.difference_update(futures)
 
     def end_by_user(self, reason: Reason) -> None:
         """Judged: Stop, Dismiss or a newer message ends the turn (the loop acts on it)."""
@@ -289,14 +246,15 @@ class Turn:
     async def _first_message(self) -> bool:
         idle = asyncio.ensure_future(asyncio.sleep(IDLE_TIMEOUT.total_seconds()))
         self.watch(idle)
-        await self.until(lambda: bool(self.inbox.waiting) or idle in self._ended or self.cancel_requested)
+        await self.until(lambda: bool(self.inbox.waiting) or idle in self.inputs.ended
+                         or self.inputs.cancel_requested)
         idle.cancel()
-        return bool(self.inbox.waiting) and not self.cancel_requested
+        return bool(self.inbox.waiting) and not self.inputs.cancel_requested
 
     async def _quiet(self) -> None:
         """Take what came meanwhile; announce every refusal before the run ends."""
-        while self.inputs or self.events or self._announcing is not None or self._checking:
-            self.take(await self.next_input())
+        while self.inputs.items or self.events or self._announcing is not None or self._checking:
+            self.take(await self.inputs.next())
 
     async def _recover(self, start: RecoveryStart) -> None:
         """A run started by the reconciler, or handed on by a long gate: adopt the turn, ask its user."""
@@ -551,7 +509,7 @@ class Turn:
         self._count_gate = True
         while not self.decided and self.ending is None:
             self._hand_on_gate_if_long()
-            self.take(await self.next_input())
+            self.take(await self.inputs.next())
         workflow.set_current_details("")
         if self.ending is not None:
             await self._end()
@@ -680,7 +638,7 @@ class Turn:
 
     # -- long histories: a fresh run of the same turn -------------------------------------------
     def _quiet_now(self) -> bool:
-        return not (self.inputs or self.events or self._announcing or self._checking or self._superseding
+        return not (self.inputs.items or self.events or self._announcing or self._checking or self._superseding
                     or self.ending or self.decided)
 
     def _history_long(self) -> bool:

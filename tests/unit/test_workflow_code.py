@@ -95,7 +95,7 @@ def _name(path: Path) -> str:
 def test_there_are_workflow_modules_to_check() -> None:
     # The turn's modules as they are now: a module renamed or added shows here first.
     assert {p.name for p in WORKFLOW_MODULES} >= {
-        "chat_turn.py", "turn_loop.py", "inputs.py", "steps.py", "inbox.py", "payloads.py",
+        "chat_turn.py", "turn_loop.py", "input_queue.py", "inputs.py", "steps.py", "inbox.py", "payloads.py",
         "recovery.py", "reconcile.py"}
     assert {p.name for p in IMPORTED_MODULES} >= {"activity_io.py", "models.py", "statuses.py", "metrics.py",
                                                    "search_attributes.py", "reconcile_io.py"}
