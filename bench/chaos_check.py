@@ -662,7 +662,7 @@ class Checker:
             lines = log.read_text(errors="replace").splitlines()
             for n, line in enumerate(lines, 1):
                 if LOG_BUG_PATTERNS.search(line) and QUERY_CATCH_UP in _record(lines, n - 1):
-                    # An activation failed on purpose: a query's catch-up, the run evicted (turn_loop._woken).
+                    # An activation failed on purpose: a query's catch-up, the run evicted (workflows/input_queue.py).
                     if QUERY_CATCH_UP in line or "Failed" in line:
                         self.det["query_catch_ups_evicted"] += 1
                     continue

@@ -307,7 +307,7 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
     """The `state` query. A worker that met the run in the middle of a workflow task
-    refuses one query on purpose (workflows/turn_loop.py, `Turn._woken`): asked again,
+    refuses one query on purpose (workflows/input_queue.py, `InputQueue._woken`): asked again,
     the query waits for that task and is answered after it."""
     from temporalio.client import WorkflowQueryFailedError
 

@@ -50,7 +50,7 @@ class _WatchedInstance(WorkflowInstance):
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         completion = self._inner.activate(act)
         # A history that ends before its next task started: the turn refuses to take that
-        # task's events piecemeal (workflows/turn_loop.py, `Turn._woken`); a worker takes
+        # task's events piecemeal (workflows/input_queue.py, `InputQueue._woken`); a worker takes
         # them whole when the task starts. Nothing to judge here.
         if completion.HasField("failed") and CATCH_UP not in completion.failed.failure.message:
             self._failures.setdefault(act.run_id, completion.failed.failure.message)
