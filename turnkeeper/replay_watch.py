@@ -16,7 +16,6 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
-
 CATCH_UP = "a query applied events of a workflow task not started yet"
 
 
