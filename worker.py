@@ -3,6 +3,7 @@
 The worker itself is `turnkeeper.worker` (turnkeeper/worker.py), installed with the
 package; this file is not installed.
 """
+
 from turnkeeper.worker import main
 
 if __name__ == "__main__":

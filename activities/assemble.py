@@ -1,4 +1,5 @@
 """Everything a worker registers, built from one set of settings."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,15 +16,27 @@ from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
 
 
-def build_activities(settings: Settings, store: SessionStore, provider: ModelProvider,
-                     registry: ToolRegistry) -> list[Callable[..., Any]]:
+def build_activities(
+    settings: Settings, store: SessionStore, provider: ModelProvider, registry: ToolRegistry
+) -> list[Callable[..., Any]]:
     # Which tools ask first reaches each turn with its settings (recorded in its history).
     writes = StoreActivities(settings, store, registry.confirm_names(settings.tools, settings.confirm_tools))
     model = ModelCallActivity(settings, store, provider, registry, begin=writes.begin)
     tools = ToolCallActivity(settings, store, registry)
     reconciler = Reconciler(settings, store)
     quiet = QuietPasses(settings)
-    return [model.model_call, tools.tool_call, writes.begin_turn, writes.adopt_turn, writes.held_messages,
-            writes.record_tool_result, writes.commit_messages, writes.record_assistant, writes.update_turn,
-            writes.finish_turn, writes.append_events, reconciler.reconcile_pass,
-            quiet.delete_quiet_passes]
+    return [
+        model.model_call,
+        tools.tool_call,
+        writes.begin_turn,
+        writes.adopt_turn,
+        writes.held_messages,
+        writes.record_tool_result,
+        writes.commit_messages,
+        writes.record_assistant,
+        writes.update_turn,
+        writes.finish_turn,
+        writes.append_events,
+        reconciler.reconcile_pass,
+        quiet.delete_quiet_passes,
+    ]

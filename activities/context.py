@@ -11,6 +11,7 @@ Counting is rough on purpose: a row costs its JSON's bytes / 4, plus a little fo
 its framing. Folding runs inside the model activity: a fold lost with its worker
 is a lost model step like any other, and a summary already kept is not made again.
 """
+
 from __future__ import annotations
 
 import json
@@ -139,7 +140,7 @@ def compose(summary: Summary | None, rows: Sequence[StoredRow]) -> list[ChatMess
 def cap_text(text: str, tokens: int) -> str:
     data = text.encode("utf-8", errors="replace")
     limit = tokens * BYTES_PER_TOKEN
-    return text if len(data) <= limit else data[:limit - 3].decode("utf-8", errors="ignore") + "..."
+    return text if len(data) <= limit else data[: limit - 3].decode("utf-8", errors="ignore") + "..."
 
 
 @dataclass(frozen=True)
@@ -163,14 +164,17 @@ async def _as_is(call: Awaitable[str]) -> str:
 class ContextBuilder:
     """Builds each model call's context from the store, folding as it must."""
 
-    def __init__(self, store: SessionStore, provider: ModelProvider, budget_tokens: int,
-                 guard: Guard | None = None) -> None:
+    def __init__(
+        self, store: SessionStore, provider: ModelProvider, budget_tokens: int, guard: Guard | None = None
+    ) -> None:
         self._store = store
         self._provider = provider
         self.budget = Budget(budget_tokens)
         self._guard = guard or _as_is  # the model activity's: a summary call gives way to a shutdown
 
-    async def build(self, chat_id: str, tools: Sequence[ToolSpec], loaded: ContextRows | None = None) -> Context:
+    async def build(
+        self, chat_id: str, tools: Sequence[ToolSpec], loaded: ContextRows | None = None
+    ) -> Context:
         """`loaded`: the rows already read (`SessionStore.prepare_model_call`)."""
         if loaded is None:
             loaded = await self._store.context_rows(chat_id)
@@ -185,9 +189,17 @@ class ContextBuilder:
             summary, calls = await self._fold(chat_id, summary, rows[:cut])
             made += calls
             rows, sizes = rows[cut:], sizes[cut:]
-        assistant = (summary.assistant_rows if summary else 0) + sum(r.message.role == "assistant" for r in rows)
-        return Context(messages=compose(summary, rows), tokens=self._size(summary, sizes, tools_cost),
-                       call_index=assistant, summary=summary, rows=len(rows), summaries_made=made)
+        assistant = (summary.assistant_rows if summary else 0) + sum(
+            r.message.role == "assistant" for r in rows
+        )
+        return Context(
+            messages=compose(summary, rows),
+            tokens=self._size(summary, sizes, tools_cost),
+            call_index=assistant,
+            summary=summary,
+            rows=len(rows),
+            summaries_made=made,
+        )
 
     async def unique_call_ids(self, chat_id: str, reply: ModelReply, context: Context) -> ModelReply:
         """Tool call ids are the store's keys. A provider makes them unique against what
@@ -202,25 +214,46 @@ class ContextBuilder:
         if not used and all(c.id for c in reply.tool_calls):
             return reply
         folded = ChatMessage(role="assistant", tool_calls=[ToolCall(id=i, name="") for i in used])
-        calls = ensure_tool_call_ids(reply.tool_calls, [folded, *context.messages], call_index=context.call_index)
+        calls = ensure_tool_call_ids(
+            reply.tool_calls, [folded, *context.messages], call_index=context.call_index
+        )
         return reply.model_copy(update={"tool_calls": calls})
 
     @staticmethod
     def _size(summary: Summary | None, sizes: list[int], tools: int) -> int:
-        return tools + sum(sizes) + (summary.tokens + ROW_TOKENS + text_tokens(SUMMARY_HEADING) if summary else 0)
+        return (
+            tools
+            + sum(sizes)
+            + (summary.tokens + ROW_TOKENS + text_tokens(SUMMARY_HEADING) if summary else 0)
+        )
 
-    async def _fold(self, chat_id: str, summary: Summary | None, rows: list[StoredRow]) -> tuple[Summary, int]:
+    async def _fold(
+        self, chat_id: str, summary: Summary | None, rows: list[StoredRow]
+    ) -> tuple[Summary, int]:
         """Fold `rows` (which follow `summary`) into a new summary, kept as each part is made."""
         calls = 0
         cap = self.budget.summary_tokens
         for chunk in fold_chunks(rows, self.budget.fold_chunk):
-            text = await self._guard(self._provider.summarise(SummaryRequest(
-                earlier=summary.text if summary else None, rows=[r.message for r in chunk], max_tokens=cap)))
+            text = await self._guard(
+                self._provider.summarise(
+                    SummaryRequest(
+                        earlier=summary.text if summary else None,
+                        rows=[r.message for r in chunk],
+                        max_tokens=cap,
+                    )
+                )
+            )
             calls += 1
             text = cap_text(text, cap)
-            summary = await self._store.add_summary(chat_id, Summary(
-                upto_id=chunk[-1].id, text=text, tokens=text_tokens(text),
-                assistant_rows=(summary.assistant_rows if summary else 0)
-                + sum(r.message.role == "assistant" for r in chunk)))
+            summary = await self._store.add_summary(
+                chat_id,
+                Summary(
+                    upto_id=chunk[-1].id,
+                    text=text,
+                    tokens=text_tokens(text),
+                    assistant_rows=(summary.assistant_rows if summary else 0)
+                    + sum(r.message.role == "assistant" for r in chunk),
+                ),
+            )
         assert summary is not None  # rows is never empty here
         return summary, calls

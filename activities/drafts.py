@@ -5,6 +5,7 @@ Drafts are a view, not a record: they never enter a workflow history or the
 transcript, and a write that fails is skipped (the next one carries the whole
 text). The recorded `assistant_message` is the truth.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,9 @@ class DraftWriter:
         self._task = asyncio.create_task(self._run())
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         # Before the reply is recorded: that write removes the draft, and must come last.
         task = self._task
         if task is None:
@@ -71,9 +73,10 @@ class DraftWriter:
             self._more.clear()
             self._writing = True
             try:
-                self._attempt = await self._store.write_draft(chat_id, turn, step, "".join(self._parts),
-                                                              self._attempt)
-            except Exception as err:  # noqa: BLE001  a view: the next write carries the whole text
+                self._attempt = await self._store.write_draft(
+                    chat_id, turn, step, "".join(self._parts), self._attempt
+                )
+            except Exception as err:
                 log.debug("draft of chat %s not written: %s", chat_id, err)
             finally:
                 self._writing = False

@@ -1,5 +1,6 @@
 """Heartbeats from a background task, so a dead worker is noticed within seconds
 even while the activity awaits a slow model or tool."""
+
 from __future__ import annotations
 
 import asyncio

@@ -6,10 +6,11 @@ the earlier runs that were quiet, keeping the latest one, so the workflow list
 shows the reconciler alive and the passes that acted, not 1,440 empty runs a day.
 A run cannot delete itself (it is running): the next pass does.
 """
+
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
@@ -17,8 +18,8 @@ from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper.config import Settings
-from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR
 from turnkeeper.reconcile_io import DELETE_QUIET_PASSES, RECONCILE_WORKFLOW, PassOutcome, QuietPassCleanup
+from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR
 
 log = logging.getLogger("turnkeeper.reconciler")
 
@@ -28,12 +29,14 @@ QUIET_PASSES_KEPT = 1
 # few passes instead of one long one.
 DELETES_PER_PASS = 25
 
-_EPOCH = datetime.min.replace(tzinfo=timezone.utc)
+_EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
 def quiet_passes_query(task_queue: str) -> str:
-    return (f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{task_queue}' AND "
-            f"ExecutionStatus = 'Completed' AND {RECONCILE_OUTCOME_ATTR.name} = '{PassOutcome.QUIET.value}'")
+    return (
+        f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{task_queue}' AND "
+        f"ExecutionStatus = 'Completed' AND {RECONCILE_OUTCOME_ATTR.name} = '{PassOutcome.QUIET.value}'"
+    )
 
 
 class QuietPasses:
@@ -48,14 +51,22 @@ class QuietPasses:
         pass, visibility lagging behind a deletion) counts as deleted."""
         client = activity.client()
         try:
-            runs = [run async for run in client.list_workflows(
-                quiet_passes_query(self._settings.task_queue), limit=QUIET_PASSES_KEPT + DELETES_PER_PASS)]
+            runs = [
+                run
+                async for run in client.list_workflows(
+                    quiet_passes_query(self._settings.task_queue), limit=QUIET_PASSES_KEPT + DELETES_PER_PASS
+                )
+            ]
         except RPCError as err:
             if not _unregistered_attribute(err):
                 raise
             if not self._warned_unregistered:
-                log.warning("search attribute %s is not registered (%s): reconcile passes stay listed; "
-                            "register it as Keyword", RECONCILE_OUTCOME_ATTR.name, err.message)
+                log.warning(
+                    "search attribute %s is not registered (%s): reconcile passes stay listed; "
+                    "register it as Keyword",
+                    RECONCILE_OUTCOME_ATTR.name,
+                    err.message,
+                )
                 self._warned_unregistered = True
             return QuietPassCleanup(outcome_attribute=False)
         self._warned_unregistered = False
@@ -64,14 +75,20 @@ class QuietPasses:
         result = QuietPassCleanup()
         for run in runs[QUIET_PASSES_KEPT:]:
             try:
-                await client.workflow_service.delete_workflow_execution(DeleteWorkflowExecutionRequest(
-                    namespace=client.namespace,
-                    workflow_execution=WorkflowExecution(workflow_id=run.id, run_id=run.run_id)))
+                await client.workflow_service.delete_workflow_execution(
+                    DeleteWorkflowExecutionRequest(
+                        namespace=client.namespace,
+                        workflow_execution=WorkflowExecution(workflow_id=run.id, run_id=run.run_id),
+                    )
+                )
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     # One line a pass, not one a run: the rest would be refused alike.
-                    log.warning("could not delete quiet reconcile pass %s (%s); the next pass tries again",
-                                run.id, err)
+                    log.warning(
+                        "could not delete quiet reconcile pass %s (%s); the next pass tries again",
+                        run.id,
+                        err,
+                    )
                     result.not_deleted = len(runs) - QUIET_PASSES_KEPT - result.deleted
                     break
             result.deleted += 1

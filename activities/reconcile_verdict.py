@@ -9,6 +9,7 @@ here with the same pydantic models the workflow used. Temporal writes
 `ActivityTaskStarted` only when an attempt closes, so a tool call scheduled
 without a close event may have acted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -89,8 +90,12 @@ def unknown(detail: str) -> Verdict:
 
 def is_completion(row: ChatMessage) -> bool:
     """An assistant row that answers the turn: no tool calls, real text."""
-    return (row.role == "assistant" and not row.tool_calls and bool((row.content or "").strip())
-            and row.content not in _CLOSING_TEXTS)
+    return (
+        row.role == "assistant"
+        and not row.tool_calls
+        and bool((row.content or "").strip())
+        and row.content not in _CLOSING_TEXTS
+    )
 
 
 def holds_completion(rows: Sequence[ChatMessage]) -> bool:
@@ -140,11 +145,15 @@ def judge_store(rows: Sequence[ChatMessage]) -> Verdict:
         return invalid(problem)
     calls = _store_calls(rows)
     if not calls:
-        return Verdict(Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False,
-                       detail="history gone; the store holds no model step of the turn")
+        return Verdict(
+            Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
+            False,
+            detail="history gone; the store holds no model step of the turn",
+        )
     answered = _answered(rows)
     return Verdict(
-        Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True,
+        Reason.INTERRUPTED_WITH_SAVED_CONTEXT,
+        True,
         unanswered=tuple(UnansweredCall(c.id, c.name) for c in calls.values() if c.id not in answered),
         detail="history gone; the store holds the turn's tool calls",
     )
@@ -164,8 +173,9 @@ def _decode(payloads: Payloads, model: type[M], what: str) -> M:
     encoding = payload.metadata.get("encoding", b"")
     if encoding == ENCRYPTED_ENCODING:  # the reconciler decrypts what its keys can
         key_id = payload.metadata.get("encryption-key-id", b"").decode(errors="replace")
-        raise _Undecodable(f"{what}: encrypted under key id {key_id!r}, which TURNKEEPER_ENCRYPTION_KEYS "
-                           "does not list")
+        raise _Undecodable(
+            f"{what}: encrypted under key id {key_id!r}, which TURNKEEPER_ENCRYPTION_KEYS does not list"
+        )
     if encoding != JSON_ENCODING:
         raise _Undecodable(f"{what}: payload encoding {encoding.decode(errors='replace')!r}")
     try:
@@ -233,9 +243,13 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
             sched = event.activity_task_scheduled_event_attributes
             name = sched.activity_type.name
             if name == activity_io.MODEL_CALL:
-                step = _Step(name, _decode(sched.input, activity_io.ModelCallInput, f"event {event.event_id} input"))
+                step = _Step(
+                    name, _decode(sched.input, activity_io.ModelCallInput, f"event {event.event_id} input")
+                )
             elif name == activity_io.TOOL_CALL:
-                step = _Step(name, _decode(sched.input, activity_io.ToolCallInput, f"event {event.event_id} input"))
+                step = _Step(
+                    name, _decode(sched.input, activity_io.ToolCallInput, f"event {event.event_id} input")
+                )
             else:
                 continue
             by_id[event.event_id] = step
@@ -245,7 +259,10 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
             found = by_id.get(done.scheduled_event_id)
             if found is not None:
                 model: type[activity_io.ModelCallResult] | type[activity_io.ToolCallResult] = (
-                    activity_io.ModelCallResult if found.kind == activity_io.MODEL_CALL else activity_io.ToolCallResult)
+                    activity_io.ModelCallResult
+                    if found.kind == activity_io.MODEL_CALL
+                    else activity_io.ToolCallResult
+                )
                 found.result = _decode(done.result, model, f"event {event.event_id} result")
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
             # A failed, cancelled or timed-out attempt may have acted, like one without
@@ -253,8 +270,10 @@ def _read(events: Iterable[HistoryEvent]) -> _Run:
             timed_out = event.activity_task_timed_out_event_attributes
             found = by_id.get(timed_out.scheduled_event_id)
             if found is not None:
-                found.never_started = (timed_out.failure.timeout_failure_info.timeout_type
-                                       == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START)
+                found.never_started = (
+                    timed_out.failure.timeout_failure_info.timeout_type
+                    == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START
+                )
     return run
 
 
@@ -293,8 +312,9 @@ def acknowledged(events: Iterable[HistoryEvent]) -> tuple[UserMessage, ...]:
         return ()
 
 
-def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *,
-                  resuming: bool = False) -> Verdict:
+def judge_history(
+    events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *, resuming: bool = False
+) -> Verdict:
     """Judge a run that ended abnormally (or ended while the store still shows its
     turn open) by its history and the store's rows of the turn.
 
@@ -316,18 +336,35 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
     if problem is not None:
         return replace(invalid(problem), messages=messages)
 
-    finals = [s.result.reply for s in run.steps if isinstance(s.result, activity_io.ModelCallResult)
-              and s.result.reply is not None and s.result.reply.is_final]
+    finals = [
+        s.result.reply
+        for s in run.steps
+        if isinstance(s.result, activity_io.ModelCallResult)
+        and s.result.reply is not None
+        and s.result.reply.is_final
+    ]
     if finals:
-        return Verdict(Reason.ANSWER_RESTORED, True, final_text=finals[-1].text, messages=messages,
-                       detail="a final answer is in the history")
+        return Verdict(
+            Reason.ANSWER_RESTORED,
+            True,
+            final_text=finals[-1].text,
+            messages=messages,
+            detail="a final answer is in the history",
+        )
 
     # Tool activities of this run, by call id; and the calls its model replies made.
-    tool_steps = {s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, activity_io.ToolCallInput)}
-    made_here = {c.id for s in run.steps if isinstance(s.result, activity_io.ModelCallResult)
-                 and s.result.reply is not None for c in s.result.reply.tool_calls}
-    uncertain = [inp.call.id for inp, step in tool_steps.values()
-                 if step.result is None and not step.never_started]
+    tool_steps = {
+        s.input.call.id: (s.input, s) for s in run.steps if isinstance(s.input, activity_io.ToolCallInput)
+    }
+    made_here = {
+        c.id
+        for s in run.steps
+        if isinstance(s.result, activity_io.ModelCallResult) and s.result.reply is not None
+        for c in s.result.reply.tool_calls
+    }
+    uncertain = [
+        inp.call.id for inp, step in tool_steps.values() if step.result is None and not step.never_started
+    ]
     # Calls a handed-on approval gate held were never scheduled before it either.
     held = {c.id for c in run.start.recovery.approvals} if run.start and run.start.recovery else set()
     # Calls of the transcript without a tool row get one, saying what is known.
@@ -355,7 +392,10 @@ def judge_history(events: Iterable[HistoryEvent], rows: Sequence[ChatMessage], *
         if reason == Reason.APPROVAL_REQUIRED:
             # Its waiting calls were never scheduled and are answered as not run: the
             # model, continued, sees that and may ask again.
-            reason, detail = Reason.RESTART_REQUIRES_CONFIRMATION, "a run ended while calls waited for approval"
+            reason, detail = (
+                Reason.RESTART_REQUIRES_CONFIRMATION,
+                "a run ended while calls waited for approval",
+            )
     else:
         reason, can_continue = Reason.RESTART_REQUIRES_CONFIRMATION, True
         detail = "only the user message and completed steps remain"

@@ -9,6 +9,7 @@ the run's workflow task keeps failing: a run that gets nowhere for a minute is
 ended and recovered like any other (activities/wedged_runs.py). Runs that no open
 turn leads to are swept at the end of the pass (activities/run_sweep.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,8 +52,15 @@ log = logging.getLogger("turnkeeper.reconciler")
 Untouched = Literal["healthy", "settled", "busy"]
 
 # Infrastructure trouble, not a bad chat: the next pass tries the chat again.
-_TRANSIENT_RPC = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED,
-                            RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.ABORTED, RPCStatusCode.CANCELLED})
+_TRANSIENT_RPC = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.RESOURCE_EXHAUSTED,
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.CANCELLED,
+    }
+)
 
 
 class Reconciler:
@@ -71,7 +79,7 @@ class Reconciler:
             summary.examined += 1
             try:
                 outcome = await self._reconcile(client, ref)
-            except Exception as err:  # noqa: BLE001 — one bad chat never stops the pass
+            except Exception as err:
                 if _transient(err):
                     log.warning("chat %s turn %d: deferred to the next pass: %s", ref.chat_id, ref.turn, err)
                     summary.deferred += 1
@@ -105,8 +113,9 @@ class Reconciler:
                 stuck = await wedged_runs.wedged(handle, described)
                 if stuck is None:
                     return "healthy"
-                log.warning("chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id,
-                            stuck.describe())
+                log.warning(
+                    "chat %s turn %d: ending run %s: %s", ref.chat_id, ref.turn, ref.run_id, stuck.describe()
+                )
                 ended_here = await terminate(handle, stuck)
                 described = await describe(handle)
             if described is not None and described.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
@@ -136,11 +145,18 @@ class Reconciler:
         try:
             rows = await self._store.turn_messages(ref.chat_id, ref.turn)
         except CorruptRowError as err:
-            verdict = replace(reconcile_verdict.invalid(str(err)),
-                              messages=reconcile_verdict.acknowledged(events) if events is not None else ())
+            verdict = replace(
+                reconcile_verdict.invalid(str(err)),
+                messages=reconcile_verdict.acknowledged(events) if events is not None else (),
+            )
         else:
-            verdict = (reconcile_verdict.judge_store(rows) if events is None else reconcile_verdict.judge_history(
-                events, rows, resuming=record.status == TurnStatus.RESUMING))
+            verdict = (
+                reconcile_verdict.judge_store(rows)
+                if events is None
+                else reconcile_verdict.judge_history(
+                    events, rows, resuming=record.status == TurnStatus.RESUMING
+                )
+            )
         log.info("chat %s turn %d: %s (%s)", ref.chat_id, ref.turn, verdict.reason.value, verdict.detail)
         pending = await self._runs.uncommitted(ref.chat_id, verdict.messages)
 
@@ -152,18 +168,32 @@ class Reconciler:
 
         for call in verdict.unanswered:
             await self._store.record_tool_result(
-                ref.chat_id, ref.turn, call.id, call.name,
-                INTERRUPTED_TOOL_TEXT if call.started else UNSTARTED_TOOL_TEXT, status="interrupted")
+                ref.chat_id,
+                ref.turn,
+                call.id,
+                call.name,
+                INTERRUPTED_TOOL_TEXT if call.started else UNSTARTED_TOOL_TEXT,
+                status="interrupted",
+            )
         pending = await self._bound(ref, pending)
         try:
             await client.start_workflow(
                 WORKFLOW_TYPE,
-                ChatTurnInput(chat_id=ref.chat_id, pending=pending, recovery=RecoveryStart(
-                    turn=ref.turn, reason=verdict.reason, can_continue=verdict.can_continue,
-                    recovery_id=record.recovery_id, attempts=record.attempts,
-                    detail=verdict.detail or None)),
+                ChatTurnInput(
+                    chat_id=ref.chat_id,
+                    pending=pending,
+                    recovery=RecoveryStart(
+                        turn=ref.turn,
+                        reason=verdict.reason,
+                        can_continue=verdict.can_continue,
+                        recovery_id=record.recovery_id,
+                        attempts=record.attempts,
+                        detail=verdict.detail or None,
+                    ),
+                ),
                 id=workflow_id(ref.chat_id),
-                task_queue=self._settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
+                task_queue=self._settings.task_queue,
+                task_timeout=TURN_TASK_TIMEOUT,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
@@ -181,12 +211,20 @@ class Reconciler:
             step = await self._store.adopt_turn(ref.chat_id, ref.turn, ref.run_id or "")
             # Not `final=True`: that would close the turn as completed; it closes
             # below as recovered/answer_restored, in one turn_end.
-            await self._store.record_assistant(ref.chat_id, ref.turn, step,
-                                               ModelReply(text=verdict.final_text), final=False)
-        await self._store.finish_turn(ref.chat_id, ref.turn, TurnUpdate(
-            status=TurnStatus.RECOVERED, reason=verdict.reason,
-            recovery_id=record.recovery_id or uuid.uuid4().hex,
-            can_continue=record.can_continue, attempts=record.attempts))
+            await self._store.record_assistant(
+                ref.chat_id, ref.turn, step, ModelReply(text=verdict.final_text), final=False
+            )
+        await self._store.finish_turn(
+            ref.chat_id,
+            ref.turn,
+            TurnUpdate(
+                status=TurnStatus.RECOVERED,
+                reason=verdict.reason,
+                recovery_id=record.recovery_id or uuid.uuid4().hex,
+                can_continue=record.can_continue,
+                attempts=record.attempts,
+            ),
+        )
         # No run ends this turn: it ends here.
         metrics.turn_ended(activity.metric_meter(), TurnStatus.RECOVERED.value, verdict.reason.value)
 
@@ -202,7 +240,7 @@ class Reconciler:
             if size > limit:
                 break
             keep.insert(0, message)
-        early = pending[:len(pending) - len(keep)]
+        early = pending[: len(pending) - len(keep)]
         for chunk in chunks(early):
             await self._store.commit_user_messages(ref.chat_id, ref.turn, chunk)
         return keep
@@ -217,13 +255,20 @@ class Reconciler:
                 record = None
             if record is not None and (record.status not in OPEN_STATUSES or record.run_id != ref.run_id):
                 return False  # closed or taken over meanwhile: nothing to mark
-            await self._store.update_turn(ref.chat_id, ref.turn, TurnUpdate(
-                status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, can_continue=False,
-                recovery_id=(record.recovery_id if record else None) or uuid.uuid4().hex,
-                attempts=record.attempts if record else 0))
+            await self._store.update_turn(
+                ref.chat_id,
+                ref.turn,
+                TurnUpdate(
+                    status=TurnStatus.FAILED,
+                    reason=Reason.RECOVERY_FAILED,
+                    can_continue=False,
+                    recovery_id=(record.recovery_id if record else None) or uuid.uuid4().hex,
+                    attempts=record.attempts if record else 0,
+                ),
+            )
             metrics.turn_ended(activity.metric_meter(), TurnStatus.FAILED.value, Reason.RECOVERY_FAILED.value)
             return True
-        except Exception as err:  # noqa: BLE001 — logged; the next pass tries again
+        except Exception as err:
             log.exception("could not mark chat %s turn %d failed: %s", ref.chat_id, ref.turn, err)
             return False
 

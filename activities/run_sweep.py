@@ -9,11 +9,12 @@ server's mark on a wedged run), ends the wedged ones, and hands on the messages
 the store lacks, in order, as a client's send would. Also here: how the
 reconciler looks at one run (describe, terminate, a readable history).
 """
+
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.history.v1 import HistoryEvent
@@ -42,16 +43,20 @@ class RunSweep:
         self._store = store
         # Abnormally closed runs already looked at, and how far back the next pass looks.
         self.swept: set[str] = set()
-        self.swept_until = datetime.now(timezone.utc) - SWEEP_FIRST_LOOKBACK
+        self.swept_until = datetime.now(UTC) - SWEEP_FIRST_LOOKBACK
 
-    async def end_wedged_runs_without_turn(self, client: Client, open_runs: set[str | None]) -> tuple[int, int]:
+    async def end_wedged_runs_without_turn(
+        self, client: Client, open_runs: set[str | None]
+    ) -> tuple[int, int]:
         """Runs whose task keeps failing and that no open turn row leads to: wedged
         before the store numbered their turn, or after it closed, holding the next
         turn's messages. The server marks such runs (TemporalReportedProblems, which
         dynamic config turns on); each is ended and its messages handed on in order,
         before a newer message starts a turn. Returns (runs ended, messages handed on)."""
-        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND "
-                 f"ExecutionStatus = 'Running' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL")
+        query = (
+            f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND "
+            f"ExecutionStatus = 'Running' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
+        )
         ended = handed = 0
         try:
             runs = [run async for run in client.list_workflows(query)]
@@ -62,7 +67,7 @@ class RunSweep:
         for run in runs:
             if run.run_id in open_runs or not run.id.startswith(WORKFLOW_ID_PREFIX):
                 continue
-            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
+            chat_id = run.id[len(WORKFLOW_ID_PREFIX) :]
             handle = client.get_workflow_handle(run.id, run_id=run.run_id)
             try:
                 described = await describe(handle)
@@ -71,13 +76,17 @@ class RunSweep:
                 stuck = await wedged_runs.wedged(handle, described)
                 if stuck is None:
                     continue
-                log.warning("chat %s: ending run %s, which holds no open turn: %s", chat_id, run.run_id,
-                            stuck.describe())
+                log.warning(
+                    "chat %s: ending run %s, which holds no open turn: %s",
+                    chat_id,
+                    run.run_id,
+                    stuck.describe(),
+                )
                 if await terminate(handle, stuck):
                     ended += 1
                 handed += await self.sweep_run(client, chat_id, run.id, run.run_id)
                 self.swept.add(run.run_id)
-            except Exception as err:  # noqa: BLE001 — the next pass looks again
+            except Exception as err:
                 log.warning("chat %s run %s: not judged this pass: %s", chat_id, run.run_id, err)
         return ended, handed
 
@@ -89,19 +98,21 @@ class RunSweep:
         messages on; runs in `open_runs` are the open-turn path's. Cost: one
         visibility query a pass, and a look at each such run once."""
         since = self.swept_until - SWEEP_OVERLAP
-        started = datetime.now(timezone.utc)
-        query = (f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND CloseTime > '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}' AND "
-                 "(ExecutionStatus = 'Terminated' OR ExecutionStatus = 'Failed' OR ExecutionStatus = 'TimedOut')")
+        started = datetime.now(UTC)
+        query = (
+            f"WorkflowType = '{WORKFLOW_TYPE}' AND TaskQueue = '{self._settings.task_queue}' AND CloseTime > '{since.strftime('%Y-%m-%dT%H:%M:%SZ')}' AND "
+            "(ExecutionStatus = 'Terminated' OR ExecutionStatus = 'Failed' OR ExecutionStatus = 'TimedOut')"
+        )
         handed = 0
         complete = True
         async for run in client.list_workflows(query):
             if run.run_id in self.swept or not run.id.startswith(WORKFLOW_ID_PREFIX):
                 continue
-            chat_id = run.id[len(WORKFLOW_ID_PREFIX):]
+            chat_id = run.id[len(WORKFLOW_ID_PREFIX) :]
             try:
                 if run.run_id not in open_runs:
                     handed += await self.sweep_run(client, chat_id, run.id, run.run_id)
-            except Exception as err:  # noqa: BLE001 — the next pass looks again
+            except Exception as err:
                 log.warning("chat %s run %s: not swept this pass: %s", chat_id, run.run_id, err)
                 complete = False
                 continue
@@ -114,11 +125,16 @@ class RunSweep:
         if not chat_id.strip():
             # `ChatTurn` fails a run whose chat id is blank (started by hand, e.g. with the
             # `temporal` CLI): its messages, handed on, would fail another run every pass.
-            log.warning("chat %r: run %s failed for its blank chat id; its messages are not handed on "
-                        "(send them to a chat with a name)", chat_id, run_id)
+            log.warning(
+                "chat %r: run %s failed for its blank chat id; its messages are not handed on "
+                "(send them to a chat with a name)",
+                chat_id,
+                run_id,
+            )
             return 0
         events = await readable(
-            (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client)
+            (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client
+        )
         lost = await self.uncommitted(chat_id, reconcile_verdict.acknowledged(events))
         if lost:
             # A run that holds the chat now may have them already (handed on by an earlier pass).
@@ -127,8 +143,12 @@ class RunSweep:
                 state = await live.query("state", result_type=TurnState)
                 lost = [m for m in lost if m.message_id not in state.pending_followups]
         if lost:
-            log.info("chat %s: %d message(s) of run %s, which ended abnormally, handed on",
-                     chat_id, len(lost), run_id)
+            log.info(
+                "chat %s: %d message(s) of run %s, which ended abnormally, handed on",
+                chat_id,
+                len(lost),
+                run_id,
+            )
             await self.hand_on(client, chat_id, lost)
         return len(lost)
 
@@ -146,9 +166,13 @@ class RunSweep:
         """The turn is closed; its follow-ups start the next turn, as a client's send would."""
         for message in messages:
             await client.start_workflow(
-                WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id), id=workflow_id(chat_id),
-                task_queue=self._settings.task_queue, task_timeout=TURN_TASK_TIMEOUT,
-                start_signal="user_message", start_signal_args=[message],
+                WORKFLOW_TYPE,
+                ChatTurnInput(chat_id=chat_id),
+                id=workflow_id(chat_id),
+                task_queue=self._settings.task_queue,
+                task_timeout=TURN_TASK_TIMEOUT,
+                start_signal="user_message",
+                start_signal_args=[message],
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )
@@ -174,11 +198,16 @@ async def readable(events: Sequence[HistoryEvent], client: Client) -> Sequence[H
     return events
 
 
-ENDED = frozenset({
-    WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
-    WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CONTINUED_AS_NEW,
-    WorkflowExecutionStatus.TIMED_OUT,
-})
+ENDED = frozenset(
+    {
+        WorkflowExecutionStatus.COMPLETED,
+        WorkflowExecutionStatus.FAILED,
+        WorkflowExecutionStatus.CANCELED,
+        WorkflowExecutionStatus.TERMINATED,
+        WorkflowExecutionStatus.CONTINUED_AS_NEW,
+        WorkflowExecutionStatus.TIMED_OUT,
+    }
+)
 
 
 async def terminate(handle: WorkflowHandle[Any, Any], stuck: wedged_runs.Wedged) -> bool:

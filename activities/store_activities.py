@@ -2,18 +2,21 @@
 idempotent, and its result is an event in the run's history like any step's.
 The common writes ride inside the steps instead (activities/model_call.py,
 activities/tool_call.py); these are for gates, endings and the rarer paths."""
+
 from __future__ import annotations
 
 from temporalio import activity
-from turnkeeper.activities.store import SessionStore, TurnUpdate
 
 from turnkeeper import activity_io
+from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
 
 
 class StoreActivities:
-    def __init__(self, settings: Settings, store: SessionStore, confirm_tools: list[str] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, store: SessionStore, confirm_tools: list[str] | None = None
+    ) -> None:
         self._settings = settings
         self._store = store
         self._confirm_tools = list(confirm_tools if confirm_tools is not None else settings.confirm_tools)
@@ -27,9 +30,11 @@ class StoreActivities:
         message limit here: its first messages are judged now."""
         if inp.only_existing:
             record = await self._store.turn_of_run(inp.chat_id, inp.run_id)
-            return activity_io.BeginTurnResult(turn=record, latest_turn=record or 0, settings=self._turn_settings())
+            return activity_io.BeginTurnResult(
+                turn=record, latest_turn=record or 0, settings=self._turn_settings()
+            )
         limit = self._settings.max_message_bytes
-        oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes) if size > limit]
+        oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes, strict=False) if size > limit]
         offered = [i for i in inp.message_ids if i not in oversized]
         begun = await self._store.begin_turn(inp.chat_id, inp.run_id, offered) if offered else None
         turn = begun.turn if begun else None
@@ -37,10 +42,14 @@ class StoreActivities:
         if latest is None:
             record = await self._store.get_turn(inp.chat_id)
             latest = record.turn if record else 0
-        return activity_io.BeginTurnResult(turn=turn, latest_turn=latest,
-                                           duplicate_ids=begun.duplicate_ids if begun else [],
-                                           closed_turn=begun.closed_turn if begun else None,
-                                           settings=self._turn_settings(), oversized_ids=oversized)
+        return activity_io.BeginTurnResult(
+            turn=turn,
+            latest_turn=latest,
+            duplicate_ids=begun.duplicate_ids if begun else [],
+            closed_turn=begun.closed_turn if begun else None,
+            settings=self._turn_settings(),
+            oversized_ids=oversized,
+        )
 
     @activity.defn(name=activity_io.ADOPT_TURN)
     async def adopt_turn(self, inp: activity_io.AdoptTurnInput) -> activity_io.AdoptTurnResult:
@@ -49,13 +58,17 @@ class StoreActivities:
 
     def _turn_settings(self) -> activity_io.TurnSettings:
         s = self._settings
-        return activity_io.TurnSettings(max_message_bytes=s.max_message_bytes, max_pending_bytes=s.max_pending_bytes,
-                                        confirm_tools=self._confirm_tools)
+        return activity_io.TurnSettings(
+            max_message_bytes=s.max_message_bytes,
+            max_pending_bytes=s.max_pending_bytes,
+            confirm_tools=self._confirm_tools,
+        )
 
     @activity.defn(name=activity_io.RECORD_TOOL_RESULT)
     async def record_tool_result(self, inp: activity_io.RecordToolResultInput) -> None:
-        await self._store.record_tool_result(inp.chat_id, inp.turn, inp.tool_call_id, inp.name,
-                                             inp.content, inp.status)
+        await self._store.record_tool_result(
+            inp.chat_id, inp.turn, inp.tool_call_id, inp.name, inp.content, inp.status
+        )
 
     @activity.defn(name=activity_io.COMMIT_MESSAGES)
     async def commit_messages(self, inp: activity_io.CommitMessagesInput) -> list[str]:
@@ -109,5 +122,11 @@ class StoreActivities:
 
 
 def _update(inp: activity_io.UpdateTurnInput) -> TurnUpdate:
-    return TurnUpdate(status=inp.status, reason=inp.reason, recovery_id=inp.recovery_id,
-                      can_continue=inp.can_continue, attempts=inp.attempts, detail=inp.detail)
+    return TurnUpdate(
+        status=inp.status,
+        reason=inp.reason,
+        recovery_id=inp.recovery_id,
+        can_continue=inp.can_continue,
+        attempts=inp.attempts,
+        detail=inp.detail,
+    )

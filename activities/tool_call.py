@@ -3,6 +3,7 @@
 `tool_started` is written under the call's idempotency key before the tool
 acts, so the store can always tell a tool that may have acted from one that
 never started."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,15 +11,13 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeeper import activity_io
-from turnkeeper import metrics
+from turnkeeper import activity_io, metrics
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.store import SessionStore, StoreUnavailable, inline_calls
 from turnkeeper.activities.tools import ToolContext, ToolRegistry
 from turnkeeper.config import Settings
 
-ALREADY_STARTED_TEXT = ("Error: this tool call was started before and may have acted; "
-                        "it is not run again.")
+ALREADY_STARTED_TEXT = "Error: this tool call was started before and may have acted; it is not run again."
 # The `outcome` label of turnkeeper_tool_calls_total: `done` and `error` are the
 # tool's; the rest are calls the tool never finished or never saw.
 NOT_RUN_AGAIN = "not_run_again"
@@ -60,13 +59,20 @@ class ToolCallActivity:
         call = inp.call
         async with heartbeating():
             # The workflow asks first; this holds should a run's settings know less than this worker.
-            unapproved = (not inp.approved and call.name in self._settings.tools
-                          and self._registry.needs_approval(call.name, self._settings.confirm_tools))
+            unapproved = (
+                not inp.approved
+                and call.name in self._settings.tools
+                and self._registry.needs_approval(call.name, self._settings.confirm_tools)
+            )
             try:
-                first = unapproved or await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
+                first = unapproved or await self._store.tool_started(
+                    inp.chat_id, inp.turn, call, inp.idempotency_key
+                )
             except StoreUnavailable as err:
                 # Not recorded, so not run: the workflow runs the call once the store is back.
-                raise ApplicationError(str(err), type=activity_io.STORE_UNAVAILABLE_ERROR, non_retryable=True) from None
+                raise ApplicationError(
+                    str(err), type=activity_io.STORE_UNAVAILABLE_ERROR, non_retryable=True
+                ) from None
             if unapproved:
                 status, content = "error", NOT_APPROVED_TEXT
                 outcome = NOT_APPROVED
@@ -75,20 +81,33 @@ class ToolCallActivity:
                 outcome = NOT_RUN_AGAIN
             else:
                 ctx = ToolContext(
-                    workspace=self._settings.workspace, chat_id=inp.chat_id, turn=inp.turn,
-                    tool_call_id=call.id, idempotency_key=inp.idempotency_key,
-                    exec_timeout=float(self._settings.exec_timeout), heartbeat=activity.heartbeat)
+                    workspace=self._settings.workspace,
+                    chat_id=inp.chat_id,
+                    turn=inp.turn,
+                    tool_call_id=call.id,
+                    idempotency_key=inp.idempotency_key,
+                    exec_timeout=float(self._settings.exec_timeout),
+                    heartbeat=activity.heartbeat,
+                )
                 ran = await self._registry.run(
-                    call.name, call.arguments, ctx, enabled=self._settings.tools,
-                    max_output_bytes=self._settings.max_tool_output_bytes)
+                    call.name,
+                    call.arguments,
+                    ctx,
+                    enabled=self._settings.tools,
+                    max_output_bytes=self._settings.max_tool_output_bytes,
+                )
                 status, content = ran.status, ran.content
                 outcome = ran.status
             try:
-                await self._store.record_tool_result(inp.chat_id, inp.turn, call.id, call.name, content, status)
+                await self._store.record_tool_result(
+                    inp.chat_id, inp.turn, call.id, call.name, content, status
+                )
             except StoreUnavailable as err:
                 # The tool has acted: its result goes back to the workflow, which records it later.
                 activity.logger.warning("the result of %s is recorded later: %s", inp.idempotency_key, err)
-                return activity_io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status, content=content,
-                                                  recorded=False), outcome
-            return activity_io.ToolCallResult(tool_call_id=call.id, name=call.name, status=status,
-                                              content=content), outcome
+                return activity_io.ToolCallResult(
+                    tool_call_id=call.id, name=call.name, status=status, content=content, recorded=False
+                ), outcome
+            return activity_io.ToolCallResult(
+                tool_call_id=call.id, name=call.name, status=status, content=content
+            ), outcome

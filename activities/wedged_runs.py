@@ -7,10 +7,11 @@ minute of failures and recovers the turn like any run that ended abnormally: a g
 with what is known, and its messages handed on. A task that waits for a worker is not
 failing: only failures and timeouts of started tasks count.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -31,8 +32,10 @@ class Wedged:
     cause: str
 
     def describe(self) -> str:
-        return (f"its workflow task failed {self.failures} times in a row since "
-                f"{self.since.isoformat(timespec='seconds')} ({self.cause})")
+        return (
+            f"its workflow task failed {self.failures} times in a row since "
+            f"{self.since.isoformat(timespec='seconds')} ({self.cause})"
+        )
 
 
 def may_be_wedged(described: WorkflowExecutionDescription) -> bool:
@@ -43,8 +46,9 @@ def may_be_wedged(described: WorkflowExecutionDescription) -> bool:
     return REPORTED_PROBLEMS in raw.workflow_execution_info.search_attributes.indexed_fields
 
 
-async def wedged(handle: WorkflowHandle[Any, Any], described: WorkflowExecutionDescription,
-                 now: datetime | None = None) -> Wedged | None:
+async def wedged(
+    handle: WorkflowHandle[Any, Any], described: WorkflowExecutionDescription, now: datetime | None = None
+) -> Wedged | None:
     """The run's failing streak if it is long enough to end the run, else None."""
     if not may_be_wedged(described):
         return None
@@ -56,20 +60,22 @@ async def wedged(handle: WorkflowHandle[Any, Any], described: WorkflowExecutionD
             break
         if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
             why = event.workflow_task_failed_event_attributes.failure.message or "failed"
-        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT and \
-                event.workflow_task_timed_out_event_attributes.started_event_id:
+        elif (
+            kind == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+            and event.workflow_task_timed_out_event_attributes.started_event_id
+        ):
             why = "timed out"
         else:
             continue  # another event, or a task that only waited for a worker
         if failures == 0:
             cause = why  # the latest
         failures += 1
-        first = event.event_time.ToDatetime(tzinfo=timezone.utc)
+        first = event.event_time.ToDatetime(tzinfo=UTC)
     raw = described.raw_description
     if raw.HasField("pending_workflow_task"):
         # Retries after the first failure are not written to the history until one completes.
         failures = max(failures, raw.pending_workflow_task.attempt - 1)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if first is None or failures < WEDGED_TASK_FAILURES or now - first < WEDGED_AFTER:
         return None
     return Wedged(failures=failures, since=first, cause=cause[:300])

@@ -3,6 +3,7 @@ output, statistics, a workflow history as a timeline, and the way they exit.
 
 Imported as `bench._common` (bench/__init__.py: how a script finds `bench`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,6 +41,7 @@ def progress(text: str) -> None:
 
 # -- the Temporal dev server ------------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,9 +56,13 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
-                     cli_defaults: bool = False, metrics_port: int | None = None,
-                     attempts: int = 1) -> AsyncIterator[Server]:
+async def dev_server(
+    tmp: Path,
+    dynamic_config: dict[str, object] | None = None,
+    cli_defaults: bool = False,
+    metrics_port: int | None = None,
+    attempts: int = 1,
+) -> AsyncIterator[Server]:
     """The embedded server's `temporal server start-dev` on a free port, with its
     SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
     Prometheus metrics served there); stopped on the way out.
@@ -69,15 +75,22 @@ async def dev_server(tmp: Path, dynamic_config: dict[str, object] | None = None,
         port, http_port = free_port(), free_port()
         address = f"127.0.0.1:{port}"
         suffix = "" if attempt == 1 else f"-{attempt}"
-        cmd = start_dev_command(port, tmp / f"temporal{suffix}.db", log_level="error", http_port=http_port,
-                                dynamic_config=dynamic_config, cli_defaults=cli_defaults)
+        cmd = start_dev_command(
+            port,
+            tmp / f"temporal{suffix}.db",
+            log_level="error",
+            http_port=http_port,
+            dynamic_config=dynamic_config,
+            cli_defaults=cli_defaults,
+        )
         if metrics_port is not None:
             cmd += ["--metrics-port", str(metrics_port)]
         log_path = tmp / f"temporal-server{suffix}.log"
         # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         try:
             deadline = time.monotonic() + SERVER_START_TIMEOUT_S
             while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
@@ -107,6 +120,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 # -- statistics --------------------------------------------------------------------------
 
+
 def p90(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
@@ -121,11 +135,11 @@ def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float
     n = len(ordered)
     if n == 0:
         raise ValueError("no values")
-    k, coverage = 1, 1 - 2 * 0.5 ** n
+    k, coverage = 1, 1 - 2 * 0.5**n
     while k + 1 <= n // 2:
         wider_k = k + 1
         # Coverage of [x(k), x(n-k+1)]: 1 - 2 P(Binomial(n, 1/2) <= k - 1).
-        chance = 1 - 2 * sum(math.comb(n, i) for i in range(wider_k)) / 2 ** n
+        chance = 1 - 2 * sum(math.comb(n, i) for i in range(wider_k)) / 2**n
         if chance < level:
             break
         k, coverage = wider_k, chance
@@ -139,6 +153,7 @@ def near_median(items: Sequence[T], value: Callable[[T], float]) -> T:
 
 
 # -- a workflow history as a timeline ---------------------------------------------------------
+
 
 def event_s(e: Any) -> float:
     """An event's server wall-clock time in seconds (the server runs on this host)."""
@@ -181,8 +196,9 @@ def timeline(history: WorkflowHistory, marks: dict[str, float] | None = None) ->
     out: list[dict[str, Any]] = []
     prev = None
     for t, name in rows:
-        out.append({"event": name, "at_ms": (t - first) * 1000,
-                    "gap_ms": 0.0 if prev is None else (t - prev) * 1000})
+        out.append(
+            {"event": name, "at_ms": (t - first) * 1000, "gap_ms": 0.0 if prev is None else (t - prev) * 1000}
+        )
         prev = t
     return out
 
@@ -196,6 +212,7 @@ def print_timeline(title: str, rows: list[dict[str, Any]]) -> None:
 
 # -- main ----------------------------------------------------------------------------------------
 
+
 class Measured(Protocol):
     """A benchmark variant: one turn to its end per call."""
 
@@ -205,8 +222,9 @@ class Measured(Protocol):
 V = TypeVar("V", bound=Measured)
 
 
-async def alternate_rounds(variants: Sequence[V], *, warmup: int, rounds: int, per_round: str,
-                           burst: Callable[[V], Awaitable[None]]) -> None:
+async def alternate_rounds(
+    variants: Sequence[V], *, warmup: int, rounds: int, per_round: str, burst: Callable[[V], Awaitable[None]]
+) -> None:
     """Warm every variant up (`warmup` turns each, through its `turn()`), then run
     `burst` on each in `rounds` rounds, in reversed order every other round, so
     that a slow spell of the machine falls on all variants alike."""
@@ -216,12 +234,13 @@ async def alternate_rounds(variants: Sequence[V], *, warmup: int, rounds: int, p
             await v.turn()
     for i in range(rounds):
         progress(f"round {i + 1} of {rounds}: {per_round}")
-        for v in (variants if i % 2 == 0 else variants[::-1]):
+        for v in variants if i % 2 == 0 else variants[::-1]:
             await burst(v)
 
 
-def run_and_exit(main: Coroutine[Any, Any, None],
-                 loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> NoReturn:
+def run_and_exit(
+    main: Coroutine[Any, Any, None], loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+) -> NoReturn:
     """Run a script's main coroutine (on `loop_factory`'s loop; None: asyncio's own),
     report a failure, and exit with os._exit."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -231,7 +250,7 @@ def run_and_exit(main: Coroutine[Any, Any, None],
             runner.run(main)
     except KeyboardInterrupt:  # workers and the server are already stopped (finally blocks)
         code = 130
-    except Exception:  # noqa: BLE001 — report, then exit non-zero
+    except Exception:
         traceback.print_exc()
         code = 1
     sys.stdout.flush()

@@ -5,6 +5,7 @@ model and one activity tool that is never retried.
 In its own module so the workflow sandbox can import it. Needs the optional
 `temporalio[openai-agents]` package (`pip install -e '.[bench]'`).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -32,9 +33,14 @@ class AgentsTurn:
         agent = Agent(
             name="bench",
             instructions="Write the file, then say done.",
-            tools=[agents_workflow.activity_as_tool(
-                write_file, start_to_close_timeout=timedelta(seconds=300),
-                heartbeat_timeout=timedelta(seconds=3), retry_policy=RetryPolicy(maximum_attempts=1))],
+            tools=[
+                agents_workflow.activity_as_tool(
+                    write_file,
+                    start_to_close_timeout=timedelta(seconds=300),
+                    heartbeat_timeout=timedelta(seconds=3),
+                    retry_policy=RetryPolicy(maximum_attempts=1),
+                )
+            ],
         )
         result = await Runner.run(agent, text)
         return str(result.final_output)

@@ -16,6 +16,7 @@ the workflow cache: the worker replays each), one at a time: the time from the
 Approve (`turnkeeper.client.decide`: the `continue` signal) to the tool's own first line in its
 ledger (`start ... t=<unix time>`), median and p90.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,9 @@ def rss_mib(pid: int) -> float:
 
 
 async def waiting(client: Client) -> int:
-    query = f"TurnStatus='awaiting_user' AND RecoveryReason='approval_required' AND ChatId STARTS_WITH '{PREFIX}'"
+    query = (
+        f"TurnStatus='awaiting_user' AND RecoveryReason='approval_required' AND ChatId STARTS_WITH '{PREFIX}'"
+    )
     return (await client.count_workflows(query)).count
 
 
@@ -72,20 +75,42 @@ async def main(steps: list[int], approve: int) -> None:
     with tempfile.TemporaryDirectory(prefix="tk-approval-") as tmp_name:
         tmp = Path(tmp_name)
         ledger = tmp / "ledger.txt"
-        (tmp / "script.json").write_text(json.dumps([
-            {"tool_calls": [{"name": "ledger_confirm", "arguments": {"note": "approved", "seconds": 0}}]},
-            {"text": "done"}]))
+        (tmp / "script.json").write_text(
+            json.dumps(
+                [
+                    {
+                        "tool_calls": [
+                            {"name": "ledger_confirm", "arguments": {"note": "approved", "seconds": 0}}
+                        ]
+                    },
+                    {"text": "done"},
+                ]
+            )
+        )
         async with dev_server(tmp) as server:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-            env.update({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_TASK_QUEUE": "approval",
-                        "TURNKEEPER_DATA_DIR": str(tmp / "data"), "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
-                        "TURNKEEPER_MODEL": f"scripted:{tmp / 'script.json'}",
-                        "TURNKEEPER_TOOL_MODULES": "bench.chaos_tools",
-                        "TURNKEEPER_TOOLS": "ledger_write,ledger_confirm", "CHAOS_LEDGER": str(ledger),
-                        "TURNKEEPER_LOG_LEVEL": "WARNING", "TURNKEEPER_RECONCILE_EVERY": "3600"})
-            worker = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=env,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            env.update(
+                {
+                    "TEMPORAL_ADDRESS": server.address,
+                    "TURNKEEPER_TASK_QUEUE": "approval",
+                    "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+                    "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+                    "TURNKEEPER_MODEL": f"scripted:{tmp / 'script.json'}",
+                    "TURNKEEPER_TOOL_MODULES": "bench.chaos_tools",
+                    "TURNKEEPER_TOOLS": "ledger_write,ledger_confirm",
+                    "CHAOS_LEDGER": str(ledger),
+                    "TURNKEEPER_LOG_LEVEL": "WARNING",
+                    "TURNKEEPER_RECONCILE_EVERY": "3600",
+                }
+            )
+            worker = subprocess.Popen(
+                [sys.executable, "worker.py"],
+                cwd=ROOT,
+                env=env,
+                stdout=open(tmp / "worker.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             rows: list[tuple[int, float, float]] = []
             latencies: list[float] = []
             try:
@@ -96,7 +121,9 @@ async def main(steps: list[int], approve: int) -> None:
 
                 async def ask(i: int) -> None:
                     async with gate:
-                        await tk.send_message(client, settings, f"{PREFIX}{i}", tk.new_message("write", settings))
+                        await tk.send_message(
+                            client, settings, f"{PREFIX}{i}", tk.new_message("write", settings)
+                        )
 
                 async def beside() -> float:
                     """A fresh chat's turn to its own gate: a model call while the others wait."""
@@ -121,11 +148,15 @@ async def main(steps: list[int], approve: int) -> None:
                         await asyncio.sleep(0.5)
                     await asyncio.sleep(2)
                     rows.append((target, rss_mib(worker.pid), await beside()))
-                    progress(f"{target} approvals waiting: worker RSS {rows[-1][1]:.1f} MiB, "
-                             f"a turn beside them reached its gate in {rows[-1][2]:.0f} ms")
+                    progress(
+                        f"{target} approvals waiting: worker RSS {rows[-1][1]:.1f} MiB, "
+                        f"a turn beside them reached its gate in {rows[-1][2]:.0f} ms"
+                    )
                 for i in range(min(approve, sent)):
                     chat = f"{PREFIX}{i}"
-                    state = await client.get_workflow_handle(tk.workflow_id(chat)).query("state", result_type=TurnState)
+                    state = await client.get_workflow_handle(tk.workflow_id(chat)).query(
+                        "state", result_type=TurnState
+                    )
                     assert state.reason is not None and state.reason.value == "approval_required", state
                     key = state.approvals[0].idempotency_key
                     approved_at = time.time()
@@ -147,12 +178,16 @@ async def main(steps: list[int], approve: int) -> None:
         print(f"{n:>8} {mib:>15.1f} {ms:>23.0f}")
     if len(rows) >= 3:
         (n0, m0, _), (n1, m1, _) = rows[-3], rows[-2]
-        print(f"from {n0} to {n1} waiting: {m1 - m0:+.1f} MiB ({(m1 - m0) * 1024 / max(1, n1 - n0):.1f} KiB per "
-              "further waiting chat)")
+        print(
+            f"from {n0} to {n1} waiting: {m1 - m0:+.1f} MiB ({(m1 - m0) * 1024 / max(1, n1 - n0):.1f} KiB per "
+            "further waiting chat)"
+        )
     if latencies:
-        print(f"Approve -> the tool starts: median {statistics.median(latencies):.1f} ms, "
-              f"p90 {p90(latencies):.1f} ms, max {max(latencies):.1f} ms over {len(latencies)} approvals "
-              "(one at a time, oldest first)")
+        print(
+            f"Approve -> the tool starts: median {statistics.median(latencies):.1f} ms, "
+            f"p90 {p90(latencies):.1f} ms, max {max(latencies):.1f} ms over {len(latencies)} approvals "
+            "(one at a time, oldest first)"
+        )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ attributes and no local activities.
 It lives in its own module so the workflow sandbox can import it; the activity
 implementations are in turn_latency.py and are referred to here by name only.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -44,13 +45,14 @@ async def bare_loop(turn_id: str) -> str:
     step = 0
     while True:
         reply: ModelReply = await workflow.execute_activity(
-            MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply,
-            **ACTIVITY_OPTIONS)
+            MODEL, BareModelInput(turn_id=turn_id, step=step), result_type=ModelReply, **ACTIVITY_OPTIONS
+        )
         if reply.is_final:
             return reply.text or ""
         for call in reply.tool_calls:
             await workflow.execute_activity(
-                TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS)
+                TOOL, BareToolInput(turn_id=turn_id, call=call), result_type=str, **ACTIVITY_OPTIONS
+            )
         step += 1
 
 

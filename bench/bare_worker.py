@@ -4,6 +4,7 @@ bench/process_throughput.py; stops on SIGTERM.
 
     .venv/bin/python bench/bare_worker.py ADDRESS TASK_QUEUE WORKSPACE
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,13 @@ async def serve(address: str, task_queue: str, workspace: Path) -> None:
     acts = BareActivities(Steps(workspace))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with Worker(client, task_queue=task_queue, workflows=[BareTurn], activities=[acts.model, acts.tool],
-                      sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START):
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[BareTurn],
+        activities=[acts.model, acts.tool],
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+    ):
         await stop.wait()
 
 

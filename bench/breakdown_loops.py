@@ -1,6 +1,7 @@
 """Workflows for bench/overhead_breakdown.py: the bare loop of bench/bare_loop.py
 with one of turnkeeper's contract extras added at a time. In a module of their
 own so the workflow sandbox can import them."""
+
 from __future__ import annotations
 
 from datetime import timedelta

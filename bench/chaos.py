@@ -108,6 +108,7 @@ a finding) is kept when something failed or with --keep.
 The core is importable: `run_chaos(ChaosConfig(...)) -> Report` (used by
 tests/process/test_chaos.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -130,11 +131,11 @@ from typing import Any
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
 
-from temporalio.client import Client, WorkflowExecutionStatus  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
 
-from bench._common import dev_server  # noqa: E402
-from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are this module's API
+from bench._common import dev_server
+from bench.chaos_base import (
     CLOSED_TURN,
     CONFIRM_TOOL,
     TASK_QUEUE,
@@ -146,13 +147,13 @@ from bench.chaos_base import (  # noqa: E402,F401 — ChaosConfig and Report are
     ChatLog,
     Report,
 )
-from bench.chaos_check import Checker  # noqa: E402
-from bench.chaos_infra import ChaosModel, WorkerPool  # noqa: E402
-from bench.chaos_store import DEFAULT_POSTGRES_URL, ChaosStore, PostgresChaosStore, SQLiteChaosStore  # noqa: E402
-from bench.chaos_users import Users, query_state, state_signature, tool_running  # noqa: E402
-from turnkeeper import client as tk  # noqa: E402
-from turnkeeper.config import Settings  # noqa: E402
-from turnkeeper.testing import FakeChatServer  # noqa: E402
+from bench.chaos_check import Checker
+from bench.chaos_infra import ChaosModel, WorkerPool
+from bench.chaos_store import DEFAULT_POSTGRES_URL, ChaosStore, PostgresChaosStore, SQLiteChaosStore
+from bench.chaos_users import Users, query_state, state_signature, tool_running
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.testing import FakeChatServer
 
 
 def _looks_idle(state: dict[str, Any] | str) -> bool:
@@ -162,13 +163,15 @@ def _looks_idle(state: dict[str, Any] | str) -> bool:
     status = state.get("status")
     if status in CLOSED_TURN:
         return True
-    return status in ("running", "resuming") and not tool_running(state) and not state.get("store_unavailable")
+    return (
+        status in ("running", "resuming") and not tool_running(state) and not state.get("store_unavailable")
+    )
 
 
 class Chaos(Users):
     def __init__(self, cfg: ChaosConfig) -> None:
         self.cfg = cfg
-        self.seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(10 ** 9)
+        self.seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(10**9)
         self.rng = random.Random(self.seed)
         self.progress = cfg.progress or (lambda text: None)
         self.chats: dict[str, ChatLog] = {}
@@ -224,36 +227,43 @@ class Chaos(Users):
             (work / sub).mkdir(exist_ok=True)
         self.ledger = work / "ledger.txt"
         self.ledger.touch()
-        config_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                       if k != "progress"}
+        config_dict = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items() if k != "progress"
+        }
         report = Report(seed=self.seed, config=config_dict, workdir=str(work))
         self.log(f"seed {self.seed}, work dir {work}")
         try:
             async with dev_server(work, attempts=3) as server:
                 address = self.address = server.address
                 self.client = await Client.connect(address, data_converter=pydantic_data_converter)
-                model = self.model = ChaosModel(cfg, random.Random(self.rng.randrange(2 ** 32)))
+                model = self.model = ChaosModel(cfg, random.Random(self.rng.randrange(2**32)))
                 with FakeChatServer(responder=model) as fake:
                     model.forget = fake.requests
-                    env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-                    env.update({
-                        "TEMPORAL_ADDRESS": address,
-                        "TURNKEEPER_TASK_QUEUE": TASK_QUEUE,
-                        "TURNKEEPER_DATA_DIR": str(work / "data"),
-                        "TURNKEEPER_WORKSPACE": str(work / "ws"),
-                        "TURNKEEPER_MODEL": "openai:chaos",
-                        "OPENAI_BASE_URL": fake.base_url,
-                        "OPENAI_API_KEY": "chaos",
-                        "TURNKEEPER_TOOL_MODULES": TOOL_MODULE,
-                        "TURNKEEPER_TOOLS": f"{TOOL},{CONFIRM_TOOL}",
-                        "TURNKEEPER_RECONCILE_EVERY": str(cfg.reconcile_every),
-                        "TURNKEEPER_SHUTDOWN_GRACE": "5",
-                        "CHAOS_LEDGER": str(self.ledger),
-                        "PYTHONUNBUFFERED": "1",
-                    })
-                    store: ChaosStore = (PostgresChaosStore(cfg.postgres_url, self.rng.uniform)
-                                         if cfg.postgres_url else
-                                         SQLiteChaosStore(Settings.from_env(env).sqlite_path))
+                    env = {
+                        k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))
+                    }
+                    env.update(
+                        {
+                            "TEMPORAL_ADDRESS": address,
+                            "TURNKEEPER_TASK_QUEUE": TASK_QUEUE,
+                            "TURNKEEPER_DATA_DIR": str(work / "data"),
+                            "TURNKEEPER_WORKSPACE": str(work / "ws"),
+                            "TURNKEEPER_MODEL": "openai:chaos",
+                            "OPENAI_BASE_URL": fake.base_url,
+                            "OPENAI_API_KEY": "chaos",
+                            "TURNKEEPER_TOOL_MODULES": TOOL_MODULE,
+                            "TURNKEEPER_TOOLS": f"{TOOL},{CONFIRM_TOOL}",
+                            "TURNKEEPER_RECONCILE_EVERY": str(cfg.reconcile_every),
+                            "TURNKEEPER_SHUTDOWN_GRACE": "5",
+                            "CHAOS_LEDGER": str(self.ledger),
+                            "PYTHONUNBUFFERED": "1",
+                        }
+                    )
+                    store: ChaosStore = (
+                        PostgresChaosStore(cfg.postgres_url, self.rng.uniform)
+                        if cfg.postgres_url
+                        else SQLiteChaosStore(Settings.from_env(env).sqlite_path)
+                    )
                     env.update(store.worker_env())
                     self.settings = Settings.from_env(env)
                     self.store = store
@@ -304,8 +314,12 @@ class Chaos(Users):
         try:
             deadline = chaos_start + cfg.max_chaos_s
             while time.monotonic() < deadline:
-                if (self.completed_turns >= cfg.turns and self.kills >= cfg.kills and outager.done()
-                        and burster.done()):
+                if (
+                    self.completed_turns >= cfg.turns
+                    and self.kills >= cfg.kills
+                    and outager.done()
+                    and burster.done()
+                ):
                     report.target_reached = True
                     break
                 for t in (*background, *chat_tasks):
@@ -313,8 +327,10 @@ class Chaos(Users):
                         raise t.exception()  # type: ignore[misc]
                 await asyncio.sleep(0.5)
             report.chaos_s = time.monotonic() - chaos_start
-            self.log(f"chaos over: {self.completed_turns} turns closed, {self.kills} kills, "
-                     f"{len(self.outage_log)} outages, {len(self.burst_log)} bursts; settling")
+            self.log(
+                f"chaos over: {self.completed_turns} turns closed, {self.kills} kills, "
+                f"{len(self.outage_log)} outages, {len(self.burst_log)} bursts; settling"
+            )
             # Settle: no more kills, outages or new messages; answer the remaining gates.
             settle_start = time.monotonic()
             self.stop_killing.set()
@@ -342,7 +358,7 @@ class Chaos(Users):
             for chat_id in self.still_running:
                 try:
                     self.final_states[chat_id] = await query_state(self.client, chat_id)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     self.final_states[chat_id] = f"query failed: {err}"
         finally:
             self.stop_killing.set()
@@ -372,7 +388,7 @@ class Chaos(Users):
             for chat_id in running:
                 try:
                     state: dict[str, Any] | str = await query_state(self.client, chat_id, timeout=10)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     state = f"query failed: {type(err).__name__}"
                 sig = state_signature(state)
                 if not _looks_idle(state) or since.get(chat_id, ("", 0.0))[0] != sig:
@@ -388,16 +404,18 @@ class Chaos(Users):
     async def _find_idle_runs(self) -> None:
         """Runs still Running (visibility) whose state shows nothing to do, and the
         same again idle_after_s later."""
+
         async def snapshot(only: set[str] | None = None) -> dict[str, tuple[str, dict[str, Any] | str]]:
             out: dict[str, tuple[str, dict[str, Any] | str]] = {}
             async for wf in self.client.list_workflows(
-                    "WorkflowType='ChatTurn' AND ExecutionStatus='Running'"):
+                "WorkflowType='ChatTurn' AND ExecutionStatus='Running'"
+            ):
                 chat_id = wf.id.removeprefix("chat-")
                 if only is not None and chat_id not in only:
                     continue
                 try:
                     state: dict[str, Any] | str = await query_state(self.client, chat_id, timeout=10)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     state = f"query failed: {type(err).__name__}: {str(err)[:200]}"
                 out[chat_id] = (wf.run_id, state)
             return out
@@ -409,7 +427,11 @@ class Chaos(Users):
         second = await snapshot(set(first))
         for chat_id, (run_id, state) in second.items():
             was_run, was_state = first[chat_id]
-            if run_id == was_run and _looks_idle(state) and state_signature(state) == state_signature(was_state):
+            if (
+                run_id == was_run
+                and _looks_idle(state)
+                and state_signature(state) == state_signature(was_state)
+            ):
                 self.idle_runs[chat_id] = f"run {run_id} unchanged for {self.cfg.idle_after_s:.0f} s: {state}"
 
     async def _wait_workers_ready(self, timeout: float = 90.0) -> None:
@@ -429,8 +451,9 @@ class Chaos(Users):
         for chat_id in self.chats:
             try:
                 desc = await asyncio.wait_for(
-                    self.client.get_workflow_handle(tk.workflow_id(chat_id)).describe(), 20)
-            except Exception:  # noqa: BLE001
+                    self.client.get_workflow_handle(tk.workflow_id(chat_id)).describe(), 20
+                )
+            except Exception:
                 running.append(chat_id)
                 continue
             if desc.status == WorkflowExecutionStatus.RUNNING:
@@ -446,10 +469,12 @@ class Chaos(Users):
             now = time.monotonic()
             if now - last_print >= 10:
                 last_print = now
-                self.log(f"{self.completed_turns}/{self.cfg.turns} turns closed, {self.kills} kills, "
-                         f"{len(self.outage_log)} outages, {len(self.burst_log)} bursts, "
-                         f"{sum(self.actions.counts().values())} user actions, "
-                         f"gates answered {dict(self.gates_answered)}")
+                self.log(
+                    f"{self.completed_turns}/{self.cfg.turns} turns closed, {self.kills} kills, "
+                    f"{len(self.outage_log)} outages, {len(self.burst_log)} bursts, "
+                    f"{sum(self.actions.counts().values())} user actions, "
+                    f"gates answered {dict(self.gates_answered)}"
+                )
             await asyncio.sleep(1.0)
 
     def _due(self, target: int) -> int:
@@ -464,8 +489,9 @@ class Chaos(Users):
             await asyncio.sleep(0.2)
             self.pool.look_for_serving()
             for w in self.pool.reap():
-                self.log(f"worker {w.index} (pid {w.pid}) exited by itself with {w.proc.returncode}; "
-                         f"see {w.log}")
+                self.log(
+                    f"worker {w.index} (pid {w.pid}) exited by itself with {w.proc.returncode}; see {w.log}"
+                )
             while len(self.pool.workers) < cfg.workers:
                 self.pool.spawn()
             if self.kills >= self._due(cfg.kills):
@@ -474,8 +500,11 @@ class Chaos(Users):
             if self.stop_killing.is_set():
                 return
             now = time.monotonic()
-            candidates = [w for w in self.pool.workers
-                          if now - w.started >= cfg.min_worker_uptime_s and w.proc.poll() is None]
+            candidates = [
+                w
+                for w in self.pool.workers
+                if now - w.started >= cfg.min_worker_uptime_s and w.proc.poll() is None
+            ]
             if not candidates:
                 continue
             victim = self.rng.choice(candidates)
@@ -492,15 +521,26 @@ class Chaos(Users):
                 if lock is not None:
                     await self.store.release(lock)
             self.kills += 1
-            self.kill_log.append({"kill": self.kills, "at_s": round(now - self.t0, 3), "unix": time.time(),
-                                  "worker": victim.index, "pid": victim.pid,
-                                  "uptime_s": round(now - victim.started, 2), "turns_closed": self.completed_turns,
-                                  "store_stall": lock is not None, "during_outage": during_outage})
+            self.kill_log.append(
+                {
+                    "kill": self.kills,
+                    "at_s": round(now - self.t0, 3),
+                    "unix": time.time(),
+                    "worker": victim.index,
+                    "pid": victim.pid,
+                    "uptime_s": round(now - victim.started, 2),
+                    "turns_closed": self.completed_turns,
+                    "store_stall": lock is not None,
+                    "during_outage": during_outage,
+                }
+            )
             replacement = self.pool.spawn()
-            self.log(f"kill {self.kills}: SIGKILL worker {victim.index} (pid {victim.pid})"
-                     f"{' during a store stall' if lock is not None else ''}"
-                     f"{' during a store outage' if during_outage else ''}; "
-                     f"worker {replacement.index} (pid {replacement.pid}) replaces it")
+            self.log(
+                f"kill {self.kills}: SIGKILL worker {victim.index} (pid {victim.pid})"
+                f"{' during a store stall' if lock is not None else ''}"
+                f"{' during a store outage' if during_outage else ''}; "
+                f"worker {replacement.index} (pid {replacement.pid}) replaces it"
+            )
 
     # -- store outages -----------------------------------------------------------------------
     def _resuming_chats(self) -> list[ChatLog]:
@@ -541,13 +581,18 @@ class Chaos(Users):
             finally:
                 self.outage_active = False
                 await self.store.release(hold)
-                self.outage_log.append({"outage": len(self.outage_log) + 1, "kind": kind,
-                                        "at_s": round(start - self.t0, 2),
-                                        "continues_running": resuming,
-                                        "unix": time.time() - (time.monotonic() - start),
-                                        "held_s": round(time.monotonic() - start, 2),
-                                        "lock_waited_s": round(start - asked, 2),
-                                        "sessions_cut": sum(hold.cuts)})
+                self.outage_log.append(
+                    {
+                        "outage": len(self.outage_log) + 1,
+                        "kind": kind,
+                        "at_s": round(start - self.t0, 2),
+                        "continues_running": resuming,
+                        "unix": time.time() - (time.monotonic() - start),
+                        "held_s": round(time.monotonic() - start, 2),
+                        "lock_waited_s": round(start - asked, 2),
+                        "sessions_cut": sum(hold.cuts),
+                    }
+                )
             await asyncio.sleep(cfg.outage_gap_s)
 
 
@@ -558,6 +603,7 @@ async def run_chaos(config: ChaosConfig) -> Report:
 
 # -- command line --------------------------------------------------------------------------------
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=500, help="closed turns to reach (default 500)")
@@ -567,39 +613,79 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, printed)")
     parser.add_argument("--json", action="store_true", help="also print the whole report as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the work directory even when all passed")
-    parser.add_argument("--workdir", type=Path, default=None, help="work directory (default: a temporary one)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="work directory (default: a temporary one)"
+    )
     parser.add_argument("--no-replay", action="store_true", help="skip replaying the recorded histories")
-    parser.add_argument("--stall-kills", type=float, default=ChaosConfig.stall_kills,
-                        help="share of kills made while the store's write lock is held for a moment "
-                             f"(default {ChaosConfig.stall_kills})")
-    parser.add_argument("--bursts", type=int, default=None,
-                        help="bursts of large follow-ups (default: turns / 25)")
-    parser.add_argument("--outages", type=int, default=None,
-                        help="store outages of 3-12 s (default: turns / 60)")
-    parser.add_argument("--idle-after", type=float, default=ChaosConfig.idle_after_s,
-                        help="seconds a run may sit unchanged with nothing to do "
-                             f"(default {ChaosConfig.idle_after_s:.0f})")
-    parser.add_argument("--lenient-model", action="store_true",
-                        help="answer requests with unanswered tool calls instead of refusing them (400) as OpenAI does")
+    parser.add_argument(
+        "--stall-kills",
+        type=float,
+        default=ChaosConfig.stall_kills,
+        help="share of kills made while the store's write lock is held for a moment "
+        f"(default {ChaosConfig.stall_kills})",
+    )
+    parser.add_argument(
+        "--bursts", type=int, default=None, help="bursts of large follow-ups (default: turns / 25)"
+    )
+    parser.add_argument(
+        "--outages", type=int, default=None, help="store outages of 3-12 s (default: turns / 60)"
+    )
+    parser.add_argument(
+        "--idle-after",
+        type=float,
+        default=ChaosConfig.idle_after_s,
+        help=f"seconds a run may sit unchanged with nothing to do (default {ChaosConfig.idle_after_s:.0f})",
+    )
+    parser.add_argument(
+        "--lenient-model",
+        action="store_true",
+        help="answer requests with unanswered tool calls instead of refusing them (400) as OpenAI does",
+    )
     parser.add_argument("--max-minutes", type=float, default=25.0, help="cap on the chaos phase (default 25)")
-    parser.add_argument("--confirm", type=float, default=ChaosConfig.confirm,
-                        help=f"share of tool calls to the tool that asks first (default {ChaosConfig.confirm})")
-    parser.add_argument("--postgres", nargs="?", const=DEFAULT_POSTGRES_URL, default=None, metavar="URL",
-                        help="run the workers on a PostgreSQL store: a role and a schema of the run's own on "
-                             f"the database at URL (default {DEFAULT_POSTGRES_URL}), whose user may create "
-                             "roles; outages there also make the store read-only or cut its sessions off")
-    parser.add_argument("--p-approve", type=float, default=ChaosConfig.p_approve,
-                        help=f"chance the gate driver approves an approval gate (default {ChaosConfig.p_approve})")
+    parser.add_argument(
+        "--confirm",
+        type=float,
+        default=ChaosConfig.confirm,
+        help=f"share of tool calls to the tool that asks first (default {ChaosConfig.confirm})",
+    )
+    parser.add_argument(
+        "--postgres",
+        nargs="?",
+        const=DEFAULT_POSTGRES_URL,
+        default=None,
+        metavar="URL",
+        help="run the workers on a PostgreSQL store: a role and a schema of the run's own on "
+        f"the database at URL (default {DEFAULT_POSTGRES_URL}), whose user may create "
+        "roles; outages there also make the store read-only or cut its sessions off",
+    )
+    parser.add_argument(
+        "--p-approve",
+        type=float,
+        default=ChaosConfig.p_approve,
+        help=f"chance the gate driver approves an approval gate (default {ChaosConfig.p_approve})",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = ChaosConfig(turns=args.turns, kills=args.kills, workers=args.workers,
-                      chats=args.chats if args.chats is not None else 8 * args.workers, seed=args.seed,
-                      replay=not args.no_replay, stall_kills=args.stall_kills, bursts=args.bursts,
-                      outages=args.outages, idle_after_s=args.idle_after,
-                      strict_protocol=not args.lenient_model, workdir=args.workdir, keep=args.keep,
-                      max_chaos_s=args.max_minutes * 60, confirm=args.confirm, p_approve=args.p_approve,
-                      postgres_url=args.postgres,
-                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+    cfg = ChaosConfig(
+        turns=args.turns,
+        kills=args.kills,
+        workers=args.workers,
+        chats=args.chats if args.chats is not None else 8 * args.workers,
+        seed=args.seed,
+        replay=not args.no_replay,
+        stall_kills=args.stall_kills,
+        bursts=args.bursts,
+        outages=args.outages,
+        idle_after_s=args.idle_after,
+        strict_protocol=not args.lenient_model,
+        workdir=args.workdir,
+        keep=args.keep,
+        max_chaos_s=args.max_minutes * 60,
+        confirm=args.confirm,
+        p_approve=args.p_approve,
+        postgres_url=args.postgres,
+        progress=lambda text: print(text, file=sys.stderr, flush=True),
+    )
     code = 0
     try:
         report = asyncio.run(run_chaos(cfg))
@@ -607,7 +693,7 @@ def main() -> None:
         if args.json:
             print(json.dumps(report.to_dict(), indent=2, default=str))
         code = 0 if report.ok else 1
-    except Exception:  # noqa: BLE001 — report, then exit non-zero
+    except Exception:
         traceback.print_exc()
         code = 2
     sys.stdout.flush()

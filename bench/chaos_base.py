@@ -1,15 +1,17 @@
 """What the chaos harness's parts share: its configuration, its report, the
 per-chat bookkeeping, the record of every user action and small helpers.
 See bench/chaos.py."""
+
 from __future__ import annotations
 
 import asyncio
 import math
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 
@@ -19,10 +21,12 @@ TOOL_MODULE = "bench.chaos_tools"
 TASK_QUEUE = "chaos"
 WORKER_READY_LINE = "worker serving task queue"
 # Workflow task failures that are part of normal operation, not bugs.
-BENIGN_WFT_CAUSES = frozenset({
-    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
-    WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_STICKY_TASK_QUEUE,
-})
+BENIGN_WFT_CAUSES = frozenset(
+    {
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND,
+        WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_STICKY_TASK_QUEUE,
+    }
+)
 CLOSED_TURN = ("completed", "recovered", "failed")
 OPEN_TURN = ("running", "awaiting_user", "resuming")
 # The workers' limits on user messages (TURNKEEPER_MAX_MESSAGE_BYTES, TURNKEEPER_MAX_PENDING_BYTES).
@@ -32,67 +36,67 @@ MAX_PENDING_BYTES = 1024 * 1024
 
 @dataclass
 class ChaosConfig:
-    turns: int = 500                 # closed turns to reach before settling
-    kills: int = 50                  # SIGKILLs to make before settling (at least)
-    workers: int = 3                 # worker processes kept up
-    chats: int = 24                  # chats driven concurrently
-    seed: int | None = None          # None: a fresh seed, printed in the report
+    turns: int = 500  # closed turns to reach before settling
+    kills: int = 50  # SIGKILLs to make before settling (at least)
+    workers: int = 3  # worker processes kept up
+    chats: int = 24  # chats driven concurrently
+    seed: int | None = None  # None: a fresh seed, printed in the report
     # the model
-    tool_max_s: float = 1.5          # tool duration: uniform 0..tool_max_s
-    parallel_tools: float = 0.25     # P(two tool calls in one reply)
-    second_round: float = 0.1        # P(another tool round after a tool result)
-    max_rounds: int = 3              # tool rounds per user message at most
+    tool_max_s: float = 1.5  # tool duration: uniform 0..tool_max_s
+    parallel_tools: float = 0.25  # P(two tool calls in one reply)
+    second_round: float = 0.1  # P(another tool round after a tool result)
+    max_rounds: int = 3  # tool rounds per user message at most
     model_delay_max_s: float = 0.25  # model latency: uniform 0..this
-    slow_model: float = 0.05         # P(a slow model call: 1-3 s)
-    provider_errors: float = 0.02    # P(a 429, retried by the OpenAI client)
-    strict_protocol: bool = True     # answer 400 like OpenAI when a tool call has no tool result
-    confirm: float = 0.25            # P(a tool call is of the tool that asks first)
+    slow_model: float = 0.05  # P(a slow model call: 1-3 s)
+    provider_errors: float = 0.02  # P(a 429, retried by the OpenAI client)
+    strict_protocol: bool = True  # answer 400 like OpenAI when a tool call has no tool result
+    confirm: float = 0.25  # P(a tool call is of the tool that asks first)
     # the users
-    followup: float = 0.12           # P(a follow-up) per check while a turn runs (every 0.3-0.8 s)
-    max_followups: int = 3           # follow-ups per turn at most
-    dup_retry: float = 0.1           # P(a message is sent twice at once with the same id)
-    late_dup: float = 0.02           # P(an older acknowledged id is sent again) per check
-    stop: float = 0.005              # P(the user presses Stop) per check while a turn runs
-    think_max_s: float = 1.0         # pause between turns: uniform 0..this
-    action: float = 0.03             # P(Continue, Dismiss or Stop at a random moment) per check
-    resuming_action: float = 0.25    # the same while the turn runs a Continue (status resuming)
-    signal_form: float = 0.5         # P(Continue/Dismiss/Stop as a bare signal rather than by tk.decide)
+    followup: float = 0.12  # P(a follow-up) per check while a turn runs (every 0.3-0.8 s)
+    max_followups: int = 3  # follow-ups per turn at most
+    dup_retry: float = 0.1  # P(a message is sent twice at once with the same id)
+    late_dup: float = 0.02  # P(an older acknowledged id is sent again) per check
+    stop: float = 0.005  # P(the user presses Stop) per check while a turn runs
+    think_max_s: float = 1.0  # pause between turns: uniform 0..this
+    action: float = 0.03  # P(Continue, Dismiss or Stop at a random moment) per check
+    resuming_action: float = 0.25  # the same while the turn runs a Continue (status resuming)
+    signal_form: float = 0.5  # P(Continue/Dismiss/Stop as a bare signal rather than by tk.decide)
     # bursts of large follow-ups, sent while a tool runs
-    bursts: int | None = None        # bursts to send, paced over the target turns (None: turns // 25)
-    burst_size: tuple[int, int] = (10, 40)            # follow-ups per burst
-    burst_bytes: tuple[int, int] = (40_000, 60_000)   # bytes per follow-up
-    burst_gap_s: float = 0.05        # pause between a burst's sends: uniform 0..this
-    oversize: float = 0.3            # P(a burst also holds one message over the single-message limit)
+    bursts: int | None = None  # bursts to send, paced over the target turns (None: turns // 25)
+    burst_size: tuple[int, int] = (10, 40)  # follow-ups per burst
+    burst_bytes: tuple[int, int] = (40_000, 60_000)  # bytes per follow-up
+    burst_gap_s: float = 0.05  # pause between a burst's sends: uniform 0..this
+    oversize: float = 0.3  # P(a burst also holds one message over the single-message limit)
     # store outages (bench/chaos_store.py: a held write lock; on PostgreSQL also read-only, cut sessions)
-    outages: int | None = None       # outages to make, paced over the target turns (None: turns // 60)
-    outage_s: tuple[float, float] = (3.0, 12.0)       # how long each lasts
-    outage_kinds: tuple[str, ...] | None = None       # these in turn; None: the store's kinds at random
-    outage_gap_s: float = 5.0        # store between two outages; an outage waits this long for a Continue
+    outages: int | None = None  # outages to make, paced over the target turns (None: turns // 60)
+    outage_s: tuple[float, float] = (3.0, 12.0)  # how long each lasts
+    outage_kinds: tuple[str, ...] | None = None  # these in turn; None: the store's kinds at random
+    outage_gap_s: float = 5.0  # store between two outages; an outage waits this long for a Continue
     # the gate driver
-    p_continue: float = 0.6          # P(Continue) when can_continue, else Dismiss
-    p_approve: float = 0.6           # at an approval gate: P(Approve), else Deny
-    stale_probe: float = 0.1         # P(first trying a stale recovery id, which must be refused)
-    gate_think_max_s: float = 1.5    # the user looks at the gate this long: uniform 0..this
+    p_continue: float = 0.6  # P(Continue) when can_continue, else Dismiss
+    p_approve: float = 0.6  # at an approval gate: P(Approve), else Deny
+    stale_probe: float = 0.1  # P(first trying a stale recovery id, which must be refused)
+    gate_think_max_s: float = 1.5  # the user looks at the gate this long: uniform 0..this
     # the killer
-    kill_span: float = 0.85          # kills (and bursts, outages) are spread over this share of the turns
+    kill_span: float = 0.85  # kills (and bursts, outages) are spread over this share of the turns
     min_worker_uptime_s: float = 3.0  # only workers up this long are killed
-    stall_kills: float = 0.3         # share of kills made while the harness holds the store's write
-                                     # lock for a moment, so the victim is likely inside a store write
+    stall_kills: float = 0.3  # share of kills made while the harness holds the store's write
+    # lock for a moment, so the victim is likely inside a store write
     # the system under test
     postgres_url: str | None = None  # None: one SQLite store; else a role and schema of the run's own there
-    reconcile_every: int = 20        # TURNKEEPER_RECONCILE_EVERY for the workers
+    reconcile_every: int = 20  # TURNKEEPER_RECONCILE_EVERY for the workers
     # the new invariants' bounds
-    answer_bound_s: float = 5.0      # every action answered within this
-    probe_timeout_s: float = 60.0    # the probe message's turn answers within this
-    idle_after_s: float = 20.0       # a run unchanged this long with nothing to do is idle
+    answer_bound_s: float = 5.0  # every action answered within this
+    probe_timeout_s: float = 60.0  # the probe message's turn answers within this
+    idle_after_s: float = 20.0  # a run unchanged this long with nothing to do is idle
     # limits
-    max_chaos_s: float = 1500.0      # the chaos phase ends after this, target reached or not
+    max_chaos_s: float = 1500.0  # the chaos phase ends after this, target reached or not
     settle_timeout_s: float = 240.0  # everything must be idle this long after chaos ends
-    slow_turn_s: float = 90.0        # a turn running this long is recorded (with its state)
-    action_wait_s: float = 30.0      # an action's answer is waited for this long at most
-    replay: bool = True              # replay every recorded history against ChatTurn
-    workdir: Path | None = None      # default: a fresh temporary directory
-    keep: bool = False               # keep the work directory even when all passed
+    slow_turn_s: float = 90.0  # a turn running this long is recorded (with its state)
+    action_wait_s: float = 30.0  # an action's answer is waited for this long at most
+    replay: bool = True  # replay every recorded history against ChatTurn
+    workdir: Path | None = None  # default: a fresh temporary directory
+    keep: bool = False  # keep the work directory even when all passed
     progress: Callable[[str], None] | None = None
 
     @property
@@ -130,9 +134,9 @@ class Report:
     stale_probes: dict[str, int] = field(default_factory=dict)
     rejection_samples: dict[str, str] = field(default_factory=dict)
     stops: int = 0
-    user_actions: dict[str, int] = field(default_factory=dict)       # kind -> count
-    action_outcomes: dict[str, int] = field(default_factory=dict)    # "kind: outcome" -> count
-    while_resuming: dict[str, int] = field(default_factory=dict)     # actions taken in status resuming
+    user_actions: dict[str, int] = field(default_factory=dict)  # kind -> count
+    action_outcomes: dict[str, int] = field(default_factory=dict)  # "kind: outcome" -> count
+    while_resuming: dict[str, int] = field(default_factory=dict)  # actions taken in status resuming
     latency: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> n, max_s, p99_s
     # the same, less the time in which no worker was serving (the bound applies to this)
     latency_served: dict[str, float] = field(default_factory=dict)
@@ -200,8 +204,11 @@ class Report:
             f"  outcomes         {kv(self.action_outcomes)}",
             f"  answered in      max {lat_all.get('max_s', 0):.2f} s, p99 {lat_all.get('p99_s', 0):.2f} s "
             f"over {int(lat_all.get('n', 0))} actions and sends",
-            *(f"    {g:<16} n {int(v['n'])}, max {v['max_s']:.2f} s, p99 {v['p99_s']:.2f} s"
-              for g, v in sorted(self.latency.items()) if g != "all"),
+            *(
+                f"    {g:<16} n {int(v['n'])}, max {v['max_s']:.2f} s, p99 {v['p99_s']:.2f} s"
+                for g, v in sorted(self.latency.items())
+                if g != "all"
+            ),
             f"  with a worker    max {self.latency_served.get('max_s', 0):.2f} s, p99 "
             f"{self.latency_served.get('p99_s', 0):.2f} s (less the time no worker served: "
             f"{int(self.no_worker_gaps.get('count', 0))} spans, {self.no_worker_gaps.get('total_s', 0):.1f} s "
@@ -243,12 +250,15 @@ class Report:
             lines.append(f"FAILURE: {f}")
         for a in self.anomalies:
             lines.append(f"anomaly: {a}")
-        lines.append(f"result: {'PASS' if self.ok else 'FAIL'}" + (f" (work dir {self.workdir})"
-                                                                    if self.workdir else ""))
+        lines.append(
+            f"result: {'PASS' if self.ok else 'FAIL'}"
+            + (f" (work dir {self.workdir})" if self.workdir else "")
+        )
         return "\n".join(lines)
 
 
 # -- per-chat bookkeeping -------------------------------------------------------------------
+
 
 @dataclass
 class ChatLog:
@@ -276,17 +286,18 @@ class ChatLog:
 
 # -- user actions and their answers --------------------------------------------------------
 
+
 @dataclass
 class Action:
-    kind: str            # continue/decide, dismiss/signal, stop/decide, message, followup, burst, probe, ...
+    kind: str  # continue/decide, dismiss/signal, stop/decide, message, followup, burst, probe, ...
     chat_id: str
-    source: str          # user, gate, burst, probe
-    at_s: float          # since the harness started
+    source: str  # user, gate, burst, probe
+    at_s: float  # since the harness started
     status_seen: str | None = None  # the turn's status the user saw just before, when it looked
-    id_kind: str | None = None      # current, last-seen, old, made-up (Continue/Dismiss)
+    id_kind: str | None = None  # current, last-seen, old, made-up (Continue/Dismiss)
     latency_s: float | None = None  # None: no answer within action_wait_s
     unix: float = field(default_factory=time.time)  # when it was sent, to compare with history events
-    outcome: str = ""               # accepted, refused: <kind>, error: <type>, no answer
+    outcome: str = ""  # accepted, refused: <kind>, error: <type>, no answer
 
 
 class ActionLog:
@@ -311,25 +322,44 @@ class ActionLog:
             if a.latency_s is not None:
                 groups[self.group(a.kind)].append(a.latency_s)
                 groups["all"].append(a.latency_s)
-        return {g: {"n": len(v), "max_s": round(max(v), 3), "p99_s": round(percentile(v, 99), 3)}
-                for g, v in groups.items()}
+        return {
+            g: {"n": len(v), "max_s": round(max(v), 3), "p99_s": round(percentile(v, 99), 3)}
+            for g, v in groups.items()
+        }
 
     def counts(self) -> dict[str, int]:
         """User actions by kind: Continue, Dismiss and Stop in each form (the gate
         driver's answers included), bursts; messages are counted apart."""
-        return dict(Counter(a.kind for a in self.actions if a.kind.split("/")[0] in ("continue", "dismiss", "stop")
-                            or a.kind == "burst"))
+        return dict(
+            Counter(
+                a.kind
+                for a in self.actions
+                if a.kind.split("/")[0] in ("continue", "dismiss", "stop") or a.kind == "burst"
+            )
+        )
 
     def outcomes(self) -> dict[str, int]:
-        return dict(Counter(f"{a.kind}: {a.outcome}" for a in self.actions
-                            if a.kind.split("/")[0] in ("continue", "dismiss", "stop")))
+        return dict(
+            Counter(
+                f"{a.kind}: {a.outcome}"
+                for a in self.actions
+                if a.kind.split("/")[0] in ("continue", "dismiss", "stop")
+            )
+        )
 
     def while_resuming(self) -> dict[str, int]:
-        return dict(Counter(f"{a.kind} {a.id_kind or ''}".strip() + f": {a.outcome}" for a in self.actions
-                            if a.status_seen == "resuming"))
+        return dict(
+            Counter(
+                f"{a.kind} {a.id_kind or ''}".strip() + f": {a.outcome}"
+                for a in self.actions
+                if a.status_seen == "resuming"
+            )
+        )
 
     def unanswered(self, bound_s: float) -> list[Action]:
-        return [a for a in self.actions if a.kind != "burst" and (a.latency_s is None or a.latency_s > bound_s)]
+        return [
+            a for a in self.actions if a.kind != "burst" and (a.latency_s is None or a.latency_s > bound_s)
+        ]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -342,9 +372,15 @@ def percentile(values: list[float], q: float) -> float:
 
 def error_kind(text: str) -> str:
     low = text.lower()
-    for needle, kind in (("stale", "stale"), ("not waiting", "not waiting"), ("unavailable", "context unavailable"),
-                         ("no turn is running", "not running"), ("malformed", "malformed"),
-                         ("already completed", "run closed"), ("not found", "run closed")):
+    for needle, kind in (
+        ("stale", "stale"),
+        ("not waiting", "not waiting"),
+        ("unavailable", "context unavailable"),
+        ("no turn is running", "not running"),
+        ("malformed", "malformed"),
+        ("already completed", "run closed"),
+        ("not found", "run closed"),
+    ):
         if needle in low:
             return kind
     return "other"

@@ -2,6 +2,7 @@
 serves it), the ledger, the worker logs, the harness's own records and every
 workflow history after a run, and counts each invariant's violations. See
 bench/chaos.py for the invariants."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,25 +41,52 @@ def _record(lines: list[str], start: int) -> str:
     while end < len(lines) and not _LOG_RECORD_START.match(lines[end]):
         end += 1
     return "\n".join(lines[start:end])
-ABNORMAL_RUN = (WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED,
-                WorkflowExecutionStatus.TIMED_OUT, WorkflowExecutionStatus.CANCELED)
+
+
+ABNORMAL_RUN = (
+    WorkflowExecutionStatus.FAILED,
+    WorkflowExecutionStatus.TERMINATED,
+    WorkflowExecutionStatus.TIMED_OUT,
+    WorkflowExecutionStatus.CANCELED,
+)
 # How the reconciler's terminate (activities/run_sweep.py) names itself: it ends a run
 # whose workflow task keeps failing (activities/wedged_runs.py).
 RECONCILER_TERMINATES = "turnkeeper reconciler:"
 # invariant -> the details it sums
 INVARIANTS: dict[str, tuple[str, ...]] = {
-    "duplicate_tool_executions": ("ledger_keys_started_twice", "ledger_start_without_tool_runs_row",
-                                  "tool_calls_scheduled_twice"),
-    "lost_or_doubly_committed_messages": ("lost_messages", "doubly_committed_messages", "message_text_changed",
-                                          "unknown_user_rows", "chats_out_of_order",
-                                          "refused_but_committed"),
-    "stuck_turns": ("chats_running_at_end", "open_turn_rows_without_run", "gates_without_run",
-                    "closed_turns_without_one_turn_end", "runs_ended_abnormally", "run_errors"),
-    "nondeterminism_errors": ("nondeterminism_in_history", "workflow_task_failures", "worker_log_lines",
-                              "replay_failures"),
+    "duplicate_tool_executions": (
+        "ledger_keys_started_twice",
+        "ledger_start_without_tool_runs_row",
+        "tool_calls_scheduled_twice",
+    ),
+    "lost_or_doubly_committed_messages": (
+        "lost_messages",
+        "doubly_committed_messages",
+        "message_text_changed",
+        "unknown_user_rows",
+        "chats_out_of_order",
+        "refused_but_committed",
+    ),
+    "stuck_turns": (
+        "chats_running_at_end",
+        "open_turn_rows_without_run",
+        "gates_without_run",
+        "closed_turns_without_one_turn_end",
+        "runs_ended_abnormally",
+        "run_errors",
+    ),
+    "nondeterminism_errors": (
+        "nondeterminism_in_history",
+        "workflow_task_failures",
+        "worker_log_lines",
+        "replay_failures",
+    ),
     "unbalanced_transcripts": ("unbalanced_transcripts", "tool_rows_apart_from_their_call"),
-    "tools_run_without_approval": ("confirm_tool_scheduled_unapproved", "confirm_tool_started_unscheduled",
-                                   "denied_call_ran"),
+    "tools_run_without_approval": (
+        "confirm_tool_scheduled_unapproved",
+        "confirm_tool_started_unscheduled",
+        "denied_call_ran",
+    ),
     "actions_not_answered_in_time": ("actions_answered_late", "actions_unanswered"),
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
@@ -67,8 +95,9 @@ EVENT_PAGE = 1000
 ALL_CHATS = 1_000_000  # list_chats' limit: every chat of a run
 
 
-def no_worker_gaps(windows: list[tuple[float, float]], t0: float, from_s: float,
-                   until_s: float) -> list[tuple[float, float]]:
+def no_worker_gaps(
+    windows: list[tuple[float, float]], t0: float, from_s: float, until_s: float
+) -> list[tuple[float, float]]:
     """The spans (seconds since the harness started, within [from_s, until_s]) in
     which no worker was serving, from the merged serving windows (monotonic)."""
     gaps: list[tuple[float, float]] = []
@@ -97,7 +126,9 @@ def unserved_s(at_s: float, took_s: float, gaps: list[tuple[float, float]]) -> f
     return total
 
 
-def held_by_killed_workers(histories: list[WorkflowHistory], killed_pids: set[int]) -> dict[str, list[tuple[float, float]]]:
+def held_by_killed_workers(
+    histories: list[WorkflowHistory], killed_pids: set[int]
+) -> dict[str, list[tuple[float, float]]]:
     """Per chat, the spans (unix time) in which a run's workflow task sat with a
     killed worker: started by it and timed out, or sent to its sticky queue and
     timed out there. No live worker could act on the chat then: Temporal hands the
@@ -165,7 +196,8 @@ class Checker:
         if refused:
             report.anomalies.append(
                 f"{refused} model requests carried a tool call without its tool result: a real OpenAI "
-                "server refuses those with 400 (here: answered the same way, so the turn waits as model_failed)")
+                "server refuses those with 400 (here: answered the same way, so the turn waits as model_failed)"
+            )
         await self._load_store()
         self._turns_and_events()
         self._tools()
@@ -206,16 +238,25 @@ class Checker:
                 for n in range(1, last.turn + 1):  # a chat's turns are numbered 1, 2, 3, ...
                     r = await store.get_turn(last.chat_id, n) if n < last.turn else last
                     if r is not None:
-                        self.turns.append({
-                            "chat_id": r.chat_id, "turn": r.turn, "run_id": r.run_id, "status": r.status.value,
-                            "reason": r.reason.value if r.reason else None, "recovery_id": r.recovery_id,
-                            "attempts": r.attempts, "ended": int((r.chat_id, r.turn) in ended)})
+                        self.turns.append(
+                            {
+                                "chat_id": r.chat_id,
+                                "turn": r.turn,
+                                "run_id": r.run_id,
+                                "status": r.status.value,
+                                "reason": r.reason.value if r.reason else None,
+                                "recovery_id": r.recovery_id,
+                                "attempts": r.attempts,
+                                "ended": int((r.chat_id, r.turn) in ended),
+                            }
+                        )
         finally:
             await store.close()
         # Chats in the order of their first row, rows of all chats in transcript order (the order findings come in).
         self.rows_of = dict(sorted(rows_of.items(), key=lambda item: item[1][0].id))
-        self.messages = sorted(((chat_id, r) for chat_id, rows in rows_of.items() for r in rows),
-                               key=lambda m: m[1].id)
+        self.messages = sorted(
+            ((chat_id, r) for chat_id, rows in rows_of.items() for r in rows), key=lambda m: m[1].id
+        )
         # The store records each tool start (its idempotency key) with a `tool_started` event.
         self.tool_runs = {e.payload.get("idempotency_key") for e in self.events if e.type == "tool_started"}
         self.turns_of: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
@@ -228,11 +269,15 @@ class Checker:
         by_status = Counter(r["status"] for r in self.turns)
         report.turns_by_status = dict(by_status)
         report.turns_closed = sum(by_status[s] for s in CLOSED_TURN)
-        report.recovered_by_reason = dict(Counter(r["reason"] for r in self.turns if r["status"] == "recovered"))
+        report.recovered_by_reason = dict(
+            Counter(r["reason"] for r in self.turns if r["status"] == "recovered")
+        )
         for r in self.turns:
             if r["reason"] == "superseded" and r["turn"] + 1 not in self.turns_of[r["chat_id"]]:
-                report.anomalies.append(f"chat {r['chat_id']}: turn {r['turn']} was superseded but no turn "
-                                        "follows it (superseded by a retried message id?)")
+                report.anomalies.append(
+                    f"chat {r['chat_id']}: turn {r['turn']} was superseded but no turn "
+                    "follows it (superseded by a retried message id?)"
+                )
                 self.evidence[r["chat_id"]].append(f"turn {r['turn']} superseded without a successor")
         gates: Counter[str] = Counter()
         ended: dict[tuple[str, int], int] = {}
@@ -251,7 +296,8 @@ class Checker:
                     report.anomalies.append(
                         f"chat {e.chat_id}: turn {payload.get('turn')} got recovery_state "
                         f"{payload.get('status')}/{payload.get('reason')} (seq {e.seq}) after its turn_end "
-                        f"(seq {ended[key]}): a closed turn was reopened")
+                        f"(seq {ended[key]}): a closed turn was reopened"
+                    )
                     self.evidence[e.chat_id].append(f"turn {payload.get('turn')} reopened after turn_end")
             elif e.type == "turn_end":
                 ended.setdefault(key, e.seq)
@@ -267,8 +313,10 @@ class Checker:
         for (chat_id, turn, step), n in assistant_writes.items():
             if n > 1:
                 self.det["assistant_row_rewritten"] += 1
-                report.anomalies.append(f"chat {chat_id}: turn {turn} step {step}: the assistant row was "
-                                        f"written {n} times (an answer rewritten in place)")
+                report.anomalies.append(
+                    f"chat {chat_id}: turn {turn} step {step}: the assistant row was "
+                    f"written {n} times (an answer rewritten in place)"
+                )
                 self.evidence[chat_id].append(f"turn {turn} step {step} assistant row written {n} times")
 
     # -- 1. tools ------------------------------------------------------------------------------
@@ -276,7 +324,9 @@ class Checker:
         h, report = self.h, self.report
         starts: dict[str, list[str]] = defaultdict(list)
         dones: Counter[str] = Counter()
-        self.confirm_starts: dict[str, str] = {}  # tool call id -> its ledger start, of the tool that asks first
+        self.confirm_starts: dict[
+            str, str
+        ] = {}  # tool call id -> its ledger start, of the tool that asks first
         for line in h.ledger.read_text().splitlines():
             parts = line.split()
             if len(parts) >= 2 and parts[0] == "start":
@@ -287,11 +337,17 @@ class Checker:
                 dones[parts[1]] += 1
         for key, lines in starts.items():
             if len(lines) > 1:
-                self.fail("ledger_keys_started_twice", f"tool executed {len(lines)} times: {key}: {lines}",
-                          key.split("/")[0], f"tool {key} started {len(lines)} times")
+                self.fail(
+                    "ledger_keys_started_twice",
+                    f"tool executed {len(lines)} times: {key}: {lines}",
+                    key.split("/")[0],
+                    f"tool {key} started {len(lines)} times",
+                )
             if key not in self.tool_runs:
-                self.fail("ledger_start_without_tool_runs_row",
-                          f"tool acted without a tool_runs row in the store: {key}")
+                self.fail(
+                    "ledger_start_without_tool_runs_row",
+                    f"tool acted without a tool_runs row in the store: {key}",
+                )
         killed_at = {k["pid"]: k["unix"] for k in h.kill_log}
 
         def cut_by_kill(line: str) -> bool:
@@ -302,7 +358,8 @@ class Checker:
 
         cut_off = [k for k in starts if dones[k] == 0]
         report.tools = {
-            "starts": sum(len(v) for v in starts.values()), "done": sum(dones.values()),
+            "starts": sum(len(v) for v in starts.values()),
+            "done": sum(dones.values()),
             "cut_off": len(cut_off),
             "cut_off_by_kills": sum(1 for k in cut_off if cut_by_kill(starts[k][0])),
             "recorded_not_acted": sum(1 for k in self.tool_runs if k not in starts),
@@ -335,49 +392,76 @@ class Checker:
                         self.det["refusals_announced_more_than_sent"] += 1
                         report.anomalies.append(
                             f"chat {chat.chat_id} message {mid}: {self.refusals[(chat.chat_id, mid)]} "
-                            f"message_rejected events for {chat.sent[mid]} sends")
+                            f"message_rejected events for {chat.sent[mid]} sends"
+                        )
                     if count[mid] == 1 and mid in resent:
                         msg["refused_then_sent_again_and_committed"] += 1  # as the refusal asks
                     elif count[mid]:
-                        self.fail("refused_but_committed",
-                                  f"chat {chat.chat_id} message {mid} was refused ({refused[mid]}) "
-                                  f"but committed {count[mid]} times", chat.chat_id,
-                                  f"message {mid} refused and committed")
+                        self.fail(
+                            "refused_but_committed",
+                            f"chat {chat.chat_id} message {mid} was refused ({refused[mid]}) "
+                            f"but committed {count[mid]} times",
+                            chat.chat_id,
+                            f"message {mid} refused and committed",
+                        )
                     continue
                 if count[mid] == 0:
-                    self.fail("lost_messages", f"acknowledged message lost: chat {chat.chat_id} message {mid}"
-                              + (" (acknowledged during a store outage)" if mid in chat.acked_during_outage
-                                 else ""), chat.chat_id, f"message {mid} acknowledged, never committed")
+                    self.fail(
+                        "lost_messages",
+                        f"acknowledged message lost: chat {chat.chat_id} message {mid}"
+                        + (
+                            " (acknowledged during a store outage)" if mid in chat.acked_during_outage else ""
+                        ),
+                        chat.chat_id,
+                        f"message {mid} acknowledged, never committed",
+                    )
                 elif count[mid] > 1 or contents[text] > 1:
-                    self.fail("doubly_committed_messages", f"message committed {max(count[mid], contents[text])} "
-                              f"times: chat {chat.chat_id} message {mid}", chat.chat_id,
-                              f"message {mid} committed more than once")
+                    self.fail(
+                        "doubly_committed_messages",
+                        f"message committed {max(count[mid], contents[text])} "
+                        f"times: chat {chat.chat_id} message {mid}",
+                        chat.chat_id,
+                        f"message {mid} committed more than once",
+                    )
                 else:
                     msg["committed"] += 1
                     if mid in chat.acked_during_outage:
                         msg["committed_acknowledged_during_outage"] += 1
                     row = next(r for r in rows if r.message_id == mid)
                     if row.message.content != text:
-                        self.fail("message_text_changed", f"chat {chat.chat_id} message {mid}: committed text "
-                                  "differs", chat.chat_id)
+                        self.fail(
+                            "message_text_changed",
+                            f"chat {chat.chat_id} message {mid}: committed text differs",
+                            chat.chat_id,
+                        )
             for mid in chat.unacked:
                 if count[mid] > 1:
-                    self.fail("doubly_committed_messages",
-                              f"unacknowledged message committed {count[mid]} times: {mid}", chat.chat_id)
+                    self.fail(
+                        "doubly_committed_messages",
+                        f"unacknowledged message committed {count[mid]} times: {mid}",
+                        chat.chat_id,
+                    )
                 elif count[mid] == 1:
                     msg["unacknowledged_but_committed"] += 1
             unknown = [i for i in ids if i not in chat.texts]
             if unknown:
                 self.det["unknown_user_rows"] += len(unknown) - 1
-                self.fail("unknown_user_rows", f"chat {chat.chat_id}: user rows nobody sent: {unknown}",
-                          chat.chat_id)
+                self.fail(
+                    "unknown_user_rows",
+                    f"chat {chat.chat_id}: user rows nobody sent: {unknown}",
+                    chat.chat_id,
+                )
             # A refused message sent again later has its place where it was sent again.
             committed_order = [i for i in ids if i in chat.acked_set and i not in refused]
             expected_order = [i for i in chat.acked if count[i] >= 1 and i not in refused]
             if committed_order != expected_order:
-                self.fail("chats_out_of_order", f"chat {chat.chat_id}: messages committed out of order: "
-                          f"sent {expected_order}, committed {committed_order}", chat.chat_id,
-                          "user rows out of order")
+                self.fail(
+                    "chats_out_of_order",
+                    f"chat {chat.chat_id}: messages committed out of order: "
+                    f"sent {expected_order}, committed {committed_order}",
+                    chat.chat_id,
+                    "user rows out of order",
+                )
         report.messages = dict(msg)
 
     # -- 5. transcripts stay balanced: one tool row per tool call, no orphan tool row ------------
@@ -392,15 +476,22 @@ class Checker:
                     answered[r.message.tool_call_id] += 1
             bad = [c for c in calls if answered[c] != 1] + [c for c in answered if c not in calls]
             if bad:
-                self.fail("unbalanced_transcripts", f"chat {chat_id}: unbalanced tool rows for calls {bad}",
-                          chat_id, f"unbalanced tool rows {bad}")
+                self.fail(
+                    "unbalanced_transcripts",
+                    f"chat {chat_id}: unbalanced tool rows for calls {bad}",
+                    chat_id,
+                    f"unbalanced tool rows {bad}",
+                )
             # A provider also wants each call's tool row right after the call's assistant row.
-            apart = [c for c in unanswered_tool_calls([_body(r) for r in rows])
-                     if c not in bad]
+            apart = [c for c in unanswered_tool_calls([_body(r) for r in rows]) if c not in bad]
             if apart:
-                self.fail("tool_rows_apart_from_their_call", f"chat {chat_id}: the tool rows of calls {apart} do not "
-                          "follow their assistant row at once (a provider refuses the transcript)", chat_id,
-                          f"tool rows apart from their call {apart}")
+                self.fail(
+                    "tool_rows_apart_from_their_call",
+                    f"chat {chat_id}: the tool rows of calls {apart} do not "
+                    "follow their assistant row at once (a provider refuses the transcript)",
+                    chat_id,
+                    f"tool rows apart from their call {apart}",
+                )
 
     # -- 3. stuck turns ----------------------------------------------------------------------------
     def _stuck(self) -> None:
@@ -411,22 +502,38 @@ class Checker:
             if isinstance(state, dict) and state.get("status") == "awaiting_user":
                 report.anomalies.append(f"chat {chat_id} ended waiting visibly: {state.get('reason')}")
                 continue
-            self.fail("chats_running_at_end", f"chat {chat_id} still running after settling: {state}",
-                      chat_id, "running at the end")
+            self.fail(
+                "chats_running_at_end",
+                f"chat {chat_id} still running after settling: {state}",
+                chat_id,
+                "running at the end",
+            )
         for r in self.turns:
             chat_id, turn = r["chat_id"], r["turn"]
             if r["status"] in ("running", "resuming"):
                 if chat_id not in still_running:
-                    self.fail("open_turn_rows_without_run", f"chat {chat_id} turn {turn}: store says "
-                              f"{r['status']} but no run is running", chat_id, f"turn {turn} open in the store")
+                    self.fail(
+                        "open_turn_rows_without_run",
+                        f"chat {chat_id} turn {turn}: store says {r['status']} but no run is running",
+                        chat_id,
+                        f"turn {turn} open in the store",
+                    )
             elif r["status"] == "awaiting_user" and chat_id not in still_running:
-                self.fail("gates_without_run", f"chat {chat_id} turn {turn}: store says awaiting_user "
-                          "but no run is waiting", chat_id, f"turn {turn} awaiting in the store without a run")
+                self.fail(
+                    "gates_without_run",
+                    f"chat {chat_id} turn {turn}: store says awaiting_user but no run is waiting",
+                    chat_id,
+                    f"turn {turn} awaiting in the store without a run",
+                )
             elif r["status"] in CLOSED_TURN and self.turn_ends[(chat_id, turn)] != 1:
                 # What reads the event log (`send`, a UI) would show it working forever, or end it twice.
-                self.fail("closed_turns_without_one_turn_end", f"chat {chat_id} turn {turn}: "
-                          f"{r['status']}/{r['reason']} with {self.turn_ends[(chat_id, turn)]} turn_end events",
-                          chat_id, f"turn {turn} closed without one turn_end")
+                self.fail(
+                    "closed_turns_without_one_turn_end",
+                    f"chat {chat_id} turn {turn}: "
+                    f"{r['status']}/{r['reason']} with {self.turn_ends[(chat_id, turn)]} turn_end events",
+                    chat_id,
+                    f"turn {turn} closed without one turn_end",
+                )
         for text in h.slow_turns:
             report.anomalies.append(text)
         for text in h.run_errors:
@@ -447,12 +554,21 @@ class Checker:
         h.pool.look_for_serving()
         until = h.pool.stopped_at or time.monotonic()
         gaps = no_worker_gaps(h.pool.serving_windows(until), h.t0, h.chaos_from_s, until - h.t0)
-        report.no_worker_gaps = {"count": len(gaps), "total_s": round(sum(b - a for a, b in gaps), 2),
-                                 "longest_s": round(max((b - a for a, b in gaps), default=0.0), 2)}
-        served = [a.latency_s - unserved_s(a.at_s, a.latency_s, gaps) for a in log.actions
-                  if a.latency_s is not None and a.kind != "burst"]
-        report.latency_served = {"n": len(served), "max_s": round(max(served, default=0.0), 3),
-                                 "p99_s": round(percentile(served, 99), 3)}
+        report.no_worker_gaps = {
+            "count": len(gaps),
+            "total_s": round(sum(b - a for a, b in gaps), 2),
+            "longest_s": round(max((b - a for a, b in gaps), default=0.0), 2),
+        }
+        served = [
+            a.latency_s - unserved_s(a.at_s, a.latency_s, gaps)
+            for a in log.actions
+            if a.latency_s is not None and a.kind != "burst"
+        ]
+        report.latency_served = {
+            "n": len(served),
+            "max_s": round(max(served, default=0.0), 3),
+            "p99_s": round(percentile(served, 99), 3),
+        }
         # Likewise the time the chat's task sat with a worker the killer had killed
         # (the contract's clock starts when an action reaches a live worker).
         held = held_by_killed_workers(histories, {k["pid"] for k in h.kill_log})
@@ -461,47 +577,82 @@ class Checker:
             offset = a.unix - a.at_s
             return [(u0 - offset, u1 - offset) for u0, u1 in held[a.chat_id]]
 
-        live = [a.latency_s - unserved_s(a.at_s, a.latency_s, gaps + held_gaps(a)) for a in log.actions
-                if a.latency_s is not None and a.kind != "burst"]
-        report.latency_live = {"n": len(live), "max_s": round(max(live, default=0.0), 3),
-                               "p99_s": round(percentile(live, 99), 3)}
+        live = [
+            a.latency_s - unserved_s(a.at_s, a.latency_s, gaps + held_gaps(a))
+            for a in log.actions
+            if a.latency_s is not None and a.kind != "burst"
+        ]
+        report.latency_live = {
+            "n": len(live),
+            "max_s": round(max(live, default=0.0), 3),
+            "p99_s": round(percentile(live, 99), 3),
+        }
         for a in log.unanswered(bound):
-            if a.latency_s is not None and self._late_only_on_the_raw_clock(a, bound, (
+            if a.latency_s is not None and self._late_only_on_the_raw_clock(
+                a,
+                bound,
+                (
                     ("late_only_while_no_worker_served", gaps, "with no worker serving"),
-                    ("late_only_while_a_killed_worker_held_its_task", gaps + held_gaps(a),
-                     "with no worker serving or the chat's task held by a killed worker"))):
+                    (
+                        "late_only_while_a_killed_worker_held_its_task",
+                        gaps + held_gaps(a),
+                        "with no worker serving or the chat's task held by a killed worker",
+                    ),
+                ),
+            ):
                 continue
             detail = "actions_unanswered" if a.latency_s is None else "actions_answered_late"
-            took = f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"
+            took = (
+                f"no answer in {h.cfg.action_wait_s:.0f} s" if a.latency_s is None else f"{a.latency_s:.2f} s"
+            )
             around = self._circumstances(a.at_s, a.latency_s or h.cfg.action_wait_s)
             self.late.append(a)
-            self.fail(detail, f"chat {a.chat_id}: {a.kind} ({a.source}, id {a.id_kind}, status seen "
-                      f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}{around}", a.chat_id,
-                      f"{a.kind} at {a.at_s:.1f} s took {took}")
-        made_up = [a for a in log.actions if a.id_kind == "made-up" and a.outcome == "accepted"
-                   and a.kind.endswith("/decide")]
+            self.fail(
+                detail,
+                f"chat {a.chat_id}: {a.kind} ({a.source}, id {a.id_kind}, status seen "
+                f"{a.status_seen}) at {a.at_s:.1f} s answered after {took}: {a.outcome}{around}",
+                a.chat_id,
+                f"{a.kind} at {a.at_s:.1f} s took {took}",
+            )
+        made_up = [
+            a
+            for a in log.actions
+            if a.id_kind == "made-up" and a.outcome == "accepted" and a.kind.endswith("/decide")
+        ]
         for a in made_up:
-            self.fail("run_errors", f"chat {a.chat_id}: {a.kind} with a made-up recovery id was accepted", a.chat_id)
+            self.fail(
+                "run_errors", f"chat {a.chat_id}: {a.kind} with a made-up recovery id was accepted", a.chat_id
+            )
         # Expected under the contract, not an invariant of its own: Dismiss with the
         # current id is accepted in every open status, resuming included.
-        refused = [a for a in log.actions if a.kind == "dismiss/decide" and a.id_kind == "current"
-                   and a.status_seen == "resuming" and a.outcome.startswith("refused")]
+        refused = [
+            a
+            for a in log.actions
+            if a.kind == "dismiss/decide"
+            and a.id_kind == "current"
+            and a.status_seen == "resuming"
+            and a.outcome.startswith("refused")
+        ]
         if refused:
             report.anomalies.append(
                 f"{len(refused)} Dismiss decisions with the current id were refused while the turn was resuming "
                 f"(e.g. chat {refused[0].chat_id} at {refused[0].at_s:.1f} s: {refused[0].outcome}); the "
-                "contract accepts them (a race with the turn's end refuses some)")
+                "contract accepts them (a race with the turn's end refuses some)"
+            )
 
-    def _late_only_on_the_raw_clock(self, a: Any, bound: float,
-                                    clocks: tuple[tuple[str, list[tuple[float, float]], str], ...]) -> bool:
+    def _late_only_on_the_raw_clock(
+        self, a: Any, bound: float, clocks: tuple[tuple[str, list[tuple[float, float]], str], ...]
+    ) -> bool:
         """In time on one of `clocks` (the spans no live worker could answer in): an
         anomaly named after the first such clock, not a failure."""
         for detail, spans, words in clocks:
             unserved = unserved_s(a.at_s, a.latency_s, spans)
             if a.latency_s - unserved <= bound:
                 self.det[detail] += 1
-                self.report.anomalies.append(f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took "
-                                             f"{a.latency_s:.2f} s, of which {unserved:.2f} s {words}")
+                self.report.anomalies.append(
+                    f"chat {a.chat_id}: {a.kind} at {a.at_s:.1f} s took "
+                    f"{a.latency_s:.2f} s, of which {unserved:.2f} s {words}"
+                )
                 return True
         return False
 
@@ -512,12 +663,16 @@ class Checker:
         for hist in histories:
             for ev in hist.events:
                 if ev.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-                    timeouts[hist.workflow_id.removeprefix("chat-")].append(ev.event_time.ToMicroseconds() / 1e6)
+                    timeouts[hist.workflow_id.removeprefix("chat-")].append(
+                        ev.event_time.ToMicroseconds() / 1e6
+                    )
         for a in self.late:
             took = a.latency_s if a.latency_s is not None else self.h.cfg.action_wait_s
             if any(a.unix <= t <= a.unix + took + 0.5 for t in timeouts[a.chat_id]):
                 self.det["late_behind_a_workflow_task_timeout"] += 1
-            elif any(o["at_s"] <= a.at_s + took and a.at_s <= o["at_s"] + o["held_s"] for o in self.h.outage_log):
+            elif any(
+                o["at_s"] <= a.at_s + took and a.at_s <= o["at_s"] + o["held_s"] for o in self.h.outage_log
+            ):
                 self.det["late_in_a_store_outage"] += 1
             else:
                 self.det["late_otherwise"] += 1
@@ -525,10 +680,16 @@ class Checker:
     def _circumstances(self, at_s: float, took_s: float) -> str:
         """The kills (up to 10 s before, the workflow task timeout) and outages around an action."""
         h = self.h
-        parts = [f"kill {k['kill']} of worker {k['worker']} {at_s - k['at_s']:+.1f} s before it"
-                 for k in h.kill_log if at_s - 10.5 <= k["at_s"] <= at_s + took_s]
-        parts += [f"store outage {o['outage']} ({o['at_s']:.1f}-{o['at_s'] + o['held_s']:.1f} s)"
-                  for o in h.outage_log if o["at_s"] <= at_s + took_s and at_s <= o["at_s"] + o["held_s"]]
+        parts = [
+            f"kill {k['kill']} of worker {k['worker']} {at_s - k['at_s']:+.1f} s before it"
+            for k in h.kill_log
+            if at_s - 10.5 <= k["at_s"] <= at_s + took_s
+        ]
+        parts += [
+            f"store outage {o['outage']} ({o['at_s']:.1f}-{o['at_s'] + o['held_s']:.1f} s)"
+            for o in h.outage_log
+            if o["at_s"] <= at_s + took_s and at_s <= o["at_s"] + o["held_s"]
+        ]
         return f" [{'; '.join(parts)}]" if parts else ""
 
     # -- 2 and 3 (issue). probes answered; no run running with nothing to do ----------------------------
@@ -536,11 +697,20 @@ class Checker:
         h, report = self.h, self.report
         report.probes = dict(h.probe_summary)
         for chat_id, why in h.probe_failures.items():
-            self.fail("probes_unanswered", f"chat {chat_id}: the probe message was not answered within "
-                      f"{h.cfg.probe_timeout_s:.0f} s: {why}", chat_id, f"probe unanswered: {why}")
+            self.fail(
+                "probes_unanswered",
+                f"chat {chat_id}: the probe message was not answered within "
+                f"{h.cfg.probe_timeout_s:.0f} s: {why}",
+                chat_id,
+                f"probe unanswered: {why}",
+            )
         for chat_id, why in h.idle_runs.items():
-            self.fail("idle_running_runs", f"chat {chat_id}: run running with nothing to do: {why}", chat_id,
-                      f"idle run: {why}")
+            self.fail(
+                "idle_running_runs",
+                f"chat {chat_id}: run running with nothing to do: {why}",
+                chat_id,
+                f"idle run: {why}",
+            )
 
     # -- workflow runs and their histories ----------------------------------------------------------
     async def _runs_and_histories(self) -> list[WorkflowHistory]:
@@ -550,15 +720,19 @@ class Checker:
         report.runs_by_status = dict(Counter(wf.status.name.lower() if wf.status else "?" for wf in runs))
         for wf in runs:
             if wf.status in ABNORMAL_RUN:
-                self.fail("runs_ended_abnormally", f"run {wf.id}/{wf.run_id} ended {wf.status.name}",
-                          wf.id.removeprefix("chat-"), f"run {wf.run_id} {wf.status.name}")
+                self.fail(
+                    "runs_ended_abnormally",
+                    f"run {wf.id}/{wf.run_id} ended {wf.status.name}",
+                    wf.id.removeprefix("chat-"),
+                    f"run {wf.run_id} {wf.status.name}",
+                )
         sem = asyncio.Semaphore(8)
 
         async def fetch(wf: Any) -> WorkflowHistory | None:
             async with sem:
                 try:
                     return await h.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     report.anomalies.append(f"history of {wf.id}/{wf.run_id} not fetched: {err}")
                     return None
 
@@ -583,12 +757,19 @@ class Checker:
                         continue
                     cause = WorkflowTaskFailedCause.Name(a.cause)
                     text = f"{cause}: {a.failure.message}"
-                    detail = ("nondeterminism_in_history" if "NON_DETERMINISTIC" in cause
-                              or "nondetermin" in text.lower() else "workflow_task_failures")
+                    detail = (
+                        "nondeterminism_in_history"
+                        if "NON_DETERMINISTIC" in cause or "nondetermin" in text.lower()
+                        else "workflow_task_failures"
+                    )
                     self._save_history(hist)
-                    self.fail(detail, f"workflow task failed in {hist.workflow_id}/{hist.run_id} "
-                              f"(event {ev.event_id}, {a.identity}): {text[:500]}",
-                              hist.workflow_id.removeprefix("chat-"), f"workflow task failed: {cause}")
+                    self.fail(
+                        detail,
+                        f"workflow task failed in {hist.workflow_id}/{hist.run_id} "
+                        f"(event {ev.event_id}, {a.identity}): {text[:500]}",
+                        hist.workflow_id.removeprefix("chat-"),
+                        f"workflow task failed: {cause}",
+                    )
                 elif et == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
                     failed = ev.activity_task_failed_event_attributes
                     if failed.failure.application_failure_info.type == io.STORE_UNAVAILABLE_ERROR:
@@ -609,9 +790,11 @@ class Checker:
                             if scheduled_input.get("approved") is True:
                                 self.approved_calls.add(call_id)
                             else:
-                                self.fail("confirm_tool_scheduled_unapproved",
-                                          f"{CONFIRM_TOOL} call {call_id} scheduled without approval: {where}",
-                                          hist.workflow_id.removeprefix("chat-"))
+                                self.fail(
+                                    "confirm_tool_scheduled_unapproved",
+                                    f"{CONFIRM_TOOL} call {call_id} scheduled without approval: {where}",
+                                    hist.workflow_id.removeprefix("chat-"),
+                                )
         ended = ended_by_reconciler(histories)
         report.runs_ended_by_reconciler = len(ended)
         for hist in histories:
@@ -620,13 +803,16 @@ class Checker:
             if hist.run_id in ended:
                 self._save_history(hist)  # its workflow task kept failing: the history says where
                 self.evidence[hist.workflow_id.removeprefix("chat-")].append(
-                    f"run {hist.run_id} ended by the reconciler: {ended[hist.run_id][:300]}")
+                    f"run {hist.run_id} ended by the reconciler: {ended[hist.run_id][:300]}"
+                )
         identities.discard("")
         report.worker_identities_serving = len(identities)
         for call_id, where in scheduled.items():
             where = [w for w in where if w not in never_acted]
             if len(where) > 1:
-                self.fail("tool_calls_scheduled_twice", f"tool call {call_id} scheduled {len(where)} times: {where}")
+                self.fail(
+                    "tool_calls_scheduled_twice", f"tool call {call_id} scheduled {len(where)} times: {where}"
+                )
         return histories
 
     # -- 5a. tools that ask first ------------------------------------------------------------------------
@@ -635,9 +821,11 @@ class Checker:
         answered as denied (or as not run for want of approval) never started."""
         for call_id, line in self.confirm_starts.items():
             if call_id not in self.approved_calls:
-                self.fail("confirm_tool_started_unscheduled",
-                          f"{CONFIRM_TOOL} started without an approved activity in any history: {line}",
-                          line.split()[1].split("/")[0])
+                self.fail(
+                    "confirm_tool_started_unscheduled",
+                    f"{CONFIRM_TOOL} started without an approved activity in any history: {line}",
+                    line.split()[1].split("/")[0],
+                )
         denied = unapproved = 0
         for chat_id, m in self.messages:
             if m.message.role != "tool":
@@ -649,11 +837,18 @@ class Checker:
             unapproved += content == UNAPPROVED_TOOL_TEXT
             call_id = m.message.tool_call_id
             if call_id in self.confirm_starts:
-                self.fail("denied_call_ran", f"call {call_id} of chat {chat_id} answered "
-                          f"{content!r} but the ledger shows it ran: {self.confirm_starts[call_id]}", chat_id)
-        self.report.approvals = {"approved_calls_scheduled": len(self.approved_calls),
-                                 "approved_calls_started": len(self.confirm_starts),
-                                 "denied_rows": denied, "not_run_rows": unapproved}
+                self.fail(
+                    "denied_call_ran",
+                    f"call {call_id} of chat {chat_id} answered "
+                    f"{content!r} but the ledger shows it ran: {self.confirm_starts[call_id]}",
+                    chat_id,
+                )
+        self.report.approvals = {
+            "approved_calls_scheduled": len(self.approved_calls),
+            "approved_calls_started": len(self.confirm_starts),
+            "denied_rows": denied,
+            "not_run_rows": unapproved,
+        }
 
     # -- 4. non-determinism -----------------------------------------------------------------------------
     async def _nondeterminism(self, histories: list[WorkflowHistory]) -> None:
@@ -684,16 +879,21 @@ class Checker:
         # Watched: a run whose workflow code fails past its history's last completed
         # task (a message no worker took yet) counts too; the replayer only logs it.
         watch = FailureWatch(SandboxedWorkflowRunner())
-        results = await Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
-                                 workflow_runner=watch).replay_workflows(each(), raise_on_replay_failure=False)
+        results = await Replayer(
+            workflows=[ChatTurn], data_converter=pydantic_data_converter, workflow_runner=watch
+        ).replay_workflows(each(), raise_on_replay_failure=False)
         report.replayed_histories = len(histories)
         failures: dict[str, object] = {run_id: watch.next_task_failure(run_id) for run_id in watch.failures}
         failures.update(results.replay_failures)
         for run_id, failure in failures.items():
             hist = next(x for x in histories if x.run_id == run_id)
             chat_id = hist.workflow_id.removeprefix("chat-")
-            self.fail("replay_failures", f"replay of {hist.workflow_id}/{run_id} failed: {failure!r}"[:600],
-                      chat_id, f"replay of run {run_id} failed")
+            self.fail(
+                "replay_failures",
+                f"replay of {hist.workflow_id}/{run_id} failed: {failure!r}"[:600],
+                chat_id,
+                f"replay of run {run_id} failed",
+            )
             self._save_history(hist)
         h.log(f"replayed {len(histories)} histories in {time.monotonic() - replay_start:.1f} s")
 
@@ -713,8 +913,10 @@ class Checker:
         h = self.h
         out = h.work / "evidence"
         out.mkdir(exist_ok=True)
-        logs = {p.name: p.read_text(errors="replace").splitlines()
-                for p in sorted((h.work / "logs").glob("worker-*.log"))}
+        logs = {
+            p.name: p.read_text(errors="replace").splitlines()
+            for p in sorted((h.work / "logs").glob("worker-*.log"))
+        }
         for chat_id, why in self.evidence.items():
             wid = tk.workflow_id(chat_id)
             chat = h.chats.get(chat_id)
@@ -726,15 +928,33 @@ class Checker:
                 "actions": [vars(a) for a in h.actions.actions if a.chat_id == chat_id],
                 "outages": h.outage_log,
                 "turns": [dict(r) for r in self.turns_of.get(chat_id, {}).values()],
-                "transcript": [{"id": r.id, "turn": r.turn, "role": r.message.role, "message_id": r.message_id,
-                                "step": r.step, "body": _short_body(_body(r))}
-                               for r in self.rows_of.get(chat_id, [])],
-                "events": [{"seq": e.seq, "type": e.type, "payload": _short_body(e.payload)}
-                           for e in self.events if e.chat_id == chat_id],
-                "runs": [{"run_id": x.run_id, "events": [event_line(ev) for ev in x.events]}
-                         for x in histories if x.workflow_id == wid],
-                "worker_log_lines": [f"{name}:{n}: {line[:2000]}" for name, lines in logs.items()
-                                     for n, line in enumerate(lines, 1) if chat_id in line],
+                "transcript": [
+                    {
+                        "id": r.id,
+                        "turn": r.turn,
+                        "role": r.message.role,
+                        "message_id": r.message_id,
+                        "step": r.step,
+                        "body": _short_body(_body(r)),
+                    }
+                    for r in self.rows_of.get(chat_id, [])
+                ],
+                "events": [
+                    {"seq": e.seq, "type": e.type, "payload": _short_body(e.payload)}
+                    for e in self.events
+                    if e.chat_id == chat_id
+                ],
+                "runs": [
+                    {"run_id": x.run_id, "events": [event_line(ev) for ev in x.events]}
+                    for x in histories
+                    if x.workflow_id == wid
+                ],
+                "worker_log_lines": [
+                    f"{name}:{n}: {line[:2000]}"
+                    for name, lines in logs.items()
+                    for n, line in enumerate(lines, 1)
+                    if chat_id in line
+                ],
             }
             (out / f"{chat_id}.json").write_text(json.dumps(data, indent=1, default=str))
 
@@ -778,8 +998,10 @@ def event_line(ev: Any) -> str:
         a = ev.activity_task_scheduled_event_attributes
         extra = f" {a.activity_type.name} {_payload(a.input)}"
     elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-        extra = f" sched={ev.activity_task_started_event_attributes.scheduled_event_id} " \
-                f"{ev.activity_task_started_event_attributes.identity}"
+        extra = (
+            f" sched={ev.activity_task_started_event_attributes.scheduled_event_id} "
+            f"{ev.activity_task_started_event_attributes.identity}"
+        )
     elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
         a = ev.activity_task_timed_out_event_attributes
         extra = f" sched={a.scheduled_event_id} {a.failure.message}"

@@ -1,5 +1,6 @@
 """The chaos harness's surroundings: the fake model and the worker processes
 (its Temporal dev server is bench/_common.py's). See bench/chaos.py."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +25,7 @@ SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
 
 
 # -- the model --------------------------------------------------------------------------
+
 
 class ChaosModel:
     """The FakeChatServer responder: decides each request from its messages."""
@@ -57,27 +59,42 @@ class ChaosModel:
             if is_summary_request(request):
                 # A long chat's older turns folded (bursts make chats long): a model answers in words.
                 self.counts["summary"] += 1
-                return {"text": f"summary {self.counts['summary']}: the user sent numbered messages and bursts",
-                        "delay": round(r.uniform(0, cfg.model_delay_max_s), 3)}
+                return {
+                    "text": f"summary {self.counts['summary']}: the user sent numbered messages and bursts",
+                    "delay": round(r.uniform(0, cfg.model_delay_max_s), 3),
+                }
             if cfg.strict_protocol and unanswered:
                 # What api.openai.com answers to such a request (a permanent error).
                 self.counts["protocol_violation"] += 1
-                return {"status": 400, "message": (
-                    "An assistant message with 'tool_calls' must be followed by tool messages responding "
-                    "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
-                    + ", ".join(unanswered))}
+                return {
+                    "status": 400,
+                    "message": (
+                        "An assistant message with 'tool_calls' must be followed by tool messages responding "
+                        "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                        + ", ".join(unanswered)
+                    ),
+                }
             if r.random() < cfg.provider_errors:
                 self.counts["429"] += 1
                 return {"status": 429, "message": "chaos: slow down"}
-            delay = r.uniform(1.0, 3.0) if r.random() < cfg.slow_model else r.uniform(0, cfg.model_delay_max_s)
+            delay = (
+                r.uniform(1.0, 3.0) if r.random() < cfg.slow_model else r.uniform(0, cfg.model_delay_max_s)
+            )
             wants_tools = last_role == "user" or (
-                last_role == "tool" and rounds < cfg.max_rounds and r.random() < cfg.second_round)
+                last_role == "tool" and rounds < cfg.max_rounds and r.random() < cfg.second_round
+            )
             if wants_tools:
                 n = 2 if r.random() < cfg.parallel_tools else 1
-                calls = [{"name": CONFIRM_TOOL if r.random() < cfg.confirm else TOOL,
-                          "arguments": {"note": f"n{r.randrange(10 ** 6)}",
-                                                      "seconds": round(r.uniform(0, cfg.tool_max_s), 2)}}
-                         for _ in range(n)]
+                calls = [
+                    {
+                        "name": CONFIRM_TOOL if r.random() < cfg.confirm else TOOL,
+                        "arguments": {
+                            "note": f"n{r.randrange(10**6)}",
+                            "seconds": round(r.uniform(0, cfg.tool_max_s), 2),
+                        },
+                    }
+                    for _ in range(n)
+                ]
                 self.counts[f"tool_calls_{n}"] += 1
                 return {"tool_calls": calls, "delay": round(delay, 3)}
             self.counts["text"] += 1
@@ -88,8 +105,11 @@ def is_summary_request(request: dict[str, Any]) -> bool:
     """The model activity asks the model to summarise a chat's older rows (no tools)."""
     messages = request.get("messages") or []
     first = messages[0] if messages else {}
-    return (not request.get("tools") and first.get("role") == "system"
-            and str(first.get("content", "")).startswith(SUMMARY_LEAD))
+    return (
+        not request.get("tools")
+        and first.get("role") == "system"
+        and str(first.get("content", "")).startswith(SUMMARY_LEAD)
+    )
 
 
 def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
@@ -99,7 +119,7 @@ def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
         if m.get("role") != "assistant" or not m.get("tool_calls"):
             continue
         answered = set()
-        for follower in messages[i + 1:]:
+        for follower in messages[i + 1 :]:
             if follower.get("role") != "tool":
                 break
             answered.add(follower.get("tool_call_id"))
@@ -110,7 +130,9 @@ def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
 # -- worker processes -------------------------------------------------------------------
 
 # The worker's own line once it is about to poll (turnkeeper/worker.py).
-SERVING_LINE = re.compile(rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO turnkeeper\.worker: worker serving")
+SERVING_LINE = re.compile(
+    rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO turnkeeper\.worker: worker serving"
+)
 
 
 @dataclass
@@ -118,9 +140,9 @@ class WorkerProc:
     index: int
     proc: subprocess.Popen[bytes]
     log: Path
-    started: float                  # time.monotonic() at spawn
+    started: float  # time.monotonic() at spawn
     serving_at: float | None = None  # time.monotonic() of its "worker serving" line
-    ended_at: float | None = None    # time.monotonic() when it was killed or seen gone
+    ended_at: float | None = None  # time.monotonic() when it was killed or seen gone
 
     @property
     def pid(self) -> int:
@@ -135,7 +157,10 @@ class WorkerProc:
             for line in self.log.read_bytes().splitlines():
                 m = SERVING_LINE.match(line)
                 if m:
-                    wall = time.mktime(time.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+                    wall = (
+                        time.mktime(time.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S"))
+                        + int(m.group(2)) / 1000
+                    )
                     self.serving_at = time.monotonic() - (time.time() - wall)
                     return
 
@@ -153,8 +178,15 @@ class WorkerPool:
     def spawn(self) -> WorkerProc:
         log = self.logs / f"worker-{self.started:03d}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=self.env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "worker.py"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         w = WorkerProc(self.started, proc, log, time.monotonic())
         self.started += 1
         self.workers.append(w)
@@ -188,8 +220,11 @@ class WorkerPool:
 
     def serving_windows(self, until: float) -> list[tuple[float, float]]:
         """The spans (monotonic) in which at least one worker was serving, merged."""
-        spans = sorted((w.serving_at, w.ended_at if w.ended_at is not None else until)
-                       for w in self.lives if w.serving_at is not None)
+        spans = sorted(
+            (w.serving_at, w.ended_at if w.ended_at is not None else until)
+            for w in self.lives
+            if w.serving_at is not None
+        )
         merged: list[tuple[float, float]] = []
         for a, b in spans:
             if merged and a <= merged[-1][1]:
@@ -213,5 +248,3 @@ class WorkerPool:
             if w.proc.poll() is None:
                 self.kill(w)
         self.workers.clear()
-
-

@@ -28,6 +28,7 @@ an outage reaches them and nobody else. Each outage is one of:
   as a restarting server or a proxy dropping connections would, in the middle of
   whatever transaction each one runs.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +56,7 @@ CUT_EVERY_S = (0.3, 1.5)
 @dataclass
 class Hold:
     """An outage (or a short stall) in progress; `release` ends it."""
+
     kind: str
     conn: object | None = None
     task: asyncio.Task[None] | None = None
@@ -116,9 +118,12 @@ class SQLiteChaosStore:
             return 0
         conn = sqlite3.connect(str(self.path), timeout=10)
         try:
-            return int(conn.execute(
-                f"SELECT COUNT(*) FROM turns WHERE status IN ({','.join('?' * len(CLOSED_TURN))})",
-                CLOSED_TURN).fetchone()[0])
+            return int(
+                conn.execute(
+                    f"SELECT COUNT(*) FROM turns WHERE status IN ({','.join('?' * len(CLOSED_TURN))})",
+                    CLOSED_TURN,
+                ).fetchone()[0]
+            )
         except sqlite3.Error:
             return None
         finally:
@@ -146,7 +151,9 @@ class SQLiteChaosStore:
 
     def _take_write_lock(self, timeout: float) -> sqlite3.Connection | None:
         try:
-            conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False
+            )
             conn.execute("BEGIN IMMEDIATE")
             return conn
         except sqlite3.Error:
@@ -209,8 +216,12 @@ class PostgresChaosStore:
     async def closed_turns(self) -> int | None:
         assert self._admin is not None
         try:
-            return int(await self._admin.fetchval(
-                f'SELECT COUNT(*) FROM "{self.name}".turns WHERE status = ANY($1::text[])', list(CLOSED_TURN)))
+            return int(
+                await self._admin.fetchval(
+                    f'SELECT COUNT(*) FROM "{self.name}".turns WHERE status = ANY($1::text[])',
+                    list(CLOSED_TURN),
+                )
+            )
         except asyncpg.UndefinedTableError:
             return 0
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
@@ -254,8 +265,10 @@ class PostgresChaosStore:
     async def _lock_tables(self, timeout: float) -> Hold | None:
         conn = await asyncpg.connect(self.admin_url, timeout=10)
         try:
-            tables = [r["tablename"] for r in await conn.fetch(
-                "SELECT tablename FROM pg_tables WHERE schemaname = $1", self.name)]
+            tables = [
+                r["tablename"]
+                for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", self.name)
+            ]
             if not tables:
                 await conn.close()
                 return None
@@ -276,10 +289,13 @@ class PostgresChaosStore:
 
     async def _cut(self, admin: asyncpg.Pool) -> int:
         """End every session of the run's role; how many there were."""
-        return int(await admin.fetchval(
-            "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE usename = $1 AND pid <> pg_backend_pid()) AS cut", self.name))
+        return int(
+            await admin.fetchval(
+                "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE usename = $1 AND pid <> pg_backend_pid()) AS cut",
+                self.name,
+            )
+        )
 
     async def _reset_role(self, admin: asyncpg.Pool) -> None:
         await admin.execute(f'ALTER ROLE "{self.name}" RESET default_transaction_read_only')
-

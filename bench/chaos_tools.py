@@ -14,6 +14,7 @@ before a SIGKILL is on disk:
     start <idempotency key> pid=<worker pid> t=<unix time> [tool=ledger_confirm]
     done <idempotency key> pid=<worker pid> t=<unix time> [tool=ledger_confirm]
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -5,6 +5,7 @@ by a bare signal; with current, stale and made-up recovery ids), sends bursts of
 follow-ups while a tool runs; a gate driver answers every gate; and after the
 run a probe message goes to every chat. Every action's answer time is recorded.
 See bench/chaos.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,13 @@ async def query_state(client: Any, chat_id: str, timeout: float = 20.0) -> dict[
 def gate_key(chat_id: str, state: dict[str, Any]) -> tuple[str, ...]:
     """One gate: a turn keeps its recovery id at every gate it opens, so the id alone
     does not tell an answered approval gate from the next gate of the same turn."""
-    return (chat_id, str(state.get("recovery_id")), str(state.get("reason")), str(state.get("attempts")),
-            *sorted(str(a.get("id")) for a in state.get("approvals") or []))
+    return (
+        chat_id,
+        str(state.get("recovery_id")),
+        str(state.get("reason")),
+        str(state.get("attempts")),
+        *sorted(str(a.get("id")) for a in state.get("approvals") or []),
+    )
 
 
 def tool_running(state: dict[str, Any]) -> bool:
@@ -53,9 +59,21 @@ def state_signature(state: dict[str, Any] | str) -> str:
     """What changes while a run makes progress."""
     if isinstance(state, str):
         return "query failed"
-    return json.dumps([state.get(k) for k in ("turn", "status", "reason", "recovery_id", "attempts",
-                                              "pending_followups", "store_unavailable")]
-                      + [[c.get("id"), c.get("status")] for c in state.get("tool_calls") or []])
+    return json.dumps(
+        [
+            state.get(k)
+            for k in (
+                "turn",
+                "status",
+                "reason",
+                "recovery_id",
+                "attempts",
+                "pending_followups",
+                "store_unavailable",
+            )
+        ]
+        + [[c.get("id"), c.get("status")] for c in state.get("tool_calls") or []]
+    )
 
 
 class Users:
@@ -109,26 +127,42 @@ class Users:
         if acked and self._rand() < self.cfg.dup_retry:
             await self._send(chat, message_id, text, dup=True, kind="retry")  # a client retry: one message
 
-    async def _send(self, chat: ChatLog, message_id: str, text: str, dup: bool = False,
-                    kind: str = "message") -> bool:
+    async def _send(
+        self, chat: ChatLog, message_id: str, text: str, dup: bool = False, kind: str = "message"
+    ) -> bool:
         async with chat.send_lock:  # one send at a time per chat: the order of acknowledgements is known
             return await self._send_unlocked(chat, message_id, text, dup=dup, kind=kind)
 
-    async def _send_unlocked(self, chat: ChatLog, message_id: str, text: str, dup: bool = False,
-                             kind: str = "message", attempts: int = 3) -> bool:
+    async def _send_unlocked(
+        self,
+        chat: ChatLog,
+        message_id: str,
+        text: str,
+        dup: bool = False,
+        kind: str = "message",
+        attempts: int = 3,
+    ) -> bool:
         for attempt in range(attempts):
             chat.sends += 1
             chat.sent[message_id] += 1
             if dup or attempt:
                 chat.dup_sends += 1
-            action = self.actions.add(Action(kind=kind, chat_id=chat.chat_id, source="user", at_s=self._now()))
+            action = self.actions.add(
+                Action(kind=kind, chat_id=chat.chat_id, source="user", at_s=self._now())
+            )
             outage = self.outage_active
             started = time.monotonic()
             try:
-                await asyncio.wait_for(tk.send_message(
-                    self.client, self.settings, chat.chat_id, UserMessage(message_id=message_id, text=text)),
-                    self.cfg.action_wait_s)
-            except Exception as err:  # noqa: BLE001 — not acknowledged: the client retries it
+                await asyncio.wait_for(
+                    tk.send_message(
+                        self.client,
+                        self.settings,
+                        chat.chat_id,
+                        UserMessage(message_id=message_id, text=text),
+                    ),
+                    self.cfg.action_wait_s,
+                )
+            except Exception as err:
                 if not isinstance(err, asyncio.TimeoutError):
                     action.latency_s = time.monotonic() - started
                 action.outcome = f"error: {type(err).__name__}"
@@ -181,10 +215,11 @@ class Users:
                         reported_slow = True
                         try:
                             state: Any = await query_state(self.client, chat.chat_id)
-                        except Exception as err:  # noqa: BLE001
+                        except Exception as err:
                             state = f"query failed: {err}"
-                        self.slow_turns.append(f"{chat.chat_id}: still running after {cfg.slow_turn_s:.0f} s: "
-                                               f"{state}")
+                        self.slow_turns.append(
+                            f"{chat.chat_id}: still running after {cfg.slow_turn_s:.0f} s: {state}"
+                        )
             finally:
                 if not result.done():
                     result.cancel()
@@ -196,7 +231,7 @@ class Users:
                 self.run_errors.append(f"{chat.chat_id}: run ended with {type(err).__name__}: {err}")
             try:
                 desc = await asyncio.wait_for(handle.describe(), 20)
-            except Exception:  # noqa: BLE001 — try again
+            except Exception:
                 await asyncio.sleep(0.5)
                 continue
             if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -252,31 +287,53 @@ class Users:
                 return kind, value
         return choices[-1][0], choices[-1][1]
 
-    async def _recovery_action(self, chat: ChatLog, verb: str, state: dict[str, Any] | None,
-                               source: str = "user", id_kind: str | None = None,
-                               recovery_id: str | None = None) -> str:
+    async def _recovery_action(
+        self,
+        chat: ChatLog,
+        verb: str,
+        state: dict[str, Any] | None,
+        source: str = "user",
+        id_kind: str | None = None,
+        recovery_id: str | None = None,
+    ) -> str:
         if recovery_id is None:
             id_kind, recovery_id = self._pick_recovery_id(chat, state)
         form = "signal" if source == "user" and self._rand() < self.cfg.signal_form else "decide"
-        action = self.actions.add(Action(kind=f"{verb}/{form}", chat_id=chat.chat_id, source=source,
-                                         at_s=self._now(), status_seen=state.get("status") if state else None,
-                                         id_kind=id_kind))
-        await self._decide(chat, action, verb, form, recovery_id,
-                           count=source == "gate" and id_kind == "current")
+        action = self.actions.add(
+            Action(
+                kind=f"{verb}/{form}",
+                chat_id=chat.chat_id,
+                source=source,
+                at_s=self._now(),
+                status_seen=state.get("status") if state else None,
+                id_kind=id_kind,
+            )
+        )
+        await self._decide(
+            chat, action, verb, form, recovery_id, count=source == "gate" and id_kind == "current"
+        )
         if verb == "continue" and action.outcome == "accepted":
             chat.resumed_at = time.monotonic()
         return action.outcome
 
     async def _stop(self, chat: ChatLog, status_seen: str | None) -> None:
         form = "signal" if self._rand() < self.cfg.signal_form else "decide"
-        action = self.actions.add(Action(kind=f"stop/{form}", chat_id=chat.chat_id, source="user",
-                                         at_s=self._now(), status_seen=status_seen))
+        action = self.actions.add(
+            Action(
+                kind=f"stop/{form}",
+                chat_id=chat.chat_id,
+                source="user",
+                at_s=self._now(),
+                status_seen=status_seen,
+            )
+        )
         await self._decide(chat, action, "stop", form, None, count=False)
         if action.outcome in ("accepted", "accepted by the server"):
             self.stops += 1
 
-    async def _decide(self, chat: ChatLog, action: Action, verb: str, form: str, recovery_id: str | None,
-                      count: bool) -> None:
+    async def _decide(
+        self, chat: ChatLog, action: Action, verb: str, form: str, recovery_id: str | None, count: bool
+    ) -> None:
         """`verb` as a bare signal (answered once the server has it) or by tk.decide
         (answered once a worker has judged it: the state it led to, or the refusal)."""
         wait = self.cfg.action_wait_s
@@ -289,16 +346,17 @@ class Users:
                 action.outcome = "accepted by the server"
             else:
                 # tk.decide gives up after `wait` itself (DecisionPending); wait_for only guards its RPCs.
-                await asyncio.wait_for(tk.decide(self.client, chat.chat_id, verb, recovery_id, timeout=wait),
-                                       wait + 10)
+                await asyncio.wait_for(
+                    tk.decide(self.client, chat.chat_id, verb, recovery_id, timeout=wait), wait + 10
+                )
                 action.outcome = "accepted"
             action.latency_s = time.monotonic() - started
-        except (asyncio.TimeoutError, tk.DecisionPending):
+        except (TimeoutError, tk.DecisionPending):
             action.outcome = "no answer"
         except tk.DecisionRefused as err:
             action.latency_s = time.monotonic() - started
             action.outcome = f"refused: {self._rejected(str(err), count=count)}"
-        except Exception as err:  # noqa: BLE001 — the run closed under us (superseded, completed), or no run
+        except Exception as err:
             action.latency_s = time.monotonic() - started
             action.outcome = f"refused: {self._rejected(f'{type(err).__name__}: {err}', count=count)}"
 
@@ -326,7 +384,7 @@ class Users:
             for chat in candidates[:4]:
                 try:
                     state = await self._look(chat.chat_id, timeout=5)
-                except Exception:  # noqa: BLE001 — no run, or it just closed
+                except Exception:
                     continue
                 if tool_running(state) and not self.stop_sending.is_set():
                     done += 1
@@ -338,20 +396,38 @@ class Users:
         chat.bursts += 1
         n = self.rng.randint(*cfg.burst_size)
         oversize_at = self.rng.randrange(n) if self._rand() < cfg.oversize else -1
-        record: dict[str, Any] = {"chat_id": chat.chat_id, "at_s": round(self._now(), 2), "messages": 0,
-                                  "bytes": 0, "acked": 0, "oversize": oversize_at >= 0,
-                                  "during_outage": self.outage_active, "while_resuming": chat.resumed_at is not None}
-        self.actions.add(Action(kind="burst", chat_id=chat.chat_id, source="burst", at_s=self._now(),
-                                status_seen="running", outcome=f"{n} follow-ups", latency_s=0.0))
-        self._log(f"burst: {n} large follow-ups to {chat.chat_id}"
-                  f"{' during a store outage' if self.outage_active else ''}")
+        record: dict[str, Any] = {
+            "chat_id": chat.chat_id,
+            "at_s": round(self._now(), 2),
+            "messages": 0,
+            "bytes": 0,
+            "acked": 0,
+            "oversize": oversize_at >= 0,
+            "during_outage": self.outage_active,
+            "while_resuming": chat.resumed_at is not None,
+        }
+        self.actions.add(
+            Action(
+                kind="burst",
+                chat_id=chat.chat_id,
+                source="burst",
+                at_s=self._now(),
+                status_seen="running",
+                outcome=f"{n} follow-ups",
+                latency_s=0.0,
+            )
+        )
+        self._log(
+            f"burst: {n} large follow-ups to {chat.chat_id}"
+            f"{' during a store outage' if self.outage_active else ''}"
+        )
         started = time.monotonic()
         async with chat.send_lock:
             for j in range(n):
                 size = MAX_MESSAGE_BYTES + 4096 if j == oversize_at else self.rng.randint(*cfg.burst_bytes)
                 message_id = f"{chat.chat_id}-b{chat.bursts}-{j}"
                 head = f"burst {chat.bursts} follow-up {j} of {chat.chat_id}: "
-                text = head + self.rng.randbytes((size - len(head)) // 2 + 1).hex()[:size - len(head)]
+                text = head + self.rng.randbytes((size - len(head)) // 2 + 1).hex()[: size - len(head)]
                 chat.texts[message_id] = text
                 record["messages"] += 1
                 record["bytes"] += len(text)
@@ -373,7 +449,7 @@ class Users:
                         task = asyncio.create_task(self._answer_gate(chat_id))
                         self._answering[chat_id] = task
                         task.add_done_callback(lambda _t, c=chat_id: self._answering.pop(c, None))
-            except Exception as err:  # noqa: BLE001 — visibility hiccup: next round
+            except Exception as err:
                 self.gate_rejections[f"list failed: {type(err).__name__}"] += 1
             await asyncio.sleep(0.5)
 
@@ -382,7 +458,7 @@ class Users:
         chat = self.chats[chat_id]
         try:
             state = await self._look(chat_id)
-        except Exception:  # noqa: BLE001 — e.g. the run just closed: the next round looks again
+        except Exception:
             return
         recovery_id = state.get("recovery_id")
         if state.get("status") != "awaiting_user" or not recovery_id:
@@ -393,8 +469,14 @@ class Users:
             return  # visibility lags behind: this gate was answered already
         await asyncio.sleep(self.rng.uniform(0, cfg.gate_think_max_s))
         if self._rand() < cfg.stale_probe:
-            outcome = await self._recovery_action(chat, self.rng.choice(["continue", "dismiss"]), state, "gate",
-                                                  "made-up", f"stale-{uuid.uuid4().hex[:8]}")
+            outcome = await self._recovery_action(
+                chat,
+                self.rng.choice(["continue", "dismiss"]),
+                state,
+                "gate",
+                "made-up",
+                f"stale-{uuid.uuid4().hex[:8]}",
+            )
             self.stale_probes["ACCEPTED" if outcome == "accepted" else outcome] += 1
         asks = state.get("reason") == "approval_required"  # Continue approves the calls, Dismiss denies them
         p_continue = 1.0 if self.probing else cfg.p_approve if asks else cfg.p_continue
@@ -431,15 +513,23 @@ class Users:
             await self._wait_for_probes(store, waiting, answered, outcomes)
         finally:
             await store.close()
-        self.probe_summary.update({
-            "sent": len(self.chats), "answered": len(answered),
-            "unanswered": len(self.probe_failures),
-            "max_s": round(max(answered.values(), default=0.0), 2),
-            **{f"closed {k}": v for k, v in sorted(_count(outcomes.values()).items())},
-        })
+        self.probe_summary.update(
+            {
+                "sent": len(self.chats),
+                "answered": len(answered),
+                "unanswered": len(self.probe_failures),
+                "max_s": round(max(answered.values(), default=0.0), 2),
+                **{f"closed {k}": v for k, v in sorted(_count(outcomes.values()).items())},
+            }
+        )
 
-    async def _wait_for_probes(self, store: SessionStore, waiting: dict[str, float], answered: dict[str, float],
-                               outcomes: dict[str, str]) -> None:
+    async def _wait_for_probes(
+        self,
+        store: SessionStore,
+        waiting: dict[str, float],
+        answered: dict[str, float],
+        outcomes: dict[str, str],
+    ) -> None:
         while waiting:
             await asyncio.sleep(1.0)
             seen = await self._probe_answers(store, list(waiting))
@@ -470,9 +560,17 @@ class Users:
             except StoreError as err:
                 out[chat_id] = (False, f"store not readable: {err}")
                 continue
-            final = any(r.turn == probe.turn and r.id > probe.id and r.message.role == "assistant"
-                        and r.message.content and not r.message.tool_calls for r in rows)
-            status = f"{record.status.value}/{record.reason.value if record.reason else None}" if record else "?/?"
+            final = any(
+                r.turn == probe.turn
+                and r.id > probe.id
+                and r.message.role == "assistant"
+                and r.message.content
+                and not r.message.tool_calls
+                for r in rows
+            )
+            status = (
+                f"{record.status.value}/{record.reason.value if record.reason else None}" if record else "?/?"
+            )
             what = f"turn {probe.turn} {status}"
             closed = record is not None and record.status.value in ("completed", "recovered")
             out[chat_id] = (closed and final, what if final else what + ", no assistant answer")

@@ -19,6 +19,7 @@ runs; logging off) and prints the median of `--repeat` replays, in ms and in ms
 per event. Replay runs in this process, one history at a time, on an idle
 server: a loaded worker takes longer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,10 @@ from turnkeeper.workflows.chat_turn import ChatTurn
 
 
 async def _histories(client: Client, chat: str) -> list[WorkflowHistory]:
-    return [await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
-            async for wf in client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'")]
+    return [
+        await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        async for wf in client.list_workflows(f"WorkflowId='{tk.workflow_id(chat)}'")
+    ]
 
 
 async def _wait_state(client: Client, chat: str, status: TurnStatus, timeout: float = 600) -> TurnState:
@@ -58,7 +61,7 @@ async def _wait_state(client: Client, chat: str, status: TurnStatus, timeout: fl
             state = await tk.query_state(client, chat)
             if state.status == status:
                 return state
-        except Exception:  # noqa: BLE001 — not started yet
+        except Exception:
             if time.monotonic() > deadline:
                 raise
         if time.monotonic() > deadline:
@@ -68,19 +71,28 @@ async def _wait_state(client: Client, chat: str, status: TurnStatus, timeout: fl
 
 def _settings(tmp: Path, address: str, name: str, script: list[dict[str, object]]) -> Settings:
     (tmp / f"{name}.json").write_text(json.dumps(script))
-    return Settings.from_env({
-        "TEMPORAL_ADDRESS": address, "TURNKEEPER_TASK_QUEUE": f"cold-replay-{name}",
-        "TURNKEEPER_DATA_DIR": str(tmp / "data"), "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
-        "TURNKEEPER_MODEL": f"scripted:{tmp / f'{name}.json'}", "TURNKEEPER_WORKFLOW_SANDBOX": "off"})
+    return Settings.from_env(
+        {
+            "TEMPORAL_ADDRESS": address,
+            "TURNKEEPER_TASK_QUEUE": f"cold-replay-{name}",
+            "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+            "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+            "TURNKEEPER_MODEL": f"scripted:{tmp / f'{name}.json'}",
+            "TURNKEEPER_WORKFLOW_SANDBOX": "off",
+        }
+    )
 
 
 async def record(tmp: Path, steps: int, signals: int) -> dict[str, WorkflowHistory]:
     (tmp / "ws").mkdir()
     async with dev_server(tmp) as server:
         client = await Client.connect(server.address, data_converter=pydantic_data_converter)
-        stepping = _settings(tmp, server.address, "steps",
-                             [{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps
-                             + [{"text": "done"}])
+        stepping = _settings(
+            tmp,
+            server.address,
+            "steps",
+            [{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps + [{"text": "done"}],
+        )
         failing = _settings(tmp, server.address, "gate", [{"error": "the provider refuses, for good"}])
         stop = asyncio.Event()
         workers = [asyncio.create_task(run_worker(s, client=client, stop=stop)) for s in (stepping, failing)]
@@ -121,10 +133,15 @@ async def main(steps: int, signals: int, repeat: int) -> None:
     with tempfile.TemporaryDirectory(prefix="tk-cold-replay-") as tmp_name:
         histories = await record(Path(tmp_name), steps, signals)
     logging.disable(logging.CRITICAL)  # the refusals' warnings would be timed too
-    replayer = Replayer(workflows=[ChatTurn], data_converter=pydantic_data_converter,
-                        workflow_runner=UnsandboxedWorkflowRunner())
-    print(f"cold replay, median of {repeat} (Replayer, no sandbox); task timeout "
-          f"{TURN_TASK_TIMEOUT.total_seconds():g} s, bound {history_bound.RUN_HISTORY_EVENTS} events")
+    replayer = Replayer(
+        workflows=[ChatTurn],
+        data_converter=pydantic_data_converter,
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    )
+    print(
+        f"cold replay, median of {repeat} (Replayer, no sandbox); task timeout "
+        f"{TURN_TASK_TIMEOUT.total_seconds():g} s, bound {history_bound.RUN_HISTORY_EVENTS} events"
+    )
     print(f"{'history':<10} {'events':>7} {'ms':>8} {'ms/event':>9}")
     shipped = history_bound.RUN_HISTORY_EVENTS
     for name, history in histories.items():

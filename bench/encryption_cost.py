@@ -22,10 +22,10 @@ a 30 s heartbeat timeout, so that a busy machine does not stop a turn at a gate.
   turn's run, as the worker's codec does it (this process, many passes): a
   figure that a busy machine moves far less than the rounds.
 """
+
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import json
 import os
@@ -44,8 +44,14 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 
 from bench._common import alternate_rounds, dev_server, p90, progress, run_and_exit
-from bench.process_throughput import (IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, print_cpu_table,  # noqa: E402
-                                spawn_and_warm)
+from bench.process_throughput import (
+    IN_FLIGHT,
+    WARMUP_TURNS,
+    TurnkeeperProcess,
+    burst,
+    print_cpu_table,
+    spawn_and_warm,
+)
 from bench.turn_latency import TURN_TIMEOUT_S, PairedRatio, proto_size, ratio_of_rounds, turnkeeper_turn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
@@ -67,17 +73,22 @@ async def run(sequential: int, rounds: int, turns: int, json_out: Path | None) -
             for name, label, keys in (("off", "plain payloads", ""), ("on", "encrypted payloads", key)):
                 (tmp / name).mkdir()
                 extra = {**WORKER_ENV, "TURNKEEPER_ENCRYPTION_KEYS": keys}
-                client = await Client.connect(server.address,
-                                              data_converter=tk.data_converter(Settings.from_env(extra)))
+                client = await Client.connect(
+                    server.address, data_converter=tk.data_converter(Settings.from_env(extra))
+                )
                 variants.append(TurnkeeperProcess(client, server.address, tmp / name, name, label, env=extra))
             try:
                 await spawn_and_warm(variants)
                 latency, runs = await sequential_turns(variants, sequential)
                 histories = {v.key: await history_sizes(v, runs[v.key][:HISTORY_SAMPLES]) for v in variants}
                 codec = await codec_cost(variants[1], runs["on"][:HISTORY_SAMPLES])
-                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
-                                       burst=lambda v: named(v, burst(v, turns, server.pid)),
-                                       per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
+                await alternate_rounds(
+                    variants,
+                    warmup=WARMUP_TURNS,
+                    rounds=rounds,
+                    burst=lambda v: named(v, burst(v, turns, server.pid)),
+                    per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight",
+                )
                 for v in variants:
                     v.check_running()
             finally:
@@ -93,17 +104,20 @@ async def named(v: TurnkeeperProcess, work: Awaitable[None]) -> None:
     try:
         await work
     except TimeoutError:
-        raise RuntimeError(f"a turn of {v.label} did not end within {TURN_TIMEOUT_S:.0f} s; its worker's "
-                           f"log ends:\n{v.log.read_text(errors='replace')[-1500:]}") from None
+        raise RuntimeError(
+            f"a turn of {v.label} did not end within {TURN_TIMEOUT_S:.0f} s; its worker's "
+            f"log ends:\n{v.log.read_text(errors='replace')[-1500:]}"
+        ) from None
 
 
-async def sequential_turns(variants: list[TurnkeeperProcess], n: int
-                           ) -> tuple[dict[str, list[float]], dict[str, list[tuple[str, str | None]]]]:
+async def sequential_turns(
+    variants: list[TurnkeeperProcess], n: int
+) -> tuple[dict[str, list[float]], dict[str, list[tuple[str, str | None]]]]:
     progress(f"latency: {n} turns per variant, one at a time, alternating")
     latency: dict[str, list[float]] = {v.key: [] for v in variants}
     runs: dict[str, list[tuple[str, str | None]]] = {v.key: [] for v in variants}
     for i in range(n):
-        for v in (variants if i % 2 == 0 else variants[::-1]):
+        for v in variants if i % 2 == 0 else variants[::-1]:
             start = time.perf_counter()
             runs[v.key].append(await turnkeeper_turn(v.client, v.settings))
             latency[v.key].append((time.perf_counter() - start) * 1000)
@@ -117,12 +131,17 @@ async def history_sizes(v: TurnkeeperProcess, runs: list[tuple[str, str | None]]
         history = await v.client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
         raw = b"".join(e.SerializeToString() for e in history.events)
         sizes.append((proto_size(history), len(history.to_json()), len(history.events), raw.count(ENCODING)))
-    return {"proto_bytes": statistics.mean(s[0] for s in sizes), "json_bytes": statistics.mean(s[1] for s in sizes),
-            "events": statistics.mean(s[2] for s in sizes), "encrypted_payloads": statistics.mean(s[3] for s in sizes)}
+    return {
+        "proto_bytes": statistics.mean(s[0] for s in sizes),
+        "json_bytes": statistics.mean(s[1] for s in sizes),
+        "events": statistics.mean(s[2] for s in sizes),
+        "encrypted_payloads": statistics.mean(s[3] for s in sizes),
+    }
 
 
-async def codec_cost(v: TurnkeeperProcess, runs: list[tuple[str, str | None]], passes: int = 200
-                     ) -> dict[str, float]:
+async def codec_cost(
+    v: TurnkeeperProcess, runs: list[tuple[str, str | None]], passes: int = 200
+) -> dict[str, float]:
     """CPU time of the codec over the encrypted payloads of these runs, per turn."""
     codec = v.client.data_converter.payload_codec
     assert isinstance(codec, EncryptionCodec)
@@ -143,9 +162,14 @@ async def codec_cost(v: TurnkeeperProcess, runs: list[tuple[str, str | None]], p
             codec.encrypt(p)
     seal_s = (time.process_time() - start) / passes
     n = len(runs)
-    return {"payloads_per_turn": len(sealed) / n, "mean_payload_bytes": statistics.mean(len(p.data) for p in opened),
-            "open_ms_per_turn": open_s * 1000 / n, "seal_ms_per_turn": seal_s * 1000 / n,
-            "open_us_per_payload": open_s * 1e6 / len(sealed), "seal_us_per_payload": seal_s * 1e6 / len(sealed)}
+    return {
+        "payloads_per_turn": len(sealed) / n,
+        "mean_payload_bytes": statistics.mean(len(p.data) for p in opened),
+        "open_ms_per_turn": open_s * 1000 / n,
+        "seal_ms_per_turn": seal_s * 1000 / n,
+        "open_us_per_payload": open_s * 1e6 / len(sealed),
+        "seal_us_per_payload": seal_s * 1e6 / len(sealed),
+    }
 
 
 def _payloads(message: Any) -> list[Payload]:
@@ -165,9 +189,15 @@ def _payloads(message: Any) -> list[Payload]:
     return found
 
 
-def report(variants: dict[str, TurnkeeperProcess], latency: dict[str, list[float]],
-           histories: dict[str, dict[str, float]], codec: dict[str, float], sequential: int, rounds: int,
-           turns: int) -> dict[str, Any]:
+def report(
+    variants: dict[str, TurnkeeperProcess],
+    latency: dict[str, list[float]],
+    histories: dict[str, dict[str, float]],
+    codec: dict[str, float],
+    sequential: int,
+    rounds: int,
+    turns: int,
+) -> dict[str, Any]:
     off, on = variants["off"], variants["on"]
     print(f"\nlatency: {sequential} sequential turns per variant, alternating (model -> write_file -> model)")
     print(f"{'variant':<22}{'median ms':>11}{'p90 ms':>9}")
@@ -175,11 +205,15 @@ def report(variants: dict[str, TurnkeeperProcess], latency: dict[str, list[float
         print(f"{v.label:<22}{statistics.median(latency[v.key]):>11.1f}{p90(latency[v.key]):>9.1f}")
     paired_latency = ratio_of_rounds(latency["on"], latency["off"])
     median_ratio = statistics.median(latency["on"]) / statistics.median(latency["off"])
-    print(f"  on/off: medians {median_ratio:.3f}x; paired turns {paired_latency.median:.3f}x "
-          f"({paired_latency.describe()})")
+    print(
+        f"  on/off: medians {median_ratio:.3f}x; paired turns {paired_latency.median:.3f}x "
+        f"({paired_latency.describe()})"
+    )
 
-    print(f"\nthroughput: {rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker "
-          "in its own process; CPU ms per turn (medians of the rounds) of this process, the worker, the server")
+    print(
+        f"\nthroughput: {rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker "
+        "in its own process; CPU ms per turn (medians of the rounds) of this process, the worker, the server"
+    )
     print_cpu_table(list(variants.values()), 22)
     cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants.values()}
     throughput: PairedRatio = ratio_of_rounds(on.turns_per_s, off.turns_per_s)
@@ -190,33 +224,56 @@ def report(variants: dict[str, TurnkeeperProcess], latency: dict[str, list[float
     print(f"{'variant':<22}{'events':>8}{'proto B':>10}{'JSON B':>10}{'encrypted':>11}")
     for v in variants.values():
         h = histories[v.key]
-        print(f"{v.label:<22}{h['events']:>8.1f}{h['proto_bytes']:>10.0f}{h['json_bytes']:>10.0f}"
-              f"{h['encrypted_payloads']:>11.1f}")
-    per_payload = (h_on["proto_bytes"] - h_off["proto_bytes"]) / h_on["encrypted_payloads"] \
-        if h_on["encrypted_payloads"] else float("nan")
-    print(f"  on/off: proto bytes {h_on['proto_bytes'] / h_off['proto_bytes']:.2f}x, JSON bytes "
-          f"{h_on['json_bytes'] / h_off['json_bytes']:.2f}x; {per_payload:.0f} bytes more per encrypted payload")
+        print(
+            f"{v.label:<22}{h['events']:>8.1f}{h['proto_bytes']:>10.0f}{h['json_bytes']:>10.0f}"
+            f"{h['encrypted_payloads']:>11.1f}"
+        )
+    per_payload = (
+        (h_on["proto_bytes"] - h_off["proto_bytes"]) / h_on["encrypted_payloads"]
+        if h_on["encrypted_payloads"]
+        else float("nan")
+    )
+    print(
+        f"  on/off: proto bytes {h_on['proto_bytes'] / h_off['proto_bytes']:.2f}x, JSON bytes "
+        f"{h_on['json_bytes'] / h_off['json_bytes']:.2f}x; {per_payload:.0f} bytes more per encrypted payload"
+    )
 
     total_cpu = sum(cpu["on"].values())
-    print(f"\nthe codec alone, over the {codec['payloads_per_turn']:.0f} encrypted payloads of a turn's run "
-          f"({codec['mean_payload_bytes']:.0f} bytes on average, opened): CPU ms per turn")
-    print(f"  open {codec['open_ms_per_turn']:.3f} ({codec['open_us_per_payload']:.1f} us a payload), seal "
-          f"{codec['seal_ms_per_turn']:.3f} ({codec['seal_us_per_payload']:.1f} us a payload); once each is "
-          f"{(codec['open_ms_per_turn'] + codec['seal_ms_per_turn']) / total_cpu:.2%} of the "
-          f"{total_cpu:.1f} ms CPU of an encrypted turn above")
+    print(
+        f"\nthe codec alone, over the {codec['payloads_per_turn']:.0f} encrypted payloads of a turn's run "
+        f"({codec['mean_payload_bytes']:.0f} bytes on average, opened): CPU ms per turn"
+    )
+    print(
+        f"  open {codec['open_ms_per_turn']:.3f} ({codec['open_us_per_payload']:.1f} us a payload), seal "
+        f"{codec['seal_ms_per_turn']:.3f} ({codec['seal_us_per_payload']:.1f} us a payload); once each is "
+        f"{(codec['open_ms_per_turn'] + codec['seal_ms_per_turn']) / total_cpu:.2%} of the "
+        f"{total_cpu:.1f} ms CPU of an encrypted turn above"
+    )
 
     print("\ngoal")
-    print(f"  {'throughput on/off >= 0.95':<28}{throughput.median:>8.3f} x   "
-          f"{'PASS' if throughput.median >= GOAL_THROUGHPUT_ON_VS_OFF else 'MISS'}   "
-          f"{throughput.note(GOAL_THROUGHPUT_ON_VS_OFF)}")
+    print(
+        f"  {'throughput on/off >= 0.95':<28}{throughput.median:>8.3f} x   "
+        f"{'PASS' if throughput.median >= GOAL_THROUGHPUT_ON_VS_OFF else 'MISS'}   "
+        f"{throughput.note(GOAL_THROUGHPUT_ON_VS_OFF)}"
+    )
     return {
-        "sequential": sequential, "rounds": rounds, "turns_per_round": turns, "in_flight": IN_FLIGHT,
-        "latency_ms": {k: {"median": statistics.median(x), "p90": p90(x), "all": x} for k, x in latency.items()},
+        "sequential": sequential,
+        "rounds": rounds,
+        "turns_per_round": turns,
+        "in_flight": IN_FLIGHT,
+        "latency_ms": {
+            k: {"median": statistics.median(x), "p90": p90(x), "all": x} for k, x in latency.items()
+        },
         "latency_on_off": {"medians": median_ratio, "paired": asdict(paired_latency)},
-        "turns_per_s": {v.key: {"median": statistics.median(v.turns_per_s), "rounds": v.turns_per_s}
-                        for v in variants.values()},
-        "cpu_ms_per_turn": cpu, "throughput_on_off": asdict(throughput),
-        "history": histories, "bytes_per_encrypted_payload": per_payload, "codec": codec,
+        "turns_per_s": {
+            v.key: {"median": statistics.median(v.turns_per_s), "rounds": v.turns_per_s}
+            for v in variants.values()
+        },
+        "cpu_ms_per_turn": cpu,
+        "throughput_on_off": asdict(throughput),
+        "history": histories,
+        "bytes_per_encrypted_payload": per_payload,
+        "codec": codec,
     }
 
 
@@ -224,8 +281,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequential", type=int, default=40, help="latency: turns per variant (default 40)")
     parser.add_argument("--rounds", type=int, default=12, help="throughput: alternating rounds (default 12)")
-    parser.add_argument("--turns", type=int, default=150, help="throughput: turns per variant per round "
-                        "(default 150)")
+    parser.add_argument(
+        "--turns", type=int, default=150, help="throughput: turns per variant per round (default 150)"
+    )
     parser.add_argument("--json-out", type=Path, help="also write the results to this file as JSON")
     args = parser.parse_args()
     run_and_exit(run(args.sequential, args.rounds, args.turns, args.json_out))

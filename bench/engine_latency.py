@@ -40,6 +40,7 @@ millisecond of a turn goes (history event times); and the wall time of the
 CLI's common commands against the tuned server. Everything runs on the
 worker's own event loop (uvloop where installed). See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -112,24 +113,24 @@ SERVER_DEFAULT_READS_PER_S = 20
 # The goals from the issue.
 GOAL_MEDIAN_MS = 60.0
 GOAL_P90_MS = 100.0
-GOAL_VS_STOCK = 0.30       # turnkeeper's median <= this x the bare loop's on a stock server
+GOAL_VS_STOCK = 0.30  # turnkeeper's median <= this x the bare loop's on a stock server
 GOAL_THROUGHPUT_VS_STOCK = 1.7
-GOAL_VS_FLOOR = 1.15       # turnkeeper's median <= this x the bare loop's on the same tuned server
+GOAL_VS_FLOOR = 1.15  # turnkeeper's median <= this x the bare loop's on the same tuned server
 BY_BLOCK = "turnkeeper/tuned bare median, block by block"
-GOAL_TO_MODEL_MS = 20.0    # send -> model activity start, median
-GOAL_CLI_S = 0.2           # `turnkeeper status CHAT`, median wall time
+GOAL_TO_MODEL_MS = 20.0  # send -> model activity start, median
+GOAL_CLI_S = 0.2  # `turnkeeper status CHAT`, median wall time
 
 CLI_COMMANDS = ("status", "history", "events", "list")
 
 
 @dataclass(frozen=True)
 class Plan:
-    spaced: int       # turns per variant, one at a time, variants taking turns
-    blocks: int       # back-to-back: blocks per variant,
-    per_block: int    # and measured turns per block
-    rounds: int       # throughput rounds
-    per_round: int    # turns per variant per round
-    cli_runs: int     # runs of each CLI command
+    spaced: int  # turns per variant, one at a time, variants taking turns
+    blocks: int  # back-to-back: blocks per variant,
+    per_block: int  # and measured turns per block
+    rounds: int  # throughput rounds
+    per_round: int  # turns per variant per round
+    cli_runs: int  # runs of each CLI command
 
 
 FULL = Plan(spaced=20, blocks=5, per_block=8, rounds=6, per_round=100, cli_runs=15)
@@ -142,20 +143,29 @@ class UnsandboxedBare(Bare):
     server's bare loop is the engine's floor (and the stock server's the same
     worker on another server)."""
 
-    def __init__(self, client: Client, tmp: Path,  # Bare's fields, not its (sandboxed) worker
-                 on_loop: bool = False) -> None:
+    def __init__(
+        self,
+        client: Client,
+        tmp: Path,  # Bare's fields, not its (sandboxed) worker
+        on_loop: bool = False,
+    ) -> None:
         self.client = client
         self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
         self._task: asyncio.Task[None] | None = None
         acts = BareActivities(Steps(tmp / "ws"))
         self._worker = Worker(
-            client, task_queue=self.task_queue, workflows=[BareTurn], activities=[acts.model, acts.tool],
+            client,
+            task_queue=self.task_queue,
+            workflows=[BareTurn],
+            activities=[acts.model, acts.tool],
             workflow_runner=UnsandboxedWorkflowRunner(),
             workflow_task_executor=LoopActivations() if on_loop else None,
-            sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
+            sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        )
 
 
 # -- turns -------------------------------------------------------------------------------
+
 
 @dataclass
 class Turn:
@@ -172,7 +182,7 @@ class Variant:
     label: str
     server: str  # which server: tuned, stock or previous
     run_turn: Callable[[], Awaitable[tuple[str, str | None, str | None]]]  # workflow id, run id, chat id
-    turns: list[Turn] = field(default_factory=list)   # back to back
+    turns: list[Turn] = field(default_factory=list)  # back to back
     spaced: list[Turn] = field(default_factory=list)  # the server idle before each
     round_turns_per_s: list[float] = field(default_factory=list)
     process_cpu_s: float = 0.0
@@ -198,8 +208,10 @@ class Variant:
 
     def block_medians(self, per_block: int) -> list[float]:
         """Each back-to-back block's median, ms, in the order the blocks ran."""
-        return [statistics.median(self.latencies[i:i + per_block])
-                for i in range(0, len(self.latencies), per_block)]
+        return [
+            statistics.median(self.latencies[i : i + per_block])
+            for i in range(0, len(self.latencies), per_block)
+        ]
 
     @property
     def turns_per_s(self) -> float:
@@ -209,8 +221,9 @@ class Variant:
 async def shipped_turn(client: Client, tk_variant: Turnkeeper) -> tuple[str, str | None, str | None]:
     """A turn as any client sends one: signal-with-start, then the run's result."""
     chat_id = f"bench-{uuid.uuid4().hex[:12]}"
-    handle = await tk.send_message(client, tk_variant.settings, chat_id,
-                                   tk.new_message("write the file", tk_variant.settings))
+    handle = await tk.send_message(
+        client, tk_variant.settings, chat_id, tk.new_message("write the file", tk_variant.settings)
+    )
     state = await handle.result()
     if state.status != TurnStatus.COMPLETED:
         raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
@@ -223,7 +236,9 @@ async def eager_turnkeeper_turn(client: Client, tk_variant: Turnkeeper) -> tuple
     workflow task handed to this process's worker in the start call's reply."""
     settings = tk_variant.settings
     chat_id = f"bench-{uuid.uuid4().hex[:12]}"
-    handle = await tk.send_message(client, settings, chat_id, tk.new_message("write the file", settings), eager=True)
+    handle = await tk.send_message(
+        client, settings, chat_id, tk.new_message("write the file", settings), eager=True
+    )
     state = await handle.result()
     if state.status != TurnStatus.COMPLETED:
         raise RuntimeError(f"turnkeeper turn ended {state.status.value}/{state.reason}")
@@ -233,8 +248,9 @@ async def eager_turnkeeper_turn(client: Client, tk_variant: Turnkeeper) -> tuple
 async def bare(client: Client, task_queue: str, eager: bool = False) -> tuple[str, str | None, str | None]:
     turn_id = uuid.uuid4().hex[:12]
     workflow_id = f"bare-{turn_id}"
-    handle = await client.start_workflow(BareTurn.run, turn_id, id=workflow_id, task_queue=task_queue,
-                                         request_eager_start=eager)
+    handle = await client.start_workflow(
+        BareTurn.run, turn_id, id=workflow_id, task_queue=task_queue, request_eager_start=eager
+    )
     text = await handle.result()
     if text != "done":
         raise RuntimeError(f"bare turn answered {text!r}")
@@ -250,8 +266,9 @@ class ActivityClock(temporalio.client.Interceptor, temporalio.worker.Interceptor
     def __init__(self) -> None:
         self.model_started: dict[str, float] = {}  # run id -> wall clock (s)
 
-    def intercept_activity(self, next: temporalio.worker.ActivityInboundInterceptor
-                           ) -> temporalio.worker.ActivityInboundInterceptor:
+    def intercept_activity(
+        self, next: temporalio.worker.ActivityInboundInterceptor
+    ) -> temporalio.worker.ActivityInboundInterceptor:
         return _ClockInbound(next, self)
 
 
@@ -269,6 +286,7 @@ class _ClockInbound(temporalio.worker.ActivityInboundInterceptor):
 
 # -- phases ------------------------------------------------------------------------------
 
+
 def alternating(variants: list[Variant], i: int) -> list[Variant]:
     return variants if i % 2 == 0 else variants[::-1]
 
@@ -285,8 +303,10 @@ async def sequential(variants: list[Variant], plan: Plan) -> None:
     for i in range(plan.spaced):
         for v in alternating(variants, i):
             v.spaced.append(await v.turn())
-    progress(f"back to back: {plan.blocks} blocks of {plan.per_block} turns per variant, "
-             f"each after {BUSY_S:.0f} s of turns on the same server")
+    progress(
+        f"back to back: {plan.blocks} blocks of {plan.per_block} turns per variant, "
+        f"each after {BUSY_S:.0f} s of turns on the same server"
+    )
     for i in range(plan.blocks):
         for v in alternating(variants, i):
             busy_until = time.monotonic() + BUSY_S
@@ -298,8 +318,10 @@ async def sequential(variants: list[Variant], plan: Plan) -> None:
 
 async def throughput(variants: list[Variant], plan: Plan, servers: dict[str, Server]) -> None:
     for i in range(plan.rounds):
-        progress(f"throughput round {i + 1} of {plan.rounds}: {plan.per_round} turns per variant, "
-                 f"{IN_FLIGHT} in flight")
+        progress(
+            f"throughput round {i + 1} of {plan.rounds}: {plan.per_round} turns per variant, "
+            f"{IN_FLIGHT} in flight"
+        )
         for v in alternating(variants, i):
             gate = asyncio.Semaphore(IN_FLIGHT)
 
@@ -319,6 +341,7 @@ async def throughput(variants: list[Variant], plan: Plan, servers: dict[str, Ser
 
 # -- where the time goes -------------------------------------------------------------------
 
+
 def _type(e: Any) -> int:
     return e.event_type
 
@@ -329,19 +352,24 @@ def breakdown(history: WorkflowHistory, turn: Turn) -> dict[str, float]:
     the turn's time at the client."""
     events = list(history.events)
     first, last = event_s(events[0]), event_s(events[-1])
-    parts = {"client -> server (start request)": (first - turn.sent_at) * 1000,
-             "workflow task dispatch (scheduled -> started)": 0.0,
-             "worker: workflow tasks (started -> completed)": 0.0,
-             "activities (started -> completed)": 0.0,
-             "server between events": 0.0,
-             "result -> client": turn.ms - (last - turn.sent_at) * 1000}
-    for prev, e in zip(events, events[1:]):
+    parts = {
+        "client -> server (start request)": (first - turn.sent_at) * 1000,
+        "workflow task dispatch (scheduled -> started)": 0.0,
+        "worker: workflow tasks (started -> completed)": 0.0,
+        "activities (started -> completed)": 0.0,
+        "server between events": 0.0,
+        "result -> client": turn.ms - (last - turn.sent_at) * 1000,
+    }
+    for prev, e in zip(events, events[1:], strict=False):
         gap = (event_s(e) - event_s(prev)) * 1000
         if _type(e) == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
             parts["workflow task dispatch (scheduled -> started)"] += gap
         elif _type(e) == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
             parts["worker: workflow tasks (started -> completed)"] += gap
-        elif _type(e) in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED):
+        elif _type(e) in (
+            EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+        ):
             parts["activities (started -> completed)"] += gap
         else:
             parts["server between events"] += gap
@@ -352,8 +380,9 @@ async def fetch(client: Client, turn: Turn) -> WorkflowHistory:
     return await client.get_workflow_handle(turn.workflow_id, run_id=turn.run_id).fetch_history()
 
 
-async def to_model_start(client: Client, store: SQLiteStore, clock: ActivityClock,
-                         turn: Turn) -> dict[str, float]:
+async def to_model_start(
+    client: Client, store: SQLiteStore, clock: ActivityClock, turn: Turn
+) -> dict[str, float]:
     """From a message to the model activity's start, ms: from the client's send, and
     from the server's signal event, to the history's ACTIVITY_TASK_STARTED of the
     model call (server clock; recorded when the workflow task that schedules it
@@ -362,23 +391,32 @@ async def to_model_start(client: Client, store: SQLiteStore, clock: ActivityCloc
     event it records as it commits the message)."""
     history = await fetch(client, turn)
     events = list(history.events)
-    received = next(event_s(e) for e in events
-                    if _type(e) in (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED,
-                                    EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)
-                    and (_type(e) == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
-                         or not any(_type(x) == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED for x in events)))
+    received = next(
+        event_s(e)
+        for e in events
+        if _type(e)
+        in (EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)
+        and (
+            _type(e) == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+            or not any(_type(x) == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED for x in events)
+        )
+    )
     started = next(
-        event_s(e) for prev, e in zip(events, events[1:])
+        event_s(e)
+        for prev, e in zip(events, events[1:], strict=False)
         if _type(e) == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-        and prev.activity_task_scheduled_event_attributes.activity_type.name == io.MODEL_CALL)
+        and prev.activity_task_scheduled_event_attributes.activity_type.name == io.MODEL_CALL
+    )
     assert turn.chat_id is not None and turn.run_id is not None
     written = next(ev.created_at for ev in await store.events(turn.chat_id) if ev.type == "user_message")
     ran = clock.model_started[turn.run_id]
-    return {"send -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
-            "message event -> ACTIVITY_TASK_STARTED": (started - received) * 1000,
-            "send -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
-            "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000,
-            "send -> activity's first store write": (_epoch(written) - turn.sent_at) * 1000}
+    return {
+        "send -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
+        "message event -> ACTIVITY_TASK_STARTED": (started - received) * 1000,
+        "send -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
+        "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000,
+        "send -> activity's first store write": (_epoch(written) - turn.sent_at) * 1000,
+    }
 
 
 async def floor_to_model_start(client: Client, clock: ActivityClock, turn: Turn) -> dict[str, float]:
@@ -389,9 +427,11 @@ async def floor_to_model_start(client: Client, clock: ActivityClock, turn: Turn)
     started = next(event_s(e) for e in events if _type(e) == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED)
     assert turn.run_id is not None
     ran = clock.model_started[turn.run_id]
-    return {"start -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
-            "start -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
-            "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000}
+    return {
+        "start -> ACTIVITY_TASK_STARTED": (started - turn.sent_at) * 1000,
+        "start -> activity runs (its own clock)": (ran - turn.sent_at) * 1000,
+        "ACTIVITY_TASK_STARTED -> activity runs": (ran - started) * 1000,
+    }
 
 
 def _epoch(at: datetime) -> float:
@@ -400,19 +440,27 @@ def _epoch(at: datetime) -> float:
 
 # -- the CLI ------------------------------------------------------------------------------
 
+
 async def cli_wall(command: list[str], env: dict[str, str], runs: int) -> list[float]:
     """Wall seconds of `turnkeeper <command>`, run `runs` times (after one unmeasured run)."""
     exe = str(Path(sys.executable).parent / "turnkeeper")
     times = []
     for i in range(runs + 1):
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(exe, *command, env=env, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            exe,
+            *command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await proc.communicate()
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
-            raise RuntimeError(f"turnkeeper {' '.join(command)} exited {proc.returncode}: {err.decode()[-500:]}")
+            raise RuntimeError(
+                f"turnkeeper {' '.join(command)} exited {proc.returncode}: {err.decode()[-500:]}"
+            )
         if i:
             times.append(elapsed)
     return times
@@ -431,14 +479,23 @@ async def python_wall(code: str, runs: int) -> list[float]:
 
 # -- main ----------------------------------------------------------------------------------
 
+
 def describe(name: str, dynamic_config: dict[str, object], cli_defaults: bool) -> str:
     pragmas, config = server_settings(dynamic_config, cli_defaults)
-    return (f"{name}: SQLite {', '.join(pragmas) or 'defaults'}; dynamic config "
-            + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults"))
+    return f"{name}: SQLite {', '.join(pragmas) or 'defaults'}; dynamic config " + (
+        ", ".join(f"{k}={v}" for k, v in config.items()) or "defaults"
+    )
 
 
-async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: bool, stream: str = "on",
-              config_variant: dict[str, object] | None = None, with_loop: bool = False) -> None:
+async def run(
+    plan: Plan,
+    with_eager: bool,
+    reads_variant: int | None,
+    as_json: bool,
+    stream: str = "on",
+    config_variant: dict[str, object] | None = None,
+    with_loop: bool = False,
+) -> None:
     setups = {"tuned": ({}, False), "stock": ({}, True)}
     if reads_variant is not None:
         setups["previous"] = ({k: reads_variant for k in TASK_DISPATCH}, False)
@@ -454,13 +511,21 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
                 progress(f"starting the {name} dev server")
                 (tmp / name).mkdir()
                 servers[name] = await stack.enter_async_context(
-                    dev_server(tmp / name, config, cli_defaults=cli_defaults))
-                clients[name] = await Client.connect(servers[name].address, data_converter=pydantic_data_converter,
-                                                     interceptors=[clock] if name == "tuned" else [])
+                    dev_server(tmp / name, config, cli_defaults=cli_defaults)
+                )
+                clients[name] = await Client.connect(
+                    servers[name].address,
+                    data_converter=pydantic_data_converter,
+                    interceptors=[clock] if name == "tuned" else [],
+                )
 
             (tmp / "turnkeeper").mkdir()
-            tk_variant = Turnkeeper(clients["tuned"], servers["tuned"].address, tmp / "turnkeeper",
-                                    env={"TURNKEEPER_STREAM": stream})
+            tk_variant = Turnkeeper(
+                clients["tuned"],
+                servers["tuned"].address,
+                tmp / "turnkeeper",
+                env={"TURNKEEPER_STREAM": stream},
+            )
             await tk_variant.start()
             stack.push_async_callback(tk_variant.close)
             bares: dict[str, UnsandboxedBare] = {}
@@ -478,28 +543,62 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
 
             tuned = clients["tuned"]
             variants = [
-                Variant("turnkeeper", "turnkeeper as shipped", "tuned",
-                        lambda: shipped_turn(tk_variant.client, tk_variant)),
-                Variant("stock", "bare, stock server", "stock", lambda: bare(clients["stock"],
-                                                                              bares["stock"].task_queue)),
-                Variant("floor", "bare, tuned server", "tuned", lambda: bare(tuned, bares["tuned"].task_queue)),
+                Variant(
+                    "turnkeeper",
+                    "turnkeeper as shipped",
+                    "tuned",
+                    lambda: shipped_turn(tk_variant.client, tk_variant),
+                ),
+                Variant(
+                    "stock",
+                    "bare, stock server",
+                    "stock",
+                    lambda: bare(clients["stock"], bares["stock"].task_queue),
+                ),
+                Variant(
+                    "floor", "bare, tuned server", "tuned", lambda: bare(tuned, bares["tuned"].task_queue)
+                ),
             ]
             if with_eager:
                 variants += [
-                    Variant("floor_eager", "bare, tuned, eager start", "tuned",
-                            lambda: bare(tuned, bares["tuned"].task_queue, eager=True)),
-                    Variant("turnkeeper_eager", "turnkeeper, web worker", "tuned",
-                            lambda: eager_turnkeeper_turn(tk_variant.client, tk_variant)),
+                    Variant(
+                        "floor_eager",
+                        "bare, tuned, eager start",
+                        "tuned",
+                        lambda: bare(tuned, bares["tuned"].task_queue, eager=True),
+                    ),
+                    Variant(
+                        "turnkeeper_eager",
+                        "turnkeeper, web worker",
+                        "tuned",
+                        lambda: eager_turnkeeper_turn(tk_variant.client, tk_variant),
+                    ),
                 ]
             if with_loop:
-                variants.append(Variant("floor_loop", "bare, tuned, on the loop", "tuned",
-                                        lambda: bare(tuned, bares["loop"].task_queue)))
+                variants.append(
+                    Variant(
+                        "floor_loop",
+                        "bare, tuned, on the loop",
+                        "tuned",
+                        lambda: bare(tuned, bares["loop"].task_queue),
+                    )
+                )
             if "previous" in setups:
-                label = ("bare, previous embedded" if reads_variant == SERVER_DEFAULT_READS_PER_S
-                         else f"bare, {reads_variant} reads/s" if reads_variant is not None
-                         else "bare, tuned + " + ", ".join(f"{k}={v}" for k, v in (config_variant or {}).items()))
-                variants.append(Variant("previous", label, "previous",
-                                        lambda: bare(clients["previous"], bares["previous"].task_queue)))
+                label = (
+                    "bare, previous embedded"
+                    if reads_variant == SERVER_DEFAULT_READS_PER_S
+                    else f"bare, {reads_variant} reads/s"
+                    if reads_variant is not None
+                    else "bare, tuned + " + ", ".join(f"{k}={v}" for k, v in (config_variant or {}).items())
+                )
+                variants.append(
+                    Variant(
+                        "previous",
+                        label,
+                        "previous",
+                        lambda: bare(clients["previous"], bares["previous"].task_queue),
+                    )
+                )
             by_key = {v.key: v for v in variants}
 
             await sequential(variants, plan)
@@ -517,31 +616,48 @@ async def run(plan: Plan, with_eager: bool, reads_variant: int | None, as_json: 
             store = SQLiteStore(tk_variant.settings.sqlite_path)
             await store.open()
             try:
-                to_model = {key: [await to_model_start(tuned, store, clock, t) for t in by_key[key].turns]
-                            for key in ("turnkeeper", "turnkeeper_eager") if key in by_key}
-                to_model.update({key: [await floor_to_model_start(tuned, clock, t) for t in by_key[key].turns]
-                                 for key in ("floor", "floor_eager") if key in by_key})
+                to_model = {
+                    key: [await to_model_start(tuned, store, clock, t) for t in by_key[key].turns]
+                    for key in ("turnkeeper", "turnkeeper_eager")
+                    if key in by_key
+                }
+                to_model.update(
+                    {
+                        key: [await floor_to_model_start(tuned, clock, t) for t in by_key[key].turns]
+                        for key in ("floor", "floor_eager")
+                        if key in by_key
+                    }
+                )
             finally:
                 await store.close()
 
             progress("CLI wall times")
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))}
-            env.update({"TEMPORAL_ADDRESS": servers["tuned"].address,
-                        "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": servers["tuned"].http_address,
-                        "TURNKEEPER_DATA_DIR": str(tk_variant.settings.data_dir),
-                        "TURNKEEPER_TASK_QUEUE": tk_variant.settings.task_queue})
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))
+            }
+            env.update(
+                {
+                    "TEMPORAL_ADDRESS": servers["tuned"].address,
+                    "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": servers["tuned"].http_address,
+                    "TURNKEEPER_DATA_DIR": str(tk_variant.settings.data_dir),
+                    "TURNKEEPER_TASK_QUEUE": tk_variant.settings.task_queue,
+                }
+            )
             chat = by_key["turnkeeper"].turns[-1].chat_id
             assert chat is not None
             cli: dict[str, list[float]] = {}
             for command in CLI_COMMANDS:
                 args = [command] if command == "list" else [command, chat]
                 cli[command] = await cli_wall(args, env, plan.cli_runs)
-            cli["status (gRPC)"] = await cli_wall(["status", chat], {**env, "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": ""},
-                                                  plan.cli_runs)
+            cli["status (gRPC)"] = await cli_wall(
+                ["status", chat], {**env, "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": ""}, plan.cli_runs
+            )
             cli["(python -c pass)"] = await python_wall("pass", plan.cli_runs)
-            cli["(python -c 'import temporalio.client')"] = await python_wall("import temporalio.client",
-                                                                              plan.cli_runs)
+            cli["(python -c 'import temporalio.client')"] = await python_wall(
+                "import temporalio.client", plan.cli_runs
+            )
             progress("stopping workers and dev servers")
         summary = report(variants, parts, timelines, to_model, cli, plan, setups)
     if as_json:
@@ -553,8 +669,14 @@ def _med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def variant_goals(tk_: Variant, stock: Variant, floor: Variant, to_model: list[dict[str, float]],
-                  cli: dict[str, list[float]], throughput_vs_stock: float) -> list[tuple[str, str, bool]]:
+def variant_goals(
+    tk_: Variant,
+    stock: Variant,
+    floor: Variant,
+    to_model: list[dict[str, float]],
+    cli: dict[str, list[float]],
+    throughput_vs_stock: float,
+) -> list[tuple[str, str, bool]]:
     """The issue's goals for one turnkeeper variant: (goal, value, met)."""
     to_model_median = _med([r["send -> activity runs (its own clock)"] for r in to_model])
     vs_stock, vs_floor = tk_.median_ms / stock.median_ms, tk_.median_ms / floor.median_ms
@@ -562,41 +684,60 @@ def variant_goals(tk_: Variant, stock: Variant, floor: Variant, to_model: list[d
         ("median <= 60 ms", f"{tk_.median_ms:.1f} ms", tk_.median_ms <= GOAL_MEDIAN_MS),
         ("p90 <= 100 ms", f"{tk_.p90_ms:.1f} ms", tk_.p90_ms <= GOAL_P90_MS),
         ("median <= 0.30 x stock bare", f"{vs_stock:.2f} x", vs_stock <= GOAL_VS_STOCK),
-        ("throughput >= 1.7 x stock bare", f"{throughput_vs_stock:.2f} x",
-         throughput_vs_stock >= GOAL_THROUGHPUT_VS_STOCK),
+        (
+            "throughput >= 1.7 x stock bare",
+            f"{throughput_vs_stock:.2f} x",
+            throughput_vs_stock >= GOAL_THROUGHPUT_VS_STOCK,
+        ),
         ("median <= 1.15 x tuned bare", f"{vs_floor:.2f} x", vs_floor <= GOAL_VS_FLOOR),
         ("send -> model start <= 20 ms", f"{to_model_median:.1f} ms", to_model_median <= GOAL_TO_MODEL_MS),
         ("CLI status <= 0.2 s", f"{_med(cli['status']):.3f} s", _med(cli["status"]) <= GOAL_CLI_S),
     ]
 
 
-def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
-           timelines: dict[str, tuple[Turn, list[dict[str, Any]]]], to_model: dict[str, list[dict[str, float]]],
-           cli: dict[str, list[float]], plan: Plan, setups: dict[str, tuple[dict[str, object], bool]]) -> dict[str, Any]:
+def report(
+    variants: list[Variant],
+    parts: dict[str, list[dict[str, float]]],
+    timelines: dict[str, tuple[Turn, list[dict[str, Any]]]],
+    to_model: dict[str, list[dict[str, float]]],
+    cli: dict[str, list[float]],
+    plan: Plan,
+    setups: dict[str, tuple[dict[str, object], bool]],
+) -> dict[str, Any]:
     by_key = {v.key: v for v in variants}
     tk_, stock, floor = by_key["turnkeeper"], by_key["stock"], by_key["floor"]
     print()
-    print(f"latency: {plan.blocks} x {plan.per_block} back-to-back turns per variant (each block after "
-          f"{BUSY_S:.0f} s of turns on its server), blocks interleaved; spaced: {plan.spaced} turns per variant, "
-          "variants taking turns; "
-          f"throughput: {plan.rounds} round(s) of {plan.per_round} turns per variant, {IN_FLIGHT} in flight; "
-          "CPU ms per turn = this process (client and workers) + the variant's dev server")
+    print(
+        f"latency: {plan.blocks} x {plan.per_block} back-to-back turns per variant (each block after "
+        f"{BUSY_S:.0f} s of turns on its server), blocks interleaved; spaced: {plan.spaced} turns per variant, "
+        "variants taking turns; "
+        f"throughput: {plan.rounds} round(s) of {plan.per_round} turns per variant, {IN_FLIGHT} in flight; "
+        "CPU ms per turn = this process (client and workers) + the variant's dev server"
+    )
     for name, (config, cli_defaults) in setups.items():
         print("  " + describe(name, config, cli_defaults))
-    header = (f"{'variant':<28}{'median ms':>10}{'p90 ms':>9}{'min ms':>8}{'spaced median':>15}"
-              f"{'turns/s':>9}{'CPU ms/turn':>15}")
+    header = (
+        f"{'variant':<28}{'median ms':>10}{'p90 ms':>9}{'min ms':>8}{'spaced median':>15}"
+        f"{'turns/s':>9}{'CPU ms/turn':>15}"
+    )
     print(header)
     print("-" * len(header))
     for v in variants:
-        cpu = (f"{v.process_cpu_s * 1000 / v.throughput_turns:.1f} + "
-               f"{v.server_cpu_s * 1000 / v.throughput_turns:.1f}")
-        print(f"{v.label:<28}{v.median_ms:>10.1f}{v.p90_ms:>9.1f}{min(v.latencies):>8.1f}"
-              f"{_med([t.ms for t in v.spaced]):>15.1f}{v.turns_per_s:>9.1f}{cpu:>15}")
+        cpu = (
+            f"{v.process_cpu_s * 1000 / v.throughput_turns:.1f} + "
+            f"{v.server_cpu_s * 1000 / v.throughput_turns:.1f}"
+        )
+        print(
+            f"{v.label:<28}{v.median_ms:>10.1f}{v.p90_ms:>9.1f}{min(v.latencies):>8.1f}"
+            f"{_med([t.ms for t in v.spaced]):>15.1f}{v.turns_per_s:>9.1f}{cpu:>15}"
+        )
 
     tp_stock = ratio_of_rounds(tk_.round_turns_per_s, stock.round_turns_per_s)
     tp_floor = ratio_of_rounds(tk_.round_turns_per_s, floor.round_turns_per_s)
-    spreads: dict[str, PairedRatio] = {"turnkeeper/stock bare throughput": tp_stock,
-                                       "turnkeeper/tuned bare throughput": tp_floor}
+    spreads: dict[str, PairedRatio] = {
+        "turnkeeper/stock bare throughput": tp_stock,
+        "turnkeeper/tuned bare throughput": tp_floor,
+    }
     ratios = {
         "turnkeeper/stock bare median": tk_.median_ms / stock.median_ms,
         "turnkeeper/stock bare p90": tk_.p90_ms / stock.p90_ms,
@@ -609,25 +750,35 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     # Block by block: each variant's block i ran next to the others' block i, so a
     # slow spell of the machine weighs on both sides of a ratio, not on one.
     floor_blocks = floor.block_medians(plan.per_block)
-    by_block = {key: ratio_of_rounds(by_key[key].block_medians(plan.per_block), floor_blocks)
-                for key in ("turnkeeper", "turnkeeper_eager") if key in by_key}
+    by_block = {
+        key: ratio_of_rounds(by_key[key].block_medians(plan.per_block), floor_blocks)
+        for key in ("turnkeeper", "turnkeeper_eager")
+        if key in by_key
+    }
     ratios[BY_BLOCK] = by_block["turnkeeper"].median
     if "floor_eager" in by_key:
         ratios["eager/plain start, bare median"] = by_key["floor_eager"].median_ms / floor.median_ms
-        ratios["eager/signal-with-start, turnkeeper median"] = by_key["turnkeeper_eager"].median_ms / tk_.median_ms
+        ratios["eager/signal-with-start, turnkeeper median"] = (
+            by_key["turnkeeper_eager"].median_ms / tk_.median_ms
+        )
     if "floor_loop" in by_key:
         ratios["turnkeeper/tuned bare on the loop median"] = tk_.median_ms / by_key["floor_loop"].median_ms
         ratios["on the loop/plain, bare median"] = by_key["floor_loop"].median_ms / floor.median_ms
     if "previous" in by_key:
         prev = by_key["previous"]
-        spreads["tuned/previous bare throughput"] = ratio_of_rounds(floor.round_turns_per_s, prev.round_turns_per_s)
+        spreads["tuned/previous bare throughput"] = ratio_of_rounds(
+            floor.round_turns_per_s, prev.round_turns_per_s
+        )
         ratios["tuned/previous bare throughput"] = spreads["tuned/previous bare throughput"].median
         ratios["tuned/previous bare median"] = floor.median_ms / prev.median_ms
-        ratios["tuned/previous bare server CPU"] = floor.server_cpu_s / floor.throughput_turns / (
-            prev.server_cpu_s / prev.throughput_turns)
+        ratios["tuned/previous bare server CPU"] = (
+            floor.server_cpu_s / floor.throughput_turns / (prev.server_cpu_s / prev.throughput_turns)
+        )
     print()
-    print("ratios (throughput: median over the rounds of each round's ratio, then the lowest-highest round; "
-          "block by block: the same over the back-to-back blocks' medians)")
+    print(
+        "ratios (throughput: median over the rounds of each round's ratio, then the lowest-highest round; "
+        "block by block: the same over the back-to-back blocks' medians)"
+    )
     shown = dict(spreads) if plan.rounds > 1 else {}
     if plan.blocks > 1:
         shown[BY_BLOCK] = by_block["turnkeeper"]
@@ -636,15 +787,19 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
         print(f"  {name:<48}{value:>7.2f}x{spread}")
 
     print()
-    print("a message to the model activity's start, ms (median, p90), back-to-back turns "
-          "(the bare loop: from its start request)")
+    print(
+        "a message to the model activity's start, ms (median, p90), back-to-back turns "
+        "(the bare loop: from its start request)"
+    )
     for key, rows in to_model.items():
         for name in rows[0]:
             values = [r[name] for r in rows]
             print(f"  {by_key[key].label:<26}{name:<42}{_med(values):>7.1f}{p90(values):>7.1f}")
 
     print()
-    print("where a back-to-back turn's milliseconds go (median over the turns of each part; history event times)")
+    print(
+        "where a back-to-back turn's milliseconds go (median over the turns of each part; history event times)"
+    )
     names = list(next(iter(parts.values()))[0])
     print(f"  {'part':<48}" + "".join(f"{by_key[k].label[:22]:>24}" for k in parts))
     for name in names:
@@ -660,33 +815,52 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
     print("goals (turnkeeper as shipped)")
     for goal, value, ok in goals:
         print(f"  {goal:<34}{value:>10}   {'PASS' if ok else 'MISS'}")
-    print(f"  over the floor, block by block: {by_block['turnkeeper'].median:.2f} x; "
-          f"{by_block['turnkeeper'].note(GOAL_VS_FLOOR)}")
+    print(
+        f"  over the floor, block by block: {by_block['turnkeeper'].median:.2f} x; "
+        f"{by_block['turnkeeper'].note(GOAL_VS_FLOOR)}"
+    )
     if "turnkeeper_eager" in by_key:
         eager = by_key["turnkeeper_eager"]
-        eager_goals = variant_goals(eager, stock, floor, to_model["turnkeeper_eager"], cli,
-                                    ratio_of_rounds(eager.round_turns_per_s, stock.round_turns_per_s).median)
+        eager_goals = variant_goals(
+            eager,
+            stock,
+            floor,
+            to_model["turnkeeper_eager"],
+            cli,
+            ratio_of_rounds(eager.round_turns_per_s, stock.round_turns_per_s).median,
+        )
         print()
         print("goals (turnkeeper with its worker in the web process: eager start, TURNKEEPER_WEB_WORKER=1)")
         for goal, value, ok in eager_goals:
             print(f"  {goal:<34}{value:>10}   {'PASS' if ok else 'MISS'}")
-        print(f"  over the floor, block by block: {by_block['turnkeeper_eager'].median:.2f} x; "
-              f"{by_block['turnkeeper_eager'].note(GOAL_VS_FLOOR)}")
+        print(
+            f"  over the floor, block by block: {by_block['turnkeeper_eager'].median:.2f} x; "
+            f"{by_block['turnkeeper_eager'].note(GOAL_VS_FLOOR)}"
+        )
 
     for key, (turn, rows) in timelines.items():
-        print_timeline(f"timeline of one {by_key[key].label} turn near the median: {turn.ms:.1f} ms at the client",
-                       rows)
+        print_timeline(
+            f"timeline of one {by_key[key].label} turn near the median: {turn.ms:.1f} ms at the client", rows
+        )
 
     return {
         "plan": asdict(plan),
         "servers": {name: describe(name, c, d) for name, (c, d) in setups.items()},
-        "variants": {v.key: {"label": v.label, "median_ms": v.median_ms, "p90_ms": v.p90_ms,
-                             "turns_per_s": v.turns_per_s, "round_turns_per_s": v.round_turns_per_s,
-                             "process_cpu_ms_per_turn": v.process_cpu_s * 1000 / v.throughput_turns,
-                             "server_cpu_ms_per_turn": v.server_cpu_s * 1000 / v.throughput_turns,
-                             "latencies_ms": v.latencies, "block_medians_ms": v.block_medians(plan.per_block),
-                             "spaced_ms": [t.ms for t in v.spaced]}
-                     for v in variants},
+        "variants": {
+            v.key: {
+                "label": v.label,
+                "median_ms": v.median_ms,
+                "p90_ms": v.p90_ms,
+                "turns_per_s": v.turns_per_s,
+                "round_turns_per_s": v.round_turns_per_s,
+                "process_cpu_ms_per_turn": v.process_cpu_s * 1000 / v.throughput_turns,
+                "server_cpu_ms_per_turn": v.server_cpu_s * 1000 / v.throughput_turns,
+                "latencies_ms": v.latencies,
+                "block_medians_ms": v.block_medians(plan.per_block),
+                "spaced_ms": [t.ms for t in v.spaced],
+            }
+            for v in variants
+        },
         "ratios": ratios,
         "throughput_round_ratios": {k: asdict(r) for k, r in spreads.items()},
         "over_floor_block_by_block": {k: asdict(r) for k, r in by_block.items()},
@@ -700,28 +874,53 @@ def report(variants: list[Variant], parts: dict[str, list[dict[str, float]]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK.blocks} x {QUICK.per_block} back-to-back turns per variant, one throughput "
-                        f"round of {QUICK.per_round}")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK.blocks} x {QUICK.per_block} back-to-back turns per variant, one throughput "
+        f"round of {QUICK.per_round}",
+    )
     parser.add_argument("--rounds", type=int, help=f"throughput rounds (default {FULL.rounds})")
     parser.add_argument("--blocks", type=int, help=f"back-to-back blocks per variant (default {FULL.blocks})")
-    parser.add_argument("--eager-variant", action="store_true",
-                        help="also the bare loop and turnkeeper started with eager workflow start")
-    parser.add_argument("--loop-variant", action="store_true",
-                        help="also the bare loop with its workflow activations on the worker's event loop, "
-                        "as turnkeeper's worker runs them")
-    parser.add_argument("--previous-variant", action="store_true",
-                        help="also the bare loop on the embedded server's settings without the task-dispatch "
-                        "settings (the 50 ms tick)")
-    parser.add_argument("--reads-variant", type=int, metavar="N",
-                        help="also the bare loop on the embedded server's settings with the task-dispatch "
-                        "settings at N reads a second (--previous-variant: N=20, the server's default)")
-    parser.add_argument("--config-variant", action="append", default=[], metavar="KEY=JSON",
-                        help="also the bare loop on the embedded server's settings plus this dynamic config "
-                        "value (repeatable; not with --previous-variant or --reads-variant): a setting's "
-                        "effect, measured beside the floor")
-    parser.add_argument("--stream", choices=("on", "off"), default="on",
-                        help="turnkeeper's TURNKEEPER_STREAM (default on, as shipped): what streaming costs a turn")
+    parser.add_argument(
+        "--eager-variant",
+        action="store_true",
+        help="also the bare loop and turnkeeper started with eager workflow start",
+    )
+    parser.add_argument(
+        "--loop-variant",
+        action="store_true",
+        help="also the bare loop with its workflow activations on the worker's event loop, "
+        "as turnkeeper's worker runs them",
+    )
+    parser.add_argument(
+        "--previous-variant",
+        action="store_true",
+        help="also the bare loop on the embedded server's settings without the task-dispatch "
+        "settings (the 50 ms tick)",
+    )
+    parser.add_argument(
+        "--reads-variant",
+        type=int,
+        metavar="N",
+        help="also the bare loop on the embedded server's settings with the task-dispatch "
+        "settings at N reads a second (--previous-variant: N=20, the server's default)",
+    )
+    parser.add_argument(
+        "--config-variant",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="also the bare loop on the embedded server's settings plus this dynamic config "
+        "value (repeatable; not with --previous-variant or --reads-variant): a setting's "
+        "effect, measured beside the floor",
+    )
+    parser.add_argument(
+        "--stream",
+        choices=("on", "off"),
+        default="on",
+        help="turnkeeper's TURNKEEPER_STREAM (default on, as shipped): what streaming costs a turn",
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     plan = QUICK if args.quick else FULL
@@ -740,9 +939,18 @@ def main() -> None:
         extra[key] = json.loads(value)
     if extra and reads is not None:
         parser.error("--config-variant goes without --previous-variant and --reads-variant")
-    run_and_exit(run(plan, args.eager_variant, reads, args.json, stream=args.stream, config_variant=extra,
-                     with_loop=args.loop_variant),
-                 loop_factory=event_loop_factory("auto"))
+    run_and_exit(
+        run(
+            plan,
+            args.eager_variant,
+            reads,
+            args.json,
+            stream=args.stream,
+            config_variant=extra,
+            with_loop=args.loop_variant,
+        ),
+        loop_factory=event_loop_factory("auto"),
+    )
 
 
 if __name__ == "__main__":

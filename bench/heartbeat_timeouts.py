@@ -14,6 +14,7 @@ points come later, up to timeout + 1 s - one beat interval (bench/README.md,
 "Recovery latency benchmark"). Run it again after upgrading the server: the
 2.5 s bound on SIGKILL -> awaiting_user rests on this rule.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,12 @@ class HeartbeatTimeout:
     async def run(self, beats_at: list[float], timeout_s: float) -> str:
         try:
             await workflow.execute_activity(
-                beat_then_hang, beats_at, start_to_close_timeout=timedelta(seconds=HANG_S * 2),
-                heartbeat_timeout=timedelta(seconds=timeout_s), retry_policy=RetryPolicy(maximum_attempts=1))
+                beat_then_hang,
+                beats_at,
+                start_to_close_timeout=timedelta(seconds=HANG_S * 2),
+                heartbeat_timeout=timedelta(seconds=timeout_s),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
         except ActivityError:
             return "timed out"
         return "completed"
@@ -70,8 +75,12 @@ class HeartbeatTimeout:
 
 async def one(client: Client, task_queue: str, beats_at: list[float], timeout_s: float) -> float:
     """Seconds from the activity's start to ACTIVITY_TASK_TIMED_OUT (server clock)."""
-    handle = await client.start_workflow(HeartbeatTimeout.run, args=[beats_at, timeout_s],
-                                         id=f"beats-{uuid.uuid4().hex[:10]}", task_queue=task_queue)
+    handle = await client.start_workflow(
+        HeartbeatTimeout.run,
+        args=[beats_at, timeout_s],
+        id=f"beats-{uuid.uuid4().hex[:10]}",
+        task_queue=task_queue,
+    )
     outcome = await handle.result()
     if outcome != "timed out":
         raise RuntimeError(f"the activity {outcome} instead of timing out")
@@ -90,48 +99,85 @@ async def run(timeout_s: int, max_beats: int, as_json: bool) -> None:
         async with dev_server(Path(tmp), attempts=3) as server:
             # The activity hangs past each timeout: the SDK's warnings about its
             # cancellation and late completion are noise here.
-            quiet = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-                filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))))
+            quiet = Runtime(
+                telemetry=TelemetryConfig(
+                    logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+                )
+            )
             client = await Client.connect(server.address, runtime=quiet)
             task_queue = f"bench-heartbeats-{uuid.uuid4().hex[:8]}"
             logging.getLogger("temporalio").setLevel(logging.CRITICAL)
-            async with Worker(client, task_queue=task_queue, workflows=[HeartbeatTimeout],
-                              activities=[beat_then_hang], workflow_runner=UnsandboxedWorkflowRunner(),
-                              max_heartbeat_throttle_interval=throttle,
-                              default_heartbeat_throttle_interval=throttle,
-                              graceful_shutdown_timeout=timedelta(seconds=0)):
+            async with Worker(
+                client,
+                task_queue=task_queue,
+                workflows=[HeartbeatTimeout],
+                activities=[beat_then_hang],
+                workflow_runner=UnsandboxedWorkflowRunner(),
+                max_heartbeat_throttle_interval=throttle,
+                default_heartbeat_throttle_interval=throttle,
+                graceful_shutdown_timeout=timedelta(seconds=0),
+            ):
                 for n in range(0, max_beats + 1):
                     beats_at = [every * k for k in range(1, n + 1)]
                     last = beats_at[-1] if beats_at else 0.0
                     after_start = await one(client, task_queue, beats_at, timeout_s)
-                    rows.append({"beats": n, "last_beat_s": last, "timed_out_s": after_start,
-                                 "after_last_beat_s": after_start - last})
-                    progress(f"{n} beat(s), the last at {last:.2f} s: timed out {after_start:.2f} s after the "
-                             f"start, {after_start - last:.2f} s after the last beat")
+                    rows.append(
+                        {
+                            "beats": n,
+                            "last_beat_s": last,
+                            "timed_out_s": after_start,
+                            "after_last_beat_s": after_start - last,
+                        }
+                    )
+                    progress(
+                        f"{n} beat(s), the last at {last:.2f} s: timed out {after_start:.2f} s after the "
+                        f"start, {after_start - last:.2f} s after the last beat"
+                    )
             progress("stopping the dev server")
 
     bound = timeout_s + 1 - every
     print()
-    print(f"heartbeat timeout {timeout_s} s; beats every {every:.3g} s from {every:.3g} s into the step; "
-          f"the worker's throttle {throttle.total_seconds():.3g} s (turnkeeper's settings)")
+    print(
+        f"heartbeat timeout {timeout_s} s; beats every {every:.3g} s from {every:.3g} s into the step; "
+        f"the worker's throttle {throttle.total_seconds():.3g} s (turnkeeper's settings)"
+    )
     print(f"{'beats':>5}  {'last beat':>9}  {'timed out':>9}  {'after the last beat':>19}")
     for r in rows:
-        print(f"{r['beats']:>5}  {r['last_beat_s']:>8.2f}s  {r['timed_out_s']:>8.2f}s  {r['after_last_beat_s']:>18.2f}s")
+        print(
+            f"{r['beats']:>5}  {r['last_beat_s']:>8.2f}s  {r['timed_out_s']:>8.2f}s  {r['after_last_beat_s']:>18.2f}s"
+        )
     after = [r["after_last_beat_s"] for r in rows if r["beats"] > 0]
-    print(f"after the last beat: median {statistics.median(after):.2f} s, max {max(after):.2f} s; "
-          f"the rule's bound timeout + 1 s - one beat interval = {bound:.2f} s")
+    print(
+        f"after the last beat: median {statistics.median(after):.2f} s, max {max(after):.2f} s; "
+        f"the rule's bound timeout + 1 s - one beat interval = {bound:.2f} s"
+    )
     if as_json:
-        print(json.dumps({"heartbeat_timeout_s": timeout_s, "beat_interval_s": every,
-                          "throttle_s": throttle.total_seconds(), "bound_s": bound, "rows": rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "heartbeat_timeout_s": timeout_s,
+                    "beat_interval_s": every,
+                    "throttle_s": throttle.total_seconds(),
+                    "bound_s": bound,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timeout", type=int, default=Settings().heartbeat_timeout, metavar="S",
-                        help="heartbeat timeout in whole seconds (default: the project's, "
-                             f"{Settings().heartbeat_timeout})")
-    parser.add_argument("--beats", type=int, default=9, metavar="N",
-                        help="stop after 0, 1, ... N beats (default 9)")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=Settings().heartbeat_timeout,
+        metavar="S",
+        help=f"heartbeat timeout in whole seconds (default: the project's, {Settings().heartbeat_timeout})",
+    )
+    parser.add_argument(
+        "--beats", type=int, default=9, metavar="N", help="stop after 0, 1, ... N beats (default 9)"
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     if args.timeout < 1 or args.beats < 1:

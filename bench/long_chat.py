@@ -25,6 +25,7 @@ process, the model a FakeChatServer through the OpenAI provider (it summarises
 by a chat completion, as a real model would): tokens per call from its
 requests, the worker's VmRSS from /proc, and the turn's wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,9 @@ class TimedStore(SQLiteStore):
 
     spent = 0.0
 
-    async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
-                         durable: bool) -> T:
+    async def _run_write(
+        self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]], durable: bool
+    ) -> T:
         started = time.perf_counter()
         try:
             return await super()._run_write(chat_id, work, durable)
@@ -104,12 +106,25 @@ class BenchModel(ModelProvider):
         self.tokens: list[int] = []
         self.summaries = 0
 
-    async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int) -> ModelReply:
-        self.tokens.append(sent_tokens([m.model_dump(exclude_none=True) for m in history],
-                                       [t.model_dump(exclude={"effect"}) for t in tools]))
+    async def complete(
+        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int
+    ) -> ModelReply:
+        self.tokens.append(
+            sent_tokens(
+                [m.model_dump(exclude_none=True) for m in history],
+                [t.model_dump(exclude={"effect"}) for t in tools],
+            )
+        )
         if history[-1].role == "user" and self.rng.random() < 0.2:
-            return ModelReply(tool_calls=[ToolCall(id=f"call_{call_index}_0", name="read_file",
-                                                   arguments=json.dumps({"path": f"notes/{call_index}.txt"}))])
+            return ModelReply(
+                tool_calls=[
+                    ToolCall(
+                        id=f"call_{call_index}_0",
+                        name="read_file",
+                        arguments=json.dumps({"path": f"notes/{call_index}.txt"}),
+                    )
+                ]
+            )
         return ModelReply(text=f"answer {call_index}: " + "a" * self.rng.randint(100, 800))
 
     async def summarise(self, request: SummaryRequest) -> str:
@@ -125,8 +140,9 @@ def _p10(values: list[float]) -> float:
 async def whole_history_read(db: Path) -> tuple[int, float]:
     """(rows, ms) of reading and decoding the whole transcript, as every model step
     did before: in a process of its own, so that its objects do not count here."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--time-history", str(db),
-                                                stdout=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--time-history", str(db), stdout=asyncio.subprocess.PIPE
+    )
     out, _ = await proc.communicate()
     rows, ms = out.split()
     return int(rows), float(ms)
@@ -201,47 +217,75 @@ async def direct(turns: int, budget: int, seed: int) -> None:
             for n in range(1, turns + 1):
                 began = await store.begin_turn(CHAT, f"run-{n}", [f"m{n}"])
                 assert began.turn == n
-                message = UserMessage(message_id=f"m{n}", text=f"message {n}: " + "u" * rng.randint(100, 1200))
+                message = UserMessage(
+                    message_id=f"m{n}", text=f"message {n}: " + "u" * rng.randint(100, 1200)
+                )
                 calls, spent, summaries = 0, 0.0, model.summaries
                 step, new = 0, [message]
                 while True:
                     store.spent = 0.0
-                    result = await env.run(activity.model_call, io.ModelCallInput(
-                        chat_id=CHAT, turn=n, step=step, new_messages=new))
+                    result = await env.run(
+                        activity.model_call,
+                        io.ModelCallInput(chat_id=CHAT, turn=n, step=step, new_messages=new),
+                    )
                     spent += store.spent
                     calls += 1
                     if result.reply.is_final:
                         break
                     for call in result.reply.tool_calls:  # as the tool activity records it
-                        await store.record_tool_result(CHAT, n, call.id, call.name,
-                                                       "r" * rng.randint(200, 2000), "done")
+                        await store.record_tool_result(
+                            CHAT, n, call.id, call.name, "r" * rng.randint(200, 2000), "done"
+                        )
                     step, new = step + 1, []
                 if first_fold is None and model.summaries > summaries:
                     first_fold = n
-                per_turn.append(Step(tokens=statistics.median(model.tokens[-calls:]), store_ms=spent * 1000 / calls))
+                per_turn.append(
+                    Step(tokens=statistics.median(model.tokens[-calls:]), store_ms=spent * 1000 / calls)
+                )
                 if n in CHECKPOINTS or n == turns:
-                    window = per_turn[-min(WINDOW, n):]
+                    window = per_turn[-min(WINDOW, n) :]
                     rss = rss_mib()
                     rows_now, full_ms = await whole_history_read(store.path)
                     loaded = await store.context_rows(CHAT)
-                    rows.append(DirectRow(turn=n, rows=rows_now, loaded=len(loaded.rows),
-                                          tokens=statistics.median(w.tokens for w in window),
-                                          store_ms=statistics.median(w.store_ms for w in window),
-                                          store_p10=_p10([w.store_ms for w in window]),
-                                          history_ms=full_ms, rss=rss, summaries=model.summaries))
+                    rows.append(
+                        DirectRow(
+                            turn=n,
+                            rows=rows_now,
+                            loaded=len(loaded.rows),
+                            tokens=statistics.median(w.tokens for w in window),
+                            store_ms=statistics.median(w.store_ms for w in window),
+                            store_p10=_p10([w.store_ms for w in window]),
+                            history_ms=full_ms,
+                            rss=rss,
+                            summaries=model.summaries,
+                        )
+                    )
                     progress(f"turn {n}: {rows[-1]}")
         finally:
             await store.close()
-    print(f"direct: the model activity on a SQLite store, one chat of {turns} turns, "
-          f"TURNKEEPER_CONTEXT_TOKENS={budget}; first fold at turn {first_fold}")
-    _table(rows, [("turn", "turn", "d"), ("transcript rows", "rows", "d"), ("rows loaded", "loaded", "d"),
-                  ("ctx tokens/call", "tokens", ".0f"), ("store ms/step", "store_ms", ".2f"),
-                  ("(p10)", "store_p10", ".2f"),
-                  ("whole-history read ms", "history_ms", ".1f"), ("RSS MiB", "rss", ".1f"),
-                  ("summaries so far", "summaries", "d")])
-    print(f"medians over the {WINDOW} turns up to each row; a step is one model call (commit, context, "
-          f"record); the whole-history read is the best of 3 in a separate process. "
-          f"Load average at the end: {os.getloadavg()[0]:.1f}")
+    print(
+        f"direct: the model activity on a SQLite store, one chat of {turns} turns, "
+        f"TURNKEEPER_CONTEXT_TOKENS={budget}; first fold at turn {first_fold}"
+    )
+    _table(
+        rows,
+        [
+            ("turn", "turn", "d"),
+            ("transcript rows", "rows", "d"),
+            ("rows loaded", "loaded", "d"),
+            ("ctx tokens/call", "tokens", ".0f"),
+            ("store ms/step", "store_ms", ".2f"),
+            ("(p10)", "store_p10", ".2f"),
+            ("whole-history read ms", "history_ms", ".1f"),
+            ("RSS MiB", "rss", ".1f"),
+            ("summaries so far", "summaries", "d"),
+        ],
+    )
+    print(
+        f"medians over the {WINDOW} turns up to each row; a step is one model call (commit, context, "
+        f"record); the whole-history read is the best of 3 in a separate process. "
+        f"Load average at the end: {os.getloadavg()[0]:.1f}"
+    )
 
 
 async def through_temporal(turns: int, budget: int, seed: int) -> None:
@@ -260,25 +304,43 @@ async def through_temporal(turns: int, budget: int, seed: int) -> None:
         messages = request["messages"]
         if messages[0]["role"] == "system" and messages[0]["content"].startswith(lead):
             summaries[0] += 1
-            return {"text": "The user sent numbered messages and got numbered answers; "
-                            f"the last one folded here was: {messages[-1]['content'][-120:]}"}
+            return {
+                "text": "The user sent numbered messages and got numbered answers; "
+                f"the last one folded here was: {messages[-1]['content'][-120:]}"
+            }
         tokens.append(sent_tokens(messages, request.get("tools") or []))
         return {"text": f"answer {len(tokens)}: " + "a" * rng.randint(100, 800)}
 
-    with tempfile.TemporaryDirectory(prefix="tk-long-chat-") as tmp_name, \
-            FakeChatServer(responder=respond) as fake:
+    with (
+        tempfile.TemporaryDirectory(prefix="tk-long-chat-") as tmp_name,
+        FakeChatServer(responder=respond) as fake,
+    ):
         tmp = Path(tmp_name)
         async with dev_server(tmp) as server:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-            env.update({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_TASK_QUEUE": "long-chat",
-                        "TURNKEEPER_DATA_DIR": str(tmp / "data"), "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
-                        "TURNKEEPER_MODEL": "openai:bench", "OPENAI_BASE_URL": fake.base_url,
-                        "OPENAI_API_KEY": "bench", "TURNKEEPER_TOOLS": ",".join(TOOLS),
-                        "TURNKEEPER_CONTEXT_TOKENS": str(budget), "TURNKEEPER_LOG_LEVEL": "WARNING",
-                        "TURNKEEPER_RECONCILE_EVERY": "3600"})
-            worker = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=env,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            env.update(
+                {
+                    "TEMPORAL_ADDRESS": server.address,
+                    "TURNKEEPER_TASK_QUEUE": "long-chat",
+                    "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+                    "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+                    "TURNKEEPER_MODEL": "openai:bench",
+                    "OPENAI_BASE_URL": fake.base_url,
+                    "OPENAI_API_KEY": "bench",
+                    "TURNKEEPER_TOOLS": ",".join(TOOLS),
+                    "TURNKEEPER_CONTEXT_TOKENS": str(budget),
+                    "TURNKEEPER_LOG_LEVEL": "WARNING",
+                    "TURNKEEPER_RECONCILE_EVERY": "3600",
+                }
+            )
+            worker = subprocess.Popen(
+                [sys.executable, "worker.py"],
+                cwd=ROOT,
+                env=env,
+                stdout=open(tmp / "worker.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             rows: list[TemporalRow] = []
             try:
                 client = await Client.connect(server.address, data_converter=pydantic_data_converter)
@@ -291,25 +353,47 @@ async def through_temporal(turns: int, budget: int, seed: int) -> None:
                     await handle.result()
                     walls.append((time.perf_counter() - started) * 1000)
                     if n in CHECKPOINTS or n == turns:
-                        rows.append(TemporalRow(turn=n, tokens=statistics.median(tokens[-WINDOW:]),
-                                                wall_ms=statistics.median(walls[-WINDOW:]),
-                                                rss=rss_mib(worker.pid), summaries=summaries[0]))
+                        rows.append(
+                            TemporalRow(
+                                turn=n,
+                                tokens=statistics.median(tokens[-WINDOW:]),
+                                wall_ms=statistics.median(walls[-WINDOW:]),
+                                rss=rss_mib(worker.pid),
+                                summaries=summaries[0],
+                            )
+                        )
                         progress(f"turn {n}: {rows[-1]}")
             finally:
                 os.killpg(worker.pid, signal.SIGTERM)
                 worker.wait(timeout=60)
-    print(f"temporal: one worker process, a FakeChatServer model, one chat of {turns} turns, "
-          f"TURNKEEPER_CONTEXT_TOKENS={budget}")
-    _table(rows, [("turn", "turn", "d"), ("ctx tokens/call", "tokens", ".0f"), ("turn ms", "wall_ms", ".1f"),
-                  ("worker RSS MiB", "rss", ".1f"), ("summary calls so far", "summaries", "d")])
-    print(f"medians over the {WINDOW} turns up to each row. Load average at the end: {os.getloadavg()[0]:.1f}")
+    print(
+        f"temporal: one worker process, a FakeChatServer model, one chat of {turns} turns, "
+        f"TURNKEEPER_CONTEXT_TOKENS={budget}"
+    )
+    _table(
+        rows,
+        [
+            ("turn", "turn", "d"),
+            ("ctx tokens/call", "tokens", ".0f"),
+            ("turn ms", "wall_ms", ".1f"),
+            ("worker RSS MiB", "rss", ".1f"),
+            ("summary calls so far", "summaries", "d"),
+        ],
+    )
+    print(
+        f"medians over the {WINDOW} turns up to each row. Load average at the end: {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=2000)
-    parser.add_argument("--context-tokens", type=int, default=8000,
-                        help="TURNKEEPER_CONTEXT_TOKENS (default 8000: the first fold comes early)")
+    parser.add_argument(
+        "--context-tokens",
+        type=int,
+        default=8000,
+        help="TURNKEEPER_CONTEXT_TOKENS (default 8000: the first fold comes early)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--temporal", action="store_true", help="through a dev server and a worker process")
     parser.add_argument("--time-history", type=Path, help=argparse.SUPPRESS)  # the contrast's own process

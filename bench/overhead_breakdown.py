@@ -25,6 +25,7 @@ against `plain`. It also prints how long each activity's own code took (an
 interceptor's wall clock around it, local activities included): what of a
 turn is the store's work rather than Temporal's. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,8 +86,9 @@ class ActivityWall(temporalio.client.Interceptor, temporalio.worker.Interceptor)
     def __init__(self) -> None:
         self.ms: dict[str, list[float]] = defaultdict(list)
 
-    def intercept_activity(self, next: temporalio.worker.ActivityInboundInterceptor
-                           ) -> temporalio.worker.ActivityInboundInterceptor:
+    def intercept_activity(
+        self, next: temporalio.worker.ActivityInboundInterceptor
+    ) -> temporalio.worker.ActivityInboundInterceptor:
         return _TimedActivity(next, self)
 
 
@@ -110,19 +112,31 @@ async def run(rounds: int, turns: int, latency_blocks: int | None = None) -> Non
         tmp = Path(tmp_name)
         async with dev_server(tmp) as server:
             wall = ActivityWall()
-            client = await Client.connect(server.address, data_converter=pydantic_data_converter,
-                                          interceptors=[wall])
+            client = await Client.connect(
+                server.address, data_converter=pydantic_data_converter, interceptors=[wall]
+            )
             task_queue = f"breakdown-{uuid.uuid4().hex[:8]}"
             acts = BareActivities(Steps(tmp / "ws"))
-            worker = Worker(client, task_queue=task_queue, workflows=[Plain, Signalled, WithLocalActivity, WithPatch],
-                            activities=[acts.model, acts.tool, noop], workflow_runner=UnsandboxedWorkflowRunner(),
-                            sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
+            worker = Worker(
+                client,
+                task_queue=task_queue,
+                workflows=[Plain, Signalled, WithLocalActivity, WithPatch],
+                activities=[acts.model, acts.tool, noop],
+                workflow_runner=UnsandboxedWorkflowRunner(),
+                sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+            )
             turnkeeper = Turnkeeper(client, server.address, tmp)
 
             async def bare(workflow: str, **options: object) -> None:
                 turn_id = uuid.uuid4().hex
-                text = await client.execute_workflow(workflow, turn_id, id=f"breakdown-{turn_id}",
-                                                     task_queue=task_queue, result_type=str, **options)
+                text = await client.execute_workflow(
+                    workflow,
+                    turn_id,
+                    id=f"breakdown-{turn_id}",
+                    task_queue=task_queue,
+                    result_type=str,
+                    **options,
+                )
                 if text != "done":
                     raise RuntimeError(f"{workflow} answered {text!r}")
 
@@ -131,14 +145,27 @@ async def run(rounds: int, turns: int, latency_blocks: int | None = None) -> Non
 
             async def with_search_attributes() -> None:
                 key = uuid.uuid4().hex
-                await bare("BreakdownPlain", search_attributes=TypedSearchAttributes([
-                    SearchAttributePair(CHAT_ID_ATTR, key), SearchAttributePair(TURN_STATUS_ATTR, "running")]))
+                await bare(
+                    "BreakdownPlain",
+                    search_attributes=TypedSearchAttributes(
+                        [
+                            SearchAttributePair(CHAT_ID_ATTR, key),
+                            SearchAttributePair(TURN_STATUS_ATTR, "running"),
+                        ]
+                    ),
+                )
 
             async def signal_with_start() -> None:
                 turn_id = uuid.uuid4().hex
                 handle = await client.start_workflow(
-                    "BreakdownSignalled", turn_id, id=f"breakdown-{turn_id}", task_queue=task_queue,
-                    start_signal="user_message", start_signal_args=[{"text": "write the file"}], result_type=str)
+                    "BreakdownSignalled",
+                    turn_id,
+                    id=f"breakdown-{turn_id}",
+                    task_queue=task_queue,
+                    start_signal="user_message",
+                    start_signal_args=[{"text": "write the file"}],
+                    result_type=str,
+                )
                 if await handle.result() != "done":
                     raise RuntimeError("signalled loop did not answer 'done'")
 
@@ -151,10 +178,14 @@ async def run(rounds: int, turns: int, latency_blocks: int | None = None) -> Non
             async def real_turn() -> None:
                 await turnkeeper.turn()
 
-            variants = [Variant("plain", plain), Variant("search attributes", with_search_attributes),
-                        Variant("signal-with-start", signal_with_start), Variant("local activity", local_activity),
-                        Variant("patch marker", patch),
-                        Variant("turnkeeper", real_turn)]
+            variants = [
+                Variant("plain", plain),
+                Variant("search attributes", with_search_attributes),
+                Variant("signal-with-start", signal_with_start),
+                Variant("local activity", local_activity),
+                Variant("patch marker", patch),
+                Variant("turnkeeper", real_turn),
+            ]
 
             async with worker:
                 await turnkeeper.start()
@@ -162,9 +193,13 @@ async def run(rounds: int, turns: int, latency_blocks: int | None = None) -> Non
                     if latency_blocks is not None:
                         await one_at_a_time(variants, latency_blocks, wall)
                     else:
-                        await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
-                                               burst=lambda v: burst(v, turns, server.pid),
-                                               per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
+                        await alternate_rounds(
+                            variants,
+                            warmup=WARMUP_TURNS,
+                            rounds=rounds,
+                            burst=lambda v: burst(v, turns, server.pid),
+                            per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight",
+                        )
                 finally:
                     await turnkeeper.close()
             if latency_blocks is not None:
@@ -181,7 +216,7 @@ async def one_at_a_time(variants: list[Variant], blocks: int, wall: ActivityWall
     wall.ms.clear()
     progress(f"{blocks} blocks of {BLOCK_TURNS} turns per variant, one turn at a time")
     for i in range(blocks):
-        for v in (variants if i % 2 == 0 else variants[::-1]):
+        for v in variants if i % 2 == 0 else variants[::-1]:
             for j in range(BLOCK_TURNS):
                 started = time.perf_counter()
                 await v.turn()
@@ -191,12 +226,16 @@ async def one_at_a_time(variants: list[Variant], blocks: int, wall: ActivityWall
 
 def report_latency(variants: list[Variant], blocks: int, wall: ActivityWall) -> None:
     base = statistics.median(variants[0].latencies_ms)
-    print(f"\none turn at a time: {blocks} blocks of {BLOCK_TURNS - 1} measured turns per variant, interleaved")
+    print(
+        f"\none turn at a time: {blocks} blocks of {BLOCK_TURNS - 1} measured turns per variant, interleaved"
+    )
     print(f"{'variant':<20} {'median ms':>10} {'p90 ms':>8} {'vs plain':>9} {'+ ms':>7}")
     for v in variants:
         median = statistics.median(v.latencies_ms)
-        print(f"{v.label:<20} {median:>10.1f} {p90(v.latencies_ms):>8.1f} {median / base:>8.2f}x "
-              f"{median - base:>+7.1f}")
+        print(
+            f"{v.label:<20} {median:>10.1f} {p90(v.latencies_ms):>8.1f} {median / base:>8.2f}x "
+            f"{median - base:>+7.1f}"
+        )
     print("\neach activity's own code, ms (median, p90; an interceptor's wall clock around it)")
     for name, ms in sorted(wall.ms.items()):
         if len(ms) < blocks:
@@ -220,14 +259,18 @@ async def burst(v: Variant, turns: int, server_pid: int) -> None:
 
 def report(variants: list[Variant], rounds: int, turns: int) -> None:
     base = variants[0]
-    print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; CPU = this process "
-          "(client and workers) + dev server")
+    print(
+        f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; CPU = this process "
+        "(client and workers) + dev server"
+    )
     print(f"{'variant':<20} {'turns/s':>8} {'vs plain (rounds)':>22} {'process ms':>11} {'server ms':>10}")
     for v in variants:
-        ratios = [a / b for a, b in zip(v.turns_per_s, base.turns_per_s)]
+        ratios = [a / b for a, b in zip(v.turns_per_s, base.turns_per_s, strict=False)]
         spread = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-        print(f"{v.label:<20} {statistics.median(v.turns_per_s):>8.1f} {spread:>22} "
-              f"{statistics.median(v.process_cpu_ms):>11.1f} {statistics.median(v.server_cpu_ms):>10.1f}")
+        print(
+            f"{v.label:<20} {statistics.median(v.turns_per_s):>8.1f} {spread:>22} "
+            f"{statistics.median(v.process_cpu_ms):>11.1f} {statistics.median(v.server_cpu_ms):>10.1f}"
+        )
 
 
 def main() -> None:
@@ -238,8 +281,10 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=30, help="--latency: blocks per variant")
     args = parser.parse_args()
     # The worker's own event loop (uvloop), as `python worker.py` runs it.
-    run_and_exit(run(args.rounds, args.turns, args.blocks if args.latency else None),
-                 loop_factory=event_loop_factory("auto"))
+    run_and_exit(
+        run(args.rounds, args.turns, args.blocks if args.latency else None),
+        loop_factory=event_loop_factory("auto"),
+    )
 
 
 if __name__ == "__main__":

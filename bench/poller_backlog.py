@@ -11,6 +11,7 @@ backlog and to the shared queue's, are read before and after each burst of
 own real worker and task queue on the one server; bursts alternate between
 them. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,13 @@ class Backlog:
     """Counters of the server's, so far: `CreateTasks` persistence requests (one
     may write several tasks), and workflow tasks written to the backlog of a
     sticky queue and of the shared queue's partitions."""
+
     create_tasks: float = 0.0
     sticky: float = 0.0
     shared: float = 0.0
 
     def per_turn(self, before: Backlog, turns: int) -> Backlog:
-        return Backlog(*((a - b) / turns for a, b in zip(astuple(self), astuple(before))))
+        return Backlog(*((a - b) / turns for a, b in zip(astuple(self), astuple(before), strict=False)))
 
 
 async def backlog(metrics_port: int) -> Backlog:
@@ -56,7 +58,7 @@ def _backlog(metrics_port: int) -> Backlog:
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     create = sticky = shared = 0.0
     for line in text.splitlines():
-        m = re.match(r'(\w+)\{(.*)\} (\S+)$', line)
+        m = re.match(r"(\w+)\{(.*)\} (\S+)$", line)
         if not m:
             continue
         name, labels, value = m.group(1), m.group(2), float(m.group(3))
@@ -79,9 +81,16 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
             variants = []
             for setting in pollers:
                 (tmp / setting).mkdir()
-                variants.append(Turnkeeper(client, server.address, tmp / setting, key=setting,
-                                           label=f"TURNKEEPER_POLLERS={setting}",
-                                           env={"TURNKEEPER_POLLERS": setting}))
+                variants.append(
+                    Turnkeeper(
+                        client,
+                        server.address,
+                        tmp / setting,
+                        key=setting,
+                        label=f"TURNKEEPER_POLLERS={setting}",
+                        env={"TURNKEEPER_POLLERS": setting},
+                    )
+                )
             results: dict[str, list[tuple[float, Backlog, float]]] = {v.key: [] for v in variants}
             async with contextlib.AsyncExitStack() as stack:
                 for v in variants:
@@ -91,19 +100,31 @@ async def run(pollers: list[str], rounds: int, turns: int) -> None:
                 async def measure(v: Turnkeeper) -> None:
                     results[v.key].append(await burst(v, turns, metrics_port, server.pid))
 
-                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measure,
-                                       per_round=f"{turns} turns per setting, {IN_FLIGHT} in flight")
+                await alternate_rounds(
+                    variants,
+                    warmup=WARMUP_TURNS,
+                    rounds=rounds,
+                    burst=measure,
+                    per_round=f"{turns} turns per setting, {IN_FLIGHT} in flight",
+                )
     print(f"\nper turn, {turns} turns per burst at {IN_FLIGHT} in flight; one line per burst")
-    print("(CreateTasks: the server's backlog write requests; sticky and shared: workflow tasks written "
-          "to the backlog of a sticky queue and of the shared queue)")
-    print(f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'sticky':>8}{'shared':>8}{'server CPU ms':>15}")
+    print(
+        "(CreateTasks: the server's backlog write requests; sticky and shared: workflow tasks written "
+        "to the backlog of a sticky queue and of the shared queue)"
+    )
+    print(
+        f"{'TURNKEEPER_POLLERS':<20}{'turns/s':>9}{'CreateTasks':>13}{'sticky':>8}{'shared':>8}{'server CPU ms':>15}"
+    )
     for key, rows in results.items():
         for tps, b, server_ms in rows:
-            print(f"{key:<20}{tps:>9.1f}{b.create_tasks:>13.2f}{b.sticky:>8.2f}{b.shared:>8.2f}{server_ms:>15.1f}")
+            print(
+                f"{key:<20}{tps:>9.1f}{b.create_tasks:>13.2f}{b.sticky:>8.2f}{b.shared:>8.2f}{server_ms:>15.1f}"
+            )
 
 
-async def burst(v: Turnkeeper, turns: int, metrics_port: int,
-                server_pid: int) -> tuple[float, Backlog, float]:
+async def burst(
+    v: Turnkeeper, turns: int, metrics_port: int, server_pid: int
+) -> tuple[float, Backlog, float]:
     gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one() -> None:
@@ -113,14 +134,18 @@ async def burst(v: Turnkeeper, turns: int, metrics_port: int,
     before, cpu_before, start = await backlog(metrics_port), cpu_seconds(server_pid), time.perf_counter()
     await asyncio.gather(*(one() for _ in range(turns)))
     elapsed = time.perf_counter() - start
-    return (turns / elapsed, (await backlog(metrics_port)).per_turn(before, turns),
-            (cpu_seconds(server_pid) - cpu_before) * 1000 / turns)
+    return (
+        turns / elapsed,
+        (await backlog(metrics_port)).per_turn(before, turns),
+        (cpu_seconds(server_pid) - cpu_before) * 1000 / turns,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pollers", default="auto,5",
-                        help="comma-separated TURNKEEPER_POLLERS settings (default auto,5)")
+    parser.add_argument(
+        "--pollers", default="auto,5", help="comma-separated TURNKEEPER_POLLERS settings (default auto,5)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--turns", type=int, default=300, help="turns per setting per round")
     args = parser.parse_args()

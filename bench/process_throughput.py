@@ -12,6 +12,7 @@ reversed order every other round), on one dev server with the embedded
 server's settings. `--asyncio-variant` adds turnkeeper's worker with
 TURNKEEPER_EVENT_LOOP=asyncio, to show what uvloop gains. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,7 @@ STOP_TIMEOUT_S = 60.0
 @dataclass
 class WorkerProcess(ABC):
     """One variant: its worker process, and how this process sends it a turn."""
+
     key: str
     label: str
     command: list[str]
@@ -69,8 +71,14 @@ class WorkerProcess(ABC):
 
     def spawn(self) -> None:
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -91,8 +99,9 @@ class WorkerProcess(ABC):
 
 
 class TurnkeeperProcess(WorkerProcess):
-    def __init__(self, client: Client, address: str, tmp: Path, key: str, label: str,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, client: Client, address: str, tmp: Path, key: str, label: str, env: dict[str, str] | None = None
+    ) -> None:
         script = tmp / "script.json"
         script.write_text(json.dumps(SCRIPT))
         worker_env = {
@@ -105,7 +114,9 @@ class TurnkeeperProcess(WorkerProcess):
             "TURNKEEPER_LOG_LEVEL": "WARNING",
             **(env or {}),
         }
-        super().__init__(key, label, [sys.executable, str(ROOT / "worker.py")], worker_env, tmp / "worker.log")
+        super().__init__(
+            key, label, [sys.executable, str(ROOT / "worker.py")], worker_env, tmp / "worker.log"
+        )
         self.client = client
         self.settings = Settings.from_env(worker_env)
 
@@ -116,8 +127,13 @@ class TurnkeeperProcess(WorkerProcess):
 class BareProcess(WorkerProcess):
     def __init__(self, client: Client, address: str, tmp: Path) -> None:
         self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
-        command = [sys.executable, str(ROOT / "bench" / "bare_worker.py"), address, self.task_queue,
-                   str(tmp / "ws")]
+        command = [
+            sys.executable,
+            str(ROOT / "bench" / "bare_worker.py"),
+            address,
+            self.task_queue,
+            str(tmp / "ws"),
+        ]
         super().__init__("bare", "bare Temporal loop", command, dict(os.environ), tmp / "worker.log")
         self.client = client
 
@@ -152,16 +168,31 @@ async def run(rounds: int, turns: int, with_asyncio: bool, json_out: Path | None
                 (tmp / sub).mkdir()
             variants: list[WorkerProcess] = [
                 TurnkeeperProcess(client, server.address, tmp / "turnkeeper", "turnkeeper", "turnkeeper"),
-                *([TurnkeeperProcess(client, server.address, tmp / "turnkeeper-asyncio", "turnkeeper_asyncio",
-                                     "turnkeeper, asyncio loop", env={"TURNKEEPER_EVENT_LOOP": "asyncio"})]
-                  if with_asyncio else []),
+                *(
+                    [
+                        TurnkeeperProcess(
+                            client,
+                            server.address,
+                            tmp / "turnkeeper-asyncio",
+                            "turnkeeper_asyncio",
+                            "turnkeeper, asyncio loop",
+                            env={"TURNKEEPER_EVENT_LOOP": "asyncio"},
+                        )
+                    ]
+                    if with_asyncio
+                    else []
+                ),
                 BareProcess(client, server.address, tmp / "bare"),
             ]
             try:
                 await spawn_and_warm(variants)
-                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds,
-                                       burst=lambda v: burst(v, turns, server.pid),
-                                       per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
+                await alternate_rounds(
+                    variants,
+                    warmup=WARMUP_TURNS,
+                    rounds=rounds,
+                    burst=lambda v: burst(v, turns, server.pid),
+                    per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight",
+                )
             finally:
                 for v in variants:
                     v.stop()
@@ -185,37 +216,54 @@ def print_cpu_table(variants: Iterable[WorkerProcess], label_width: int) -> None
     print(f"{'variant':<{label_width}}{'turns/s':>9}{'this':>8}{'worker':>8}{'server':>8}{'total':>8}")
     for v in variants:
         c = cpu[v.key]
-        print(f"{v.label:<{label_width}}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
-              f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}")
+        print(
+            f"{v.label:<{label_width}}{statistics.median(v.turns_per_s):>9.1f}{c['driver']:>8.1f}"
+            f"{c['worker']:>8.1f}{c['server']:>8.1f}{sum(c.values()):>8.1f}"
+        )
 
 
 def report(variants: dict[str, WorkerProcess], rounds: int, turns: int) -> dict[str, Any]:
-    print(f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
-          "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
-          "results), the worker process and the dev server")
+    print(
+        f"\n{rounds} rounds of {turns} turns per variant, {IN_FLIGHT} in flight; each worker in its own "
+        "process; CPU ms per turn (medians of the rounds) of this process (sending turns, awaiting "
+        "results), the worker process and the dev server"
+    )
     print_cpu_table(list(variants.values()), 26)
     cpu = {v.key: {k: statistics.median(x) for k, x in v.cpu_ms.items()} for v in variants.values()}
 
     tk_, bare = variants["turnkeeper"], variants["bare"]
     spreads: dict[str, PairedRatio] = {
-        "turnkeeper/bare throughput": ratio_of_rounds(tk_.turns_per_s, bare.turns_per_s)}
+        "turnkeeper/bare throughput": ratio_of_rounds(tk_.turns_per_s, bare.turns_per_s)
+    }
     if "turnkeeper_asyncio" in variants:
         spreads["turnkeeper uvloop/asyncio throughput"] = ratio_of_rounds(
-            tk_.turns_per_s, variants["turnkeeper_asyncio"].turns_per_s)
-    print("\nratios (the median over the rounds of each round's ratio; the lowest-highest round; where the "
-          "median of such rounds lies with the chance given)")
+            tk_.turns_per_s, variants["turnkeeper_asyncio"].turns_per_s
+        )
+    print(
+        "\nratios (the median over the rounds of each round's ratio; the lowest-highest round; where the "
+        "median of such rounds lies with the chance given)"
+    )
     for name, r in spreads.items():
         print(f"  {name:<40}{r.median:>8.2f}x   {r.describe()}")
     ours = spreads["turnkeeper/bare throughput"]
     print("\ngoal (turnkeeper)")
-    print(f"  {'throughput >= bare':<26}{ours.median:>10.2f} x   "
-          f"{'PASS' if ours.median >= GOAL_THROUGHPUT_VS_BARE else 'MISS'}   {ours.note(GOAL_THROUGHPUT_VS_BARE)}")
+    print(
+        f"  {'throughput >= bare':<26}{ours.median:>10.2f} x   "
+        f"{'PASS' if ours.median >= GOAL_THROUGHPUT_VS_BARE else 'MISS'}   {ours.note(GOAL_THROUGHPUT_VS_BARE)}"
+    )
     return {
-        "rounds": rounds, "turns_per_round": turns, "in_flight": IN_FLIGHT,
-        "variants": {v.key: {"label": v.label, "turns_per_s": statistics.median(v.turns_per_s),
-                             "round_turns_per_s": v.turns_per_s,
-                             "cpu_ms_per_turn": cpu[v.key]}
-                     for v in variants.values()},
+        "rounds": rounds,
+        "turns_per_round": turns,
+        "in_flight": IN_FLIGHT,
+        "variants": {
+            v.key: {
+                "label": v.label,
+                "turns_per_s": statistics.median(v.turns_per_s),
+                "round_turns_per_s": v.turns_per_s,
+                "cpu_ms_per_turn": cpu[v.key],
+            }
+            for v in variants.values()
+        },
         "ratios": {name: asdict(r) for name, r in spreads.items()},
     }
 
@@ -224,8 +272,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="alternating rounds (default 12)")
     parser.add_argument("--turns", type=int, default=150, help="turns per variant per round (default 150)")
-    parser.add_argument("--asyncio-variant", action="store_true",
-                        help="also run turnkeeper's worker with TURNKEEPER_EVENT_LOOP=asyncio")
+    parser.add_argument(
+        "--asyncio-variant",
+        action="store_true",
+        help="also run turnkeeper's worker with TURNKEEPER_EVENT_LOOP=asyncio",
+    )
     parser.add_argument("--json-out", type=Path, help="also write the results to this file as JSON")
     args = parser.parse_args()
     run_and_exit(run(args.rounds, args.turns, args.asyncio_variant, args.json_out))

@@ -9,6 +9,7 @@ server (no worker polls its task queue, so it stays running). The real
 `turnkeeper.reconcile_pass` activity runs three times over it; the median is
 reported with the store calls it made.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,7 @@ class CountingStore:
         async def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
             return await attr(*args, **kwargs)
+
         return counted
 
 
@@ -62,14 +64,22 @@ async def populate(store: SQLiteStore, client: Client, settings: Settings, total
     for i in range(open_):
         chat = f"open-{total}-{i}"
         handle = await client.start_workflow(  # nobody polls this queue: it stays running
-            tk.WORKFLOW_TYPE, ChatTurnInput(chat_id=chat), id=tk.workflow_id(chat),
-            task_queue=settings.task_queue)
+            tk.WORKFLOW_TYPE,
+            ChatTurnInput(chat_id=chat),
+            id=tk.workflow_id(chat),
+            task_queue=settings.task_queue,
+        )
         await store.begin_turn(chat, handle.result_run_id or "", ["m"])
 
 
 async def measure(client: Client, address: str, tmp: Path, total: int, open_: int) -> dict[str, float]:
-    settings = Settings.from_env({"TEMPORAL_ADDRESS": address, "TURNKEEPER_DATA_DIR": str(tmp / f"data-{total}"),
-                                  "TURNKEEPER_TASK_QUEUE": f"idle-{total}"})
+    settings = Settings.from_env(
+        {
+            "TEMPORAL_ADDRESS": address,
+            "TURNKEEPER_DATA_DIR": str(tmp / f"data-{total}"),
+            "TURNKEEPER_TASK_QUEUE": f"idle-{total}",
+        }
+    )
     store = SQLiteStore(settings.sqlite_path)
     await store.open()
     try:
@@ -84,8 +94,12 @@ async def measure(client: Client, address: str, tmp: Path, total: int, open_: in
             summary = await env.run(reconciler.reconcile_pass)
             times.append(time.perf_counter() - t0)
         assert summary.examined == open_ and summary.healthy == open_, summary
-        return {"total": total, "open": open_, "median_s": statistics.median(times),
-                "store_calls_per_pass": counting.calls / PASSES}
+        return {
+            "total": total,
+            "open": open_,
+            "median_s": statistics.median(times),
+            "store_calls_per_pass": counting.calls / PASSES,
+        }
     finally:
         await store.close()
 
@@ -99,10 +113,14 @@ async def main(open_: int, totals: list[int]) -> None:
     print(f"reconcile pass over chats of which {open_} are open (runs running), median of {PASSES} passes")
     print(f"{'chats':>8} {'open':>6} {'pass ms':>9} {'store calls':>12}")
     for r in rows:
-        print(f"{r['total']:>8} {r['open']:>6} {r['median_s'] * 1000:>9.1f} {r['store_calls_per_pass']:>12.0f}")
+        print(
+            f"{r['total']:>8} {r['open']:>6} {r['median_s'] * 1000:>9.1f} {r['store_calls_per_pass']:>12.0f}"
+        )
     ratio = rows[-1]["median_s"] / rows[0]["median_s"]
-    print(f"{rows[-1]['total']}/{rows[0]['total']} chats: pass time {ratio:.2f}x "
-          f"({'flat' if ratio <= 1.5 else 'GROWS'})")
+    print(
+        f"{rows[-1]['total']}/{rows[0]['total']} chats: pass time {ratio:.2f}x "
+        f"({'flat' if ratio <= 1.5 else 'GROWS'})"
+    )
 
 
 if __name__ == "__main__":

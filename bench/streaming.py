@@ -16,6 +16,7 @@ a fixed rate.
 4. Under load: N chats (200) streaming at once through one web process; for
    every piece the provider wrote, the delay until a stream first holds it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,13 @@ from typing import Any
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root, for `bench.*`
 
-from bench._common import ROOT, dev_server, free_port, p90, progress, run_and_exit  # noqa: E402
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 
-from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
-
-from turnkeeper import client as tk  # noqa: E402
-from turnkeeper.config import Settings  # noqa: E402
-from turnkeeper.testing import FakeChatServer, StreamRecord  # noqa: E402
+from bench._common import ROOT, dev_server, free_port, p90, progress, run_and_exit
+from turnkeeper import client as tk
+from turnkeeper.config import Settings
+from turnkeeper.testing import FakeChatServer, StreamRecord
 
 GOAL_ADDED_MS = 50.0
 GOAL_THROUGHPUT = 0.9
@@ -69,8 +69,10 @@ class Answers:
     def _respond(request: dict[str, Any]) -> dict[str, Any]:
         text = request["messages"][-1]["content"]
         spec = dict(part.split("=", 1) for part in text.split() if "=" in part)
-        return {"text": words(int(spec.get("len", "40")), spec.get("tag", "")),
-                "chunk_delay": float(spec.get("delay", "0"))}
+        return {
+            "text": words(int(spec.get("len", "40")), spec.get("tag", "")),
+            "chunk_delay": float(spec.get("delay", "0")),
+        }
 
     def record_for(self, tag: str) -> StreamRecord:
         return next(r for r in self.server.streams if f"tag={tag}" in r.request["messages"][-1]["content"])
@@ -81,9 +83,16 @@ class Processes:
         self.tmp, self.env, self.procs = tmp, env, []
 
     def start(self, args: list[str], name: str, **extra: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115  closed with the process
-        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env, **extra}, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log = open(self.tmp / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env={**self.env, **extra},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.procs.append(proc)
         return proc
 
@@ -99,6 +108,7 @@ class Processes:
 
 
 # -- a small SSE client on asyncio streams (hundreds at once) -------------------------------
+
 
 class EventStream:
     def __init__(self, port: int, chat_id: str) -> None:
@@ -123,8 +133,10 @@ class EventStream:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         try:
             # HTTP/1.0: the answer comes unchunked, a line is a line.
-            writer.write(f"GET /api/chats/{self.chat_id}/events HTTP/1.0\r\nHost: 127.0.0.1:{self.port}\r\n"
-                         "Accept: text/event-stream\r\n\r\n".encode())
+            writer.write(
+                f"GET /api/chats/{self.chat_id}/events HTTP/1.0\r\nHost: 127.0.0.1:{self.port}\r\n"
+                "Accept: text/event-stream\r\n\r\n".encode()
+            )
             await writer.drain()
             while (await reader.readline()).strip():
                 pass  # the response's headers
@@ -155,8 +167,11 @@ class EventStream:
 async def post_message(port: int, chat_id: str, text: str) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     body = json.dumps({"text": text}).encode()
-    writer.write(f"POST /api/chats/{chat_id}/messages HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    writer.write(
+        f"POST /api/chats/{chat_id}/messages HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
     await writer.drain()
     status = (await reader.readline()).decode()
     writer.close()
@@ -165,6 +180,7 @@ async def post_message(port: int, chat_id: str, text: str) -> None:
 
 
 # -- the measurements ---------------------------------------------------------------------
+
 
 async def time_to_first_token(port: int, answers: Answers, turns: int) -> dict[str, list[float]]:
     provider, added = [], []
@@ -177,15 +193,18 @@ async def time_to_first_token(port: int, answers: Answers, turns: int) -> dict[s
         first_write = record.pieces[0][0]
         seen = stream.first_holding(len(record.pieces[0][1]))
         if seen is None:
-            raise RuntimeError(f"chat {chat}: no delta held the first piece ({len(stream.deltas)} deltas, "
-                               f"{len(record.pieces)} pieces written)")
+            raise RuntimeError(
+                f"chat {chat}: no delta held the first piece ({len(stream.deltas)} deltas, "
+                f"{len(record.pieces)} pieces written)"
+            )
         provider.append((first_write - record.arrived) * 1000)
         added.append((seen - first_write) * 1000)
     return {"provider_ttft_ms": provider, "added_ms": added}
 
 
-async def throughput(clients: dict[str, tuple[Client, Settings]], rounds: int, per_round: int,
-                     in_flight: int) -> dict[str, list[float]]:
+async def throughput(
+    clients: dict[str, tuple[Client, Settings]], rounds: int, per_round: int, in_flight: int
+) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {k: [] for k in clients}
 
     async def one(client: Client, settings: Settings) -> None:
@@ -194,17 +213,21 @@ async def throughput(clients: dict[str, tuple[Client, Settings]], rounds: int, p
         await handle.result()
 
     for r in range(rounds):
-        for key in (list(clients) if r % 2 == 0 else list(clients)[::-1]):
+        for key in list(clients) if r % 2 == 0 else list(clients)[::-1]:
             client, settings = clients[key]
             gate = asyncio.Semaphore(in_flight)
 
             async def bounded() -> None:
                 async with gate:
                     await one(client, settings)
+
             start = time.perf_counter()
             await asyncio.gather(*(bounded() for _ in range(per_round)))
             rates[key].append(per_round / (time.perf_counter() - start))
-        progress(f"throughput round {r + 1} of {rounds}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items()))
+        progress(
+            f"throughput round {r + 1} of {rounds}: "
+            + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items())
+        )
     return rates
 
 
@@ -222,8 +245,9 @@ async def many_at_once(port: int, answers: Answers, chats: int) -> dict[str, Any
     async with contextlib.AsyncExitStack() as stack:
         for s in streams:
             await stack.enter_async_context(s)
-        await asyncio.gather(*(post_message(port, chat, f"len=40 delay={WORD_DELAY_S} tag={tag}")
-                               for chat, tag in ids))
+        await asyncio.gather(
+            *(post_message(port, chat, f"len=40 delay={WORD_DELAY_S} tag={tag}") for chat, tag in ids)
+        )
         await asyncio.wait_for(asyncio.gather(*(s.ended.wait() for s in streams)), 300)
     delays, missing = [], 0
     for stream, (_, tag) in zip(streams, ids, strict=True):
@@ -241,13 +265,24 @@ async def many_at_once(port: int, answers: Answers, chats: int) -> dict[str, Any
 
 # -- main ---------------------------------------------------------------------------------------
 
+
 @contextlib.asynccontextmanager
 async def stack(tmp: Path, answers: Answers) -> AsyncIterator[tuple[Processes, str, int]]:
     async with dev_server(tmp) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))}
-        env.update({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_DATA_DIR": str(tmp / "data"),
-                    "TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": answers.server.base_url,
-                    "OPENAI_API_KEY": "bench", "TURNKEEPER_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"})
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_", "OPENAI_"))
+        }
+        env.update(
+            {
+                "TEMPORAL_ADDRESS": server.address,
+                "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+                "TURNKEEPER_MODEL": "openai:fake",
+                "OPENAI_BASE_URL": answers.server.base_url,
+                "OPENAI_API_KEY": "bench",
+                "TURNKEEPER_LOG_LEVEL": "WARNING",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         procs = Processes(tmp, env)
         try:
             yield procs, server.address, free_port()
@@ -256,7 +291,9 @@ async def stack(tmp: Path, answers: Answers) -> AsyncIterator[tuple[Processes, s
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer turns and 50 chats under load")
     parser.add_argument("--chats", type=int, default=None, help="chats streaming at once (default 200)")
     parser.add_argument("--json", action="store_true")
@@ -268,15 +305,24 @@ async def main() -> None:
     with answers.server, tempfile.TemporaryDirectory(prefix="turnkeeper-streaming-") as tmp_name:
         tmp = Path(tmp_name)
         async with stack(tmp, answers) as (procs, address, web_port):
-            settings = {k: Settings.from_env({**procs.env, "TURNKEEPER_TASK_QUEUE": f"stream-{k}"})
-                        for k in ("on", "off")}
+            settings = {
+                k: Settings.from_env({**procs.env, "TURNKEEPER_TASK_QUEUE": f"stream-{k}"})
+                for k in ("on", "off")
+            }
             for key, s in settings.items():
                 for n in range(2):
-                    procs.start([sys.executable, "worker.py"], f"worker-{key}-{n}",
-                                TURNKEEPER_TASK_QUEUE=s.task_queue, TURNKEEPER_STREAM=key)
-            procs.start([str(Path(sys.executable).parent / "turnkeeper"), "web"], "web",
-                        TURNKEEPER_TASK_QUEUE=settings["on"].task_queue,
-                        TURNKEEPER_WEB_ADDRESS=f"127.0.0.1:{web_port}")
+                    procs.start(
+                        [sys.executable, "worker.py"],
+                        f"worker-{key}-{n}",
+                        TURNKEEPER_TASK_QUEUE=s.task_queue,
+                        TURNKEEPER_STREAM=key,
+                    )
+            procs.start(
+                [str(Path(sys.executable).parent / "turnkeeper"), "web"],
+                "web",
+                TURNKEEPER_TASK_QUEUE=settings["on"].task_queue,
+                TURNKEEPER_WEB_ADDRESS=f"127.0.0.1:{web_port}",
+            )
             client = await Client.connect(address, data_converter=pydantic_data_converter)
             progress("warming up the workers and the web process")
             for s in settings.values():
@@ -306,36 +352,58 @@ async def main() -> None:
     summary = {
         "provider_ttft_ms": {"median": statistics.median(ttft["provider_ttft_ms"])},
         "added_ms": {"median": statistics.median(added), "p90": p90(added), "max": max(added)},
-        "throughput": {"on": statistics.median(rates["on"]), "off": statistics.median(rates["off"]),
-                       "ratio": ratio, "rounds": [on / off for on, off in zip(rates["on"], rates["off"], strict=True)]},
+        "throughput": {
+            "on": statistics.median(rates["on"]),
+            "off": statistics.median(rates["off"]),
+            "ratio": ratio,
+            "rounds": [on / off for on, off in zip(rates["on"], rates["off"], strict=True)],
+        },
         "history_bytes": {"streaming on": sizes, "streaming off": sizes_off},
-        "under_load": {"chats": chats, "median_ms": statistics.median(load["delays_ms"]),
-                       "p90_ms": p90(load["delays_ms"]), "pieces": len(load["delays_ms"]),
-                       "pieces_only_in_the_answer": load["pieces_only_in_the_answer"]},
+        "under_load": {
+            "chats": chats,
+            "median_ms": statistics.median(load["delays_ms"]),
+            "p90_ms": p90(load["delays_ms"]),
+            "pieces": len(load["delays_ms"]),
+            "pieces_only_in_the_answer": load["pieces_only_in_the_answer"],
+        },
     }
     print()
-    print(f"time to first token, {ttft_turns} turns (provider streams a word every {WORD_DELAY_S * 1000:.0f} ms)")
-    print(f"  provider's own (request -> first piece written)    {summary['provider_ttft_ms']['median']:7.1f} ms")
-    print(f"  added by turnkeeper (first piece -> first delta)   {summary['added_ms']['median']:7.1f} ms median, "
-          f"{summary['added_ms']['p90']:.1f} p90, {summary['added_ms']['max']:.1f} max")
+    print(
+        f"time to first token, {ttft_turns} turns (provider streams a word every {WORD_DELAY_S * 1000:.0f} ms)"
+    )
+    print(
+        f"  provider's own (request -> first piece written)    {summary['provider_ttft_ms']['median']:7.1f} ms"
+    )
+    print(
+        f"  added by turnkeeper (first piece -> first delta)   {summary['added_ms']['median']:7.1f} ms median, "
+        f"{summary['added_ms']['p90']:.1f} p90, {summary['added_ms']['max']:.1f} max"
+    )
     print(f"throughput, 60-word answers, 20 in flight, {rounds} rounds of {per_round}")
-    print(f"  streaming on {summary['throughput']['on']:.1f} turns/s, off {summary['throughput']['off']:.1f}; "
-          f"on/off {ratio:.2f}x (rounds {min(summary['throughput']['rounds']):.2f}-"
-          f"{max(summary['throughput']['rounds']):.2f})")
+    print(
+        f"  streaming on {summary['throughput']['on']:.1f} turns/s, off {summary['throughput']['off']:.1f}; "
+        f"on/off {ratio:.2f}x (rounds {min(summary['throughput']['rounds']):.2f}-"
+        f"{max(summary['throughput']['rounds']):.2f})"
+    )
     print("history bytes per turn (10-word against 1,000-word answer)")
     for way, by_len in summary["history_bytes"].items():
         print(f"  {way:14s} {by_len[10]:7d} {by_len[1000]:7d}")
     ul = summary["under_load"]
     print(f"{chats} chats streaming at once through one web process: provider's piece -> a stream holds it")
-    print(f"  {ul['median_ms']:.1f} ms median, {ul['p90_ms']:.1f} ms p90 over {ul['pieces']} pieces "
-          f"({ul['pieces_only_in_the_answer']} came only with the recorded answer)")
+    print(
+        f"  {ul['median_ms']:.1f} ms median, {ul['p90_ms']:.1f} ms p90 over {ul['pieces']} pieces "
+        f"({ul['pieces_only_in_the_answer']} came only with the recorded answer)"
+    )
     print("goals")
-    print(f"  added delay median < {GOAL_ADDED_MS:.0f} ms   {'PASS' if summary['added_ms']['median'] < GOAL_ADDED_MS else 'MISS'}")
+    print(
+        f"  added delay median < {GOAL_ADDED_MS:.0f} ms   {'PASS' if summary['added_ms']['median'] < GOAL_ADDED_MS else 'MISS'}"
+    )
     print(f"  throughput on/off >= {GOAL_THROUGHPUT}    {'PASS' if ratio >= GOAL_THROUGHPUT else 'MISS'}")
     # The answer itself is in the model call's result (the reconciler restores answers
     # from there), so a longer answer makes a longer history; streaming adds nothing.
-    same = all(abs(summary["history_bytes"]["streaming on"][n] - summary["history_bytes"]["streaming off"][n]) < 64
-               for n in (10, 1000))
+    same = all(
+        abs(summary["history_bytes"]["streaming on"][n] - summary["history_bytes"]["streaming off"][n]) < 64
+        for n in (10, 1000)
+    )
     print(f"  history bytes the same with streaming on and off   {'PASS' if same else 'MISS'}")
     if args.json:
         print(json.dumps(summary, indent=2))

@@ -15,6 +15,7 @@ gate would end the run. Reported: the medians over the rounds of the worker's CP
 each round's on/off ratio with the interval its median lies in. `--split` adds
 a worker with metrics only and one with traces only. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench._common import alternate_rounds, dev_server, free_port, median_interval, run_and_exit
-from bench.process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm  # noqa: E402
+from bench.process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm
 from turnkeeper import telemetry
 
 
@@ -48,7 +49,7 @@ class OtlpSink:
         self.bytes = 0
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 — http.server's name
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 sink.requests += 1
                 sink.bytes += len(body)
@@ -103,8 +104,13 @@ async def run(rounds: int, turns: int, split: bool, json_out: Path | None) -> No
 
             try:
                 await spawn_and_warm(variants)
-                await alternate_rounds(variants, warmup=WARMUP_TURNS, rounds=rounds, burst=measured,
-                                       per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight")
+                await alternate_rounds(
+                    variants,
+                    warmup=WARMUP_TURNS,
+                    rounds=rounds,
+                    burst=measured,
+                    per_round=f"{turns} turns per variant, {IN_FLIGHT} in flight",
+                )
             finally:
                 for v in variants:
                     v.stop()
@@ -115,36 +121,56 @@ async def run(rounds: int, turns: int, split: bool, json_out: Path | None) -> No
         json_out.write_text(json.dumps(summary, indent=2))
 
 
-def report(variants: dict[str, TurnkeeperProcess], rounds: int, turns: int, sink: OtlpSink,
-           scraped: list[int]) -> dict[str, Any]:
-    print(f"\n{rounds} rounds of {turns} one-tool turns per variant, {IN_FLIGHT} in flight, each worker in "
-          "its own process; medians over the rounds")
+def report(
+    variants: dict[str, TurnkeeperProcess], rounds: int, turns: int, sink: OtlpSink, scraped: list[int]
+) -> dict[str, Any]:
+    print(
+        f"\n{rounds} rounds of {turns} one-tool turns per variant, {IN_FLIGHT} in flight, each worker in "
+        "its own process; medians over the rounds"
+    )
     print(f"{'variant':<24}{'turns/s':>9}{'worker CPU ms/turn':>20}{'server':>8}")
     for v in variants.values():
-        print(f"{v.label:<24}{statistics.median(v.turns_per_s):>9.1f}"
-              f"{statistics.median(v.cpu_ms['worker']):>20.2f}{statistics.median(v.cpu_ms['server']):>8.2f}")
+        print(
+            f"{v.label:<24}{statistics.median(v.turns_per_s):>9.1f}"
+            f"{statistics.median(v.cpu_ms['worker']):>20.2f}{statistics.median(v.cpu_ms['server']):>8.2f}"
+        )
     off = variants["off"]
     ratios: dict[str, Any] = {}
     print("\nagainst telemetry off, round by round (median; lowest-highest round; where the median lies)")
     for key, v in variants.items():
         if v is off:
             continue
-        cpu = [b / a for a, b in zip(off.cpu_ms["worker"], v.cpu_ms["worker"])]
-        rate = [b / a for a, b in zip(off.turns_per_s, v.turns_per_s)]
+        cpu = [b / a for a, b in zip(off.cpu_ms["worker"], v.cpu_ms["worker"], strict=False)]
+        rate = [b / a for a, b in zip(off.turns_per_s, v.turns_per_s, strict=False)]
         low, high, coverage = median_interval(cpu)
-        print(f"  {v.label:<22} worker CPU per turn {statistics.median(cpu):.3f}x ({min(cpu):.3f}-{max(cpu):.3f}; "
-              f"{low:.3f}-{high:.3f} at {coverage:.0%}), turns/s {statistics.median(rate):.3f}x")
-        ratios[key] = {"worker_cpu": {"median": statistics.median(cpu), "rounds": cpu,
-                                      "interval": [low, high, coverage]},
-                       "turns_per_s": {"median": statistics.median(rate), "rounds": rate}}
+        print(
+            f"  {v.label:<22} worker CPU per turn {statistics.median(cpu):.3f}x ({min(cpu):.3f}-{max(cpu):.3f}; "
+            f"{low:.3f}-{high:.3f} at {coverage:.0%}), turns/s {statistics.median(rate):.3f}x"
+        )
+        ratios[key] = {
+            "worker_cpu": {
+                "median": statistics.median(cpu),
+                "rounds": cpu,
+                "interval": [low, high, coverage],
+            },
+            "turns_per_s": {"median": statistics.median(rate), "rounds": rate},
+        }
     if scraped:
-        print(f"traces: {sink.requests} OTLP exports, {sink.bytes / 1024:.0f} KiB in all; "
-              f"/metrics: {statistics.median(scraped) / 1024:.0f} KiB a scrape")
+        print(
+            f"traces: {sink.requests} OTLP exports, {sink.bytes / 1024:.0f} KiB in all; "
+            f"/metrics: {statistics.median(scraped) / 1024:.0f} KiB a scrape"
+        )
     return {
-        "rounds": rounds, "turns_per_round": turns, "in_flight": IN_FLIGHT,
-        "variants": {v.key: {"label": v.label, "turns_per_s": v.turns_per_s, "cpu_ms_per_turn": v.cpu_ms}
-                     for v in variants.values()},
-        "against_off": ratios, "otlp": {"requests": sink.requests, "bytes": sink.bytes}, "metrics_bytes": scraped,
+        "rounds": rounds,
+        "turns_per_round": turns,
+        "in_flight": IN_FLIGHT,
+        "variants": {
+            v.key: {"label": v.label, "turns_per_s": v.turns_per_s, "cpu_ms_per_turn": v.cpu_ms}
+            for v in variants.values()
+        },
+        "against_off": ratios,
+        "otlp": {"requests": sink.requests, "bytes": sink.bytes},
+        "metrics_bytes": scraped,
     }
 
 

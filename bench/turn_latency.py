@@ -22,6 +22,7 @@ of a small shared machine falls on all of them alike. Then, unless --no-deployed
 bench/process_throughput.py measures throughput once more with each worker in a
 process of its own, as deployed. See bench/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,17 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from bench._common import Server, dev_server, median_interval, near_median, p90, print_timeline, progress, run_and_exit, timeline
+from bench._common import (
+    Server,
+    dev_server,
+    median_interval,
+    near_median,
+    p90,
+    print_timeline,
+    progress,
+    run_and_exit,
+    timeline,
+)
 from bench.bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
 from turnkeeper.activities.providers import ScriptedProvider
@@ -85,38 +96,57 @@ GOAL_THROUGHPUT_VS_BARE = 1.0
 @dataclass(frozen=True)
 class ServerSetup:
     """How the benchmark's dev server is started."""
+
     dynamic_config: dict[str, object]  # on top of the embedded server's DYNAMIC_CONFIG
-    cli_defaults: bool                 # without the embedded server's tuning
+    cli_defaults: bool  # without the embedded server's tuning
 
     def describe(self) -> str:
         pragmas, config = server_settings(self.dynamic_config, self.cli_defaults)
-        return (("the CLI's defaults" if self.cli_defaults else "the embedded server's settings")
-                + f" (SQLite: {', '.join(pragmas) or 'defaults'}; dynamic config: "
-                + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults") + ")"
-                + ("" if FAST_DISPATCH.keys() <= config.keys() else "; workflow tasks dispatched on a 50 ms tick"))
+        return (
+            ("the CLI's defaults" if self.cli_defaults else "the embedded server's settings")
+            + f" (SQLite: {', '.join(pragmas) or 'defaults'}; dynamic config: "
+            + (", ".join(f"{k}={v}" for k, v in config.items()) or "defaults")
+            + ")"
+            + ("" if FAST_DISPATCH.keys() <= config.keys() else "; workflow tasks dispatched on a 50 ms tick")
+        )
 
 
 @dataclass(frozen=True)
 class Plan:
-    sequential: int       # latency: turns per variant, one at a time
-    throughput: int       # throughput: turns per variant in all
-    in_flight: int        # throughput: turns running at once
-    rounds: int           # throughput: split into this many alternating rounds
+    sequential: int  # latency: turns per variant, one at a time
+    throughput: int  # throughput: turns per variant in all
+    in_flight: int  # throughput: turns running at once
+    rounds: int  # throughput: split into this many alternating rounds
     history_samples: int  # runs whose history is fetched per Temporal variant
     deployed_rounds: int  # throughput as deployed (process_throughput.py): rounds,
-    deployed_turns: int   # and turns per variant per round
+    deployed_turns: int  # and turns per variant per round
 
 
 # Throughput comes in rounds so that each is compared with its neighbours in time:
 # this machine's speed drifts by a quarter within minutes. Twelve rounds narrow
 # the interval around the median ratio to the third lowest-third highest round.
-FULL = Plan(sequential=30, throughput=1800, in_flight=50, rounds=12, history_samples=5,
-            deployed_rounds=12, deployed_turns=150)
-QUICK = Plan(sequential=10, throughput=50, in_flight=50, rounds=1, history_samples=3,
-             deployed_rounds=1, deployed_turns=50)
+FULL = Plan(
+    sequential=30,
+    throughput=1800,
+    in_flight=50,
+    rounds=12,
+    history_samples=5,
+    deployed_rounds=12,
+    deployed_turns=150,
+)
+QUICK = Plan(
+    sequential=10,
+    throughput=50,
+    in_flight=50,
+    rounds=1,
+    history_samples=3,
+    deployed_rounds=1,
+    deployed_turns=50,
+)
 
 
 # -- the dev server's CPU time -------------------------------------------------------
+
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
@@ -129,6 +159,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 # -- the turn's three steps, shared by the bare and in-process variants -----------
+
 
 class Steps:
     """The scripted model and the real `write_file` tool, outside turnkeeper's activities."""
@@ -143,10 +174,12 @@ class Steps:
         return await self.provider.complete(history, self.registry.specs(TOOLS), call_index=call_index)
 
     async def tool(self, chat_id: str, call: ToolCall) -> str:
-        ctx = ToolContext.for_call(workspace=self.workspace, chat_id=chat_id, turn=1,
-                                   tool_call_id=call.id, exec_timeout=60.0)
-        outcome = await self.registry.run(call.name, call.arguments, ctx, enabled=TOOLS,
-                                          max_output_bytes=MAX_TOOL_OUTPUT)
+        ctx = ToolContext.for_call(
+            workspace=self.workspace, chat_id=chat_id, turn=1, tool_call_id=call.id, exec_timeout=60.0
+        )
+        outcome = await self.registry.run(
+            call.name, call.arguments, ctx, enabled=TOOLS, max_output_bytes=MAX_TOOL_OUTPUT
+        )
         if outcome.is_error:
             raise RuntimeError(f"tool failed: {outcome.content}")
         return outcome.content
@@ -166,6 +199,7 @@ class BareActivities:
 
 
 # -- variants ------------------------------------------------------------------------
+
 
 @dataclass
 class TurnRecord:
@@ -203,20 +237,29 @@ FIXED_POLLERS = {"TURNKEEPER_POLLERS": "5"}
 class Turnkeeper(Variant):
     temporal = True
 
-    def __init__(self, client: Client, address: str, tmp: Path, key: str = "turnkeeper",
-                 label: str = "turnkeeper", env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        address: str,
+        tmp: Path,
+        key: str = "turnkeeper",
+        label: str = "turnkeeper",
+        env: dict[str, str] | None = None,
+    ) -> None:
         # `env` departs from the worker's defaults (see SANDBOX_ON, FIXED_POLLERS).
         self.key, self.label = key, label
         script = tmp / "script.json"
         script.write_text(json.dumps(SCRIPT))
-        self.settings = Settings.from_env({
-            **(env or {}),
-            "TEMPORAL_ADDRESS": address,
-            "TURNKEEPER_TASK_QUEUE": f"bench-turnkeeper-{uuid.uuid4().hex[:8]}",
-            "TURNKEEPER_DATA_DIR": str(tmp / "data"),
-            "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
-            "TURNKEEPER_MODEL": f"scripted:{script}",
-        })
+        self.settings = Settings.from_env(
+            {
+                **(env or {}),
+                "TEMPORAL_ADDRESS": address,
+                "TURNKEEPER_TASK_QUEUE": f"bench-turnkeeper-{uuid.uuid4().hex[:8]}",
+                "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+                "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+                "TURNKEEPER_MODEL": f"scripted:{script}",
+            }
+        )
         # As shipped: turnkeeper's data converter, on `client`'s connection and interceptors.
         self.client = Client(**{**client.config(), "data_converter": tk.data_converter(self.settings)})
         self._stop = asyncio.Event()
@@ -257,7 +300,10 @@ class Bare(Variant):
         self.task_queue = f"bench-bare-{uuid.uuid4().hex[:8]}"
         acts = BareActivities(Steps(tmp / "ws"))
         self._worker = Worker(
-            client, task_queue=self.task_queue, workflows=[BareTurn], activities=[acts.model, acts.tool],
+            client,
+            task_queue=self.task_queue,
+            workflows=[BareTurn],
+            activities=[acts.model, acts.tool],
             sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         )
         self._task: asyncio.Task[None] | None = None
@@ -301,9 +347,10 @@ class Agents(Variant):
 
     async def start(self) -> None:
         from agents import Model, ModelProvider
-        from bench.agents_loop import AgentsTurn, write_file
         from temporalio.openai_agents import ModelActivityParameters, OpenAIAgentsPlugin
         from temporalio.openai_agents.testing import ResponseBuilders
+
+        from bench.agents_loop import AgentsTurn, write_file
 
         # The SDK's default tracing stays on, as a user gets it; with no OpenAI key
         # its exporter warns once per batch, which would bury the report.
@@ -313,9 +360,12 @@ class Agents(Variant):
         class ScriptedModel(Model):
             """Tool call first; once the tool's output is in the input, the answer."""
 
-            async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            async def get_response(
+                self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
+            ) -> Any:
                 answered = isinstance(input, list) and any(
-                    isinstance(i, dict) and i.get("type") == "function_call_output" for i in input)
+                    isinstance(i, dict) and i.get("type") == "function_call_output" for i in input
+                )
                 if answered:
                     return ResponseBuilders.output_message("done")
                 return ResponseBuilders.tool_call(arguments, "write_file", call_id=uuid.uuid4().hex)
@@ -329,11 +379,16 @@ class Agents(Variant):
 
         plugin = OpenAIAgentsPlugin(
             model_params=ModelActivityParameters(start_to_close_timeout=timedelta(seconds=300)),
-            model_provider=Provider())
+            model_provider=Provider(),
+        )
         self.client = await Client.connect(self.address, plugins=[plugin])
-        self._worker = Worker(self.client, task_queue=self.task_queue, workflows=[AgentsTurn],
-                              activities=[write_file],
-                              sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START)
+        self._worker = Worker(
+            self.client,
+            task_queue=self.task_queue,
+            workflows=[AgentsTurn],
+            activities=[write_file],
+            sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        )
         self._task = asyncio.create_task(self._worker.run())
 
     async def close(self) -> None:
@@ -344,8 +399,9 @@ class Agents(Variant):
 
     async def _turn(self) -> tuple[str | None, str | None]:
         workflow_id = f"agents-{uuid.uuid4().hex[:12]}"
-        text = await self.client.execute_workflow("AgentsTurn", "write the file", id=workflow_id,
-                                                  task_queue=self.task_queue, result_type=str)
+        text = await self.client.execute_workflow(
+            "AgentsTurn", "write the file", id=workflow_id, task_queue=self.task_queue, result_type=str
+        )
         if text != "done":
             raise RuntimeError(f"agents turn answered {text!r}")
         return workflow_id, None
@@ -406,6 +462,7 @@ class InProcess(Variant):
 
 # -- measurements ----------------------------------------------------------------------
 
+
 @dataclass
 class Result:
     label: str
@@ -414,7 +471,7 @@ class Result:
     throughput_seconds: float = 0.0
     round_turns_per_s: list[float] = field(default_factory=list)  # one per throughput round
     process_cpu_s: float = 0.0  # this process during the throughput phase
-    server_cpu_s: float = 0.0   # the dev server during the throughput phase
+    server_cpu_s: float = 0.0  # the dev server during the throughput phase
     history_events: float | None = None
     history_proto_bytes: float | None = None
     history_json_bytes: float | None = None
@@ -440,21 +497,27 @@ class Result:
         return self.server_cpu_s * 1000 / self.throughput_turns
 
     def summary(self) -> dict[str, Any]:
-        return {"label": self.label, "median_ms": self.median_ms, "p90_ms": self.p90_ms,
-                "turns_per_s": self.turns_per_s, "throughput_turns": self.throughput_turns,
-                "throughput_seconds": self.throughput_seconds,
-                "round_turns_per_s": self.round_turns_per_s,
-                "process_cpu_ms_per_turn": self.process_cpu_ms,
-                "server_cpu_ms_per_turn": self.server_cpu_ms,
-                "history_events_per_turn": self.history_events,
-                "history_proto_bytes_per_turn": self.history_proto_bytes,
-                "history_json_bytes_per_turn": self.history_json_bytes,
-                "latencies_ms": self.latencies_ms}
+        return {
+            "label": self.label,
+            "median_ms": self.median_ms,
+            "p90_ms": self.p90_ms,
+            "turns_per_s": self.turns_per_s,
+            "throughput_turns": self.throughput_turns,
+            "throughput_seconds": self.throughput_seconds,
+            "round_turns_per_s": self.round_turns_per_s,
+            "process_cpu_ms_per_turn": self.process_cpu_ms,
+            "server_cpu_ms_per_turn": self.server_cpu_ms,
+            "history_events_per_turn": self.history_events,
+            "history_proto_bytes_per_turn": self.history_proto_bytes,
+            "history_json_bytes_per_turn": self.history_json_bytes,
+            "latencies_ms": self.latencies_ms,
+        }
 
 
 @dataclass(frozen=True)
 class PairedRatio:
     """a/b over pairs measured side by side (rounds' throughput, or blocks' medians)."""
+
     median: float
     lowest: float
     highest: float
@@ -490,7 +553,7 @@ def paired_ratio(a: Result, b: Result) -> PairedRatio:
 def ratio_of_rounds(a: list[float], b: list[float]) -> PairedRatio:
     """a/b of two variants' figures pair by pair: turns per second round by round, or
     (engine_latency.py) back-to-back blocks' medians block by block."""
-    ratios = [x / y for x, y in zip(a, b)]
+    ratios = [x / y for x, y in zip(a, b, strict=False)]
     return PairedRatio(statistics.median(ratios), min(ratios), max(ratios), median_interval(ratios))
 
 
@@ -512,8 +575,9 @@ async def burst(variant: Variant, turns: int, in_flight: int) -> float:
     return time.perf_counter() - start
 
 
-async def measure(variants: list[Variant], plan: Plan, client: Client,
-                  server: Server) -> tuple[dict[str, Result], dict[str, list[TurnRecord]]]:
+async def measure(
+    variants: list[Variant], plan: Plan, client: Client, server: Server
+) -> tuple[dict[str, Result], dict[str, list[TurnRecord]]]:
     results = {v.key: Result(v.label) for v in variants}
     turns: dict[str, list[TurnRecord]] = {v.key: [] for v in variants}
 
@@ -530,8 +594,10 @@ async def measure(variants: list[Variant], plan: Plan, client: Client,
             results[v.key].latencies_ms.append(record.ms)
 
     per_round = plan.throughput // plan.rounds
-    progress(f"throughput: {per_round * plan.rounds} turns per variant, {plan.in_flight} in flight, "
-             f"in {plan.rounds} alternating round(s)")
+    progress(
+        f"throughput: {per_round * plan.rounds} turns per variant, {plan.in_flight} in flight, "
+        f"in {plan.rounds} alternating round(s)"
+    )
     for i in range(plan.rounds):
         for v in alternating(variants, i):
             res = results[v.key]
@@ -546,7 +612,7 @@ async def measure(variants: list[Variant], plan: Plan, client: Client,
     progress("workflow histories")
     for v in variants:
         if v.temporal:
-            histories = [await fetch(client, r) for r in turns[v.key][:plan.history_samples]]
+            histories = [await fetch(client, r) for r in turns[v.key][: plan.history_samples]]
             res = results[v.key]
             res.history_events = statistics.mean(len(h.events) for h in histories)
             res.history_proto_bytes = statistics.mean(proto_size(h) for h in histories)
@@ -565,7 +631,10 @@ def proto_size(history: WorkflowHistory) -> int:
 
 # -- one turn's timeline -------------------------------------------------------------------
 
-async def median_timeline(client: Client, records: list[TurnRecord]) -> tuple[TurnRecord, list[dict[str, Any]]]:
+
+async def median_timeline(
+    client: Client, records: list[TurnRecord]
+) -> tuple[TurnRecord, list[dict[str, Any]]]:
     """The timeline of the sequential turn closest to the median latency."""
     record = near_median(records, lambda r: r.ms)
     return record, timeline(await fetch(client, record))
@@ -573,29 +642,41 @@ async def median_timeline(client: Client, records: list[TurnRecord]) -> tuple[Tu
 
 # -- report ----------------------------------------------------------------------------------
 
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, list[dict[str, Any]]]],
-           plan: Plan, server: ServerSetup, deployed: dict[str, Any] | None) -> dict[str, Any]:
+def report(
+    results: dict[str, Result],
+    timelines: dict[str, tuple[TurnRecord, list[dict[str, Any]]]],
+    plan: Plan,
+    server: ServerSetup,
+    deployed: dict[str, Any] | None,
+) -> dict[str, Any]:
     def num(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
-    header = (f"{'variant':<26}{'median ms':>10}{'p90 ms':>9}{'turns/s':>9}{'CPU ms/turn':>13}"
-              f"{'events/turn':>13}{'proto B/turn':>14}{'JSON B/turn':>13}")
+    header = (
+        f"{'variant':<26}{'median ms':>10}{'p90 ms':>9}{'turns/s':>9}{'CPU ms/turn':>13}"
+        f"{'events/turn':>13}{'proto B/turn':>14}{'JSON B/turn':>13}"
+    )
     print()
-    print(f"{plan.sequential} sequential turns per variant (after {WARMUP_TURNS} warm-up); "
-          f"throughput: {plan.throughput // plan.rounds * plan.rounds} turns, {plan.in_flight} in flight; "
-          "CPU = this process + dev server, during the throughput runs")
+    print(
+        f"{plan.sequential} sequential turns per variant (after {WARMUP_TURNS} warm-up); "
+        f"throughput: {plan.throughput // plan.rounds * plan.rounds} turns, {plan.in_flight} in flight; "
+        "CPU = this process + dev server, during the throughput runs"
+    )
     print("dev server: " + server.describe())
     print(header)
     print("-" * len(header))
     for r in results.values():
         cpu = f"{r.process_cpu_ms:.1f} + {r.server_cpu_ms:.1f}"
-        print(f"{r.label:<26}{r.median_ms:>10.1f}{r.p90_ms:>9.1f}{r.turns_per_s:>9.1f}{cpu:>13}"
-              f"{num(r.history_events, '.1f'):>13}{num(r.history_proto_bytes, ',.0f'):>14}"
-              f"{num(r.history_json_bytes, ',.0f'):>13}")
+        print(
+            f"{r.label:<26}{r.median_ms:>10.1f}{r.p90_ms:>9.1f}{r.turns_per_s:>9.1f}{cpu:>13}"
+            f"{num(r.history_events, '.1f'):>13}{num(r.history_proto_bytes, ',.0f'):>14}"
+            f"{num(r.history_json_bytes, ',.0f'):>13}"
+        )
 
     tk_, bare = results["turnkeeper"], results["bare"]
     sandboxed, agents = results.get("turnkeeper_sandbox"), results.get("agents")
@@ -614,12 +695,15 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
         "turnkeeper/bare throughput": spreads["turnkeeper/bare throughput"].median,
         "turnkeeper/bare events": ratio(tk_.history_events or 0, bare.history_events or 0),
         "turnkeeper/in-process+store median": ratio(tk_.median_ms, results["in_process_store"].median_ms),
-        "turnkeeper/in-process+store throughput": ratio(tk_.turns_per_s,
-                                                        results["in_process_store"].turns_per_s),
+        "turnkeeper/in-process+store throughput": ratio(
+            tk_.turns_per_s, results["in_process_store"].turns_per_s
+        ),
         "turnkeeper/in-process median": ratio(tk_.median_ms, results["in_process"].median_ms),
     }
     if sandboxed is not None:
-        ratios["turnkeeper sandbox on/off throughput"] = spreads["turnkeeper sandbox on/off throughput"].median
+        ratios["turnkeeper sandbox on/off throughput"] = spreads[
+            "turnkeeper sandbox on/off throughput"
+        ].median
         ratios["turnkeeper sandbox on/off worker CPU"] = ratio(sandboxed.process_cpu_ms, tk_.process_cpu_ms)
     if fixed is not None:
         ratios["turnkeeper default/5 fixed pollers"] = spreads["turnkeeper default/5 fixed pollers"].median
@@ -630,11 +714,16 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     if deployed is not None:
         print_deployed(deployed)
         spreads["turnkeeper/bare throughput, as deployed"] = PairedRatio.from_json(
-            deployed["ratios"]["turnkeeper/bare throughput"])
-        ratios["turnkeeper/bare throughput, as deployed"] = spreads["turnkeeper/bare throughput, as deployed"].median
+            deployed["ratios"]["turnkeeper/bare throughput"]
+        )
+        ratios["turnkeeper/bare throughput, as deployed"] = spreads[
+            "turnkeeper/bare throughput, as deployed"
+        ].median
     print()
-    print("ratios (throughput: the median over the rounds of each round's ratio; after it the lowest-highest "
-          "round, and where the median of such rounds lies with the chance given)")
+    print(
+        "ratios (throughput: the median over the rounds of each round's ratio; after it the lowest-highest "
+        "round, and where the median of such rounds lies with the chance given)"
+    )
     for name, value in ratios.items():
         spread = f"   {spreads[name].describe()}" if name in spreads else ""
         print(f"  {name:<40}{value:>8.2f}x{spread}")
@@ -644,21 +733,44 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
     # ratio, and say whether the rounds could tell it from the goal at all.
     goals: list[tuple[str, str, bool, str]] = [
         ("median <= 250 ms", f"{tk_.median_ms:.1f} ms", tk_.median_ms <= GOAL_MEDIAN_MS, ""),
-        ("median <= 1.25 x bare", f"{ratios['turnkeeper/bare median']:.2f} x",
-         ratios["turnkeeper/bare median"] <= GOAL_MEDIAN_VS_BARE, ""),
-        ("throughput >= bare", f"{bare_tp.median:.2f} x", bare_tp.median >= GOAL_THROUGHPUT_VS_BARE,
-         bare_tp.note(GOAL_THROUGHPUT_VS_BARE)),
+        (
+            "median <= 1.25 x bare",
+            f"{ratios['turnkeeper/bare median']:.2f} x",
+            ratios["turnkeeper/bare median"] <= GOAL_MEDIAN_VS_BARE,
+            "",
+        ),
+        (
+            "throughput >= bare",
+            f"{bare_tp.median:.2f} x",
+            bare_tp.median >= GOAL_THROUGHPUT_VS_BARE,
+            bare_tp.note(GOAL_THROUGHPUT_VS_BARE),
+        ),
     ]
     if deployed is not None:
         deployed_tp = spreads["turnkeeper/bare throughput, as deployed"]
-        goals.append(("throughput >= bare, deployed", f"{deployed_tp.median:.2f} x",
-                      deployed_tp.median >= GOAL_THROUGHPUT_VS_BARE, deployed_tp.note(GOAL_THROUGHPUT_VS_BARE)))
+        goals.append(
+            (
+                "throughput >= bare, deployed",
+                f"{deployed_tp.median:.2f} x",
+                deployed_tp.median >= GOAL_THROUGHPUT_VS_BARE,
+                deployed_tp.note(GOAL_THROUGHPUT_VS_BARE),
+            )
+        )
     if agents is not None:  # issue 4: at least as good as Temporal's own integration
         agents_tp = spreads["turnkeeper/agents throughput"]
         goals += [
-            ("median <= agents", f"{ratios['turnkeeper/agents median']:.2f} x",
-             ratios["turnkeeper/agents median"] <= 1.0, ""),
-            ("throughput >= agents", f"{agents_tp.median:.2f} x", agents_tp.median >= 1.0, agents_tp.note(1.0)),
+            (
+                "median <= agents",
+                f"{ratios['turnkeeper/agents median']:.2f} x",
+                ratios["turnkeeper/agents median"] <= 1.0,
+                "",
+            ),
+            (
+                "throughput >= agents",
+                f"{agents_tp.median:.2f} x",
+                agents_tp.median >= 1.0,
+                agents_tp.note(1.0),
+            ),
         ]
     print()
     print("goals (turnkeeper)")
@@ -667,8 +779,11 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
     for key, (record, rows) in timelines.items():
         span = rows[-1]["at_ms"] if rows else 0.0
-        print_timeline(f"timeline of one {results[key].label} turn near the median: {record.ms:.1f} ms at the "
-                       f"client, {span:.1f} ms from first to last history event (server clock)", rows)
+        print_timeline(
+            f"timeline of one {results[key].label} turn near the median: {record.ms:.1f} ms at the "
+            f"client, {span:.1f} ms from first to last history event (server clock)",
+            rows,
+        )
 
     return {
         "plan": asdict(plan),
@@ -686,6 +801,7 @@ def report(results: dict[str, Result], timelines: dict[str, tuple[TurnRecord, li
 
 # -- throughput as deployed ------------------------------------------------------------------
 
+
 async def deployed_throughput(plan: Plan) -> dict[str, Any]:
     """process_throughput.py in a process of its own: each worker as it is deployed,
     on a fresh dev server with the embedded server's settings."""
@@ -693,9 +809,16 @@ async def deployed_throughput(plan: Plan) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-deployed-") as tmp_name:
         out = Path(tmp_name) / "deployed.json"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).with_name("process_throughput.py")),
-            "--rounds", str(plan.deployed_rounds), "--turns", str(plan.deployed_turns), "--json-out", str(out),
-            stdout=asyncio.subprocess.PIPE)  # its report is ours to print; its progress goes to stderr
+            sys.executable,
+            str(Path(__file__).with_name("process_throughput.py")),
+            "--rounds",
+            str(plan.deployed_rounds),
+            "--turns",
+            str(plan.deployed_turns),
+            "--json-out",
+            str(out),
+            stdout=asyncio.subprocess.PIPE,
+        )  # its report is ours to print; its progress goes to stderr
         printed, _ = await proc.communicate()
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"process_throughput.py exited {proc.returncode}:\n{printed.decode()[-1500:]}")
@@ -705,11 +828,13 @@ async def deployed_throughput(plan: Plan) -> dict[str, Any]:
 def print_deployed(deployed: dict[str, Any]) -> None:
     print()
     rounds = deployed["rounds"]
-    print("throughput as deployed (bench/process_throughput.py): each worker a process of its own, "
-          "turnkeeper's `python worker.py` against the bare loop's worker as a user runs it; "
-          f"{rounds} round{'s' if rounds != 1 else ''} of {deployed['turns_per_round']} turns per variant, "
-          f"{deployed['in_flight']} in flight; CPU ms per turn of the sending process, the worker and the "
-          "dev server")
+    print(
+        "throughput as deployed (bench/process_throughput.py): each worker a process of its own, "
+        "turnkeeper's `python worker.py` against the bare loop's worker as a user runs it; "
+        f"{rounds} round{'s' if rounds != 1 else ''} of {deployed['turns_per_round']} turns per variant, "
+        f"{deployed['in_flight']} in flight; CPU ms per turn of the sending process, the worker and the "
+        "dev server"
+    )
     print(f"{'variant':<26}{'turns/s':>9}{'CPU ms/turn':>22}")
     for v in deployed["variants"].values():
         cpu = v["cpu_ms_per_turn"]
@@ -719,23 +844,60 @@ def print_deployed(deployed: dict[str, Any]) -> None:
 
 # -- main ------------------------------------------------------------------------------------
 
-async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool, with_fixed_pollers: bool,
-              with_deployed: bool) -> None:
+
+async def run(
+    plan: Plan,
+    setup: ServerSetup,
+    as_json: bool,
+    with_sandbox: bool,
+    with_fixed_pollers: bool,
+    with_deployed: bool,
+) -> None:
     with tempfile.TemporaryDirectory(prefix="turnkeeper-bench-") as tmp_name:
         tmp = Path(tmp_name)
         progress("starting the Temporal dev server")
         async with dev_server(tmp, setup.dynamic_config, cli_defaults=setup.cli_defaults) as server:
             client = await Client.connect(server.address, data_converter=pydantic_data_converter)
-            for sub in ("turnkeeper", "turnkeeper-sandbox", "turnkeeper-fixed", "bare", "agents", "inproc",
-                        "inproc-store"):
+            for sub in (
+                "turnkeeper",
+                "turnkeeper-sandbox",
+                "turnkeeper-fixed",
+                "bare",
+                "agents",
+                "inproc",
+                "inproc-store",
+            ):
                 (tmp / sub).mkdir()
             variants: list[Variant] = [
                 Turnkeeper(client, server.address, tmp / "turnkeeper"),
-                *([Turnkeeper(client, server.address, tmp / "turnkeeper-sandbox", key="turnkeeper_sandbox",
-                              label="turnkeeper, sandbox on", env=SANDBOX_ON)] if with_sandbox else []),
-                *([Turnkeeper(client, server.address, tmp / "turnkeeper-fixed", key="turnkeeper_fixed_pollers",
-                              label="turnkeeper, 5 fixed pollers", env=FIXED_POLLERS)]
-                  if with_fixed_pollers else []),
+                *(
+                    [
+                        Turnkeeper(
+                            client,
+                            server.address,
+                            tmp / "turnkeeper-sandbox",
+                            key="turnkeeper_sandbox",
+                            label="turnkeeper, sandbox on",
+                            env=SANDBOX_ON,
+                        )
+                    ]
+                    if with_sandbox
+                    else []
+                ),
+                *(
+                    [
+                        Turnkeeper(
+                            client,
+                            server.address,
+                            tmp / "turnkeeper-fixed",
+                            key="turnkeeper_fixed_pollers",
+                            label="turnkeeper, 5 fixed pollers",
+                            env=FIXED_POLLERS,
+                        )
+                    ]
+                    if with_fixed_pollers
+                    else []
+                ),
                 Bare(client, tmp / "bare"),
                 *([Agents(server.address, tmp / "agents")] if _agents_installed() else []),
                 InProcess(tmp / "inproc", with_store=False),
@@ -746,8 +908,9 @@ async def run(plan: Plan, setup: ServerSetup, as_json: bool, with_sandbox: bool,
                     await v.start()
                     stack.push_async_callback(v.close)
                 results, turns = await measure(variants, plan, client, server)
-                timelines = {v.key: await median_timeline(client, turns[v.key])
-                             for v in variants if v.temporal}
+                timelines = {
+                    v.key: await median_timeline(client, turns[v.key]) for v in variants if v.temporal
+                }
                 progress("stopping workers and the dev server")
         deployed = await deployed_throughput(plan) if with_deployed else None
         summary = report(results, timelines, plan, setup, deployed)
@@ -760,32 +923,57 @@ def _agents_installed() -> bool:
     try:
         import temporalio.openai_agents  # noqa: F401
     except ImportError:
-        progress("temporalio[openai-agents] is not installed: no OpenAI Agents comparison "
-                 "(pip install -e '.[bench]')")
+        progress(
+            "temporalio[openai-agents] is not installed: no OpenAI Agents comparison "
+            "(pip install -e '.[bench]')"
+        )
         return False
     return True
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"short run: {QUICK.sequential} sequential turns, {QUICK.throughput} for throughput")
-    parser.add_argument("--fast-dispatch", action="store_true",
-                        help="start the dev server with " + ", ".join(f"{k}={v}" for k, v in FAST_DISPATCH.items())
-                        + " (no 50 ms workflow-task tick)")
-    parser.add_argument("--sandbox-variant", action="store_true",
-                        help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs")
-    parser.add_argument("--fixed-pollers-variant", action="store_true",
-                        help="also run turnkeeper with TURNKEEPER_POLLERS=5 (the SDK's fixed default), to show "
-                        "what the worker's own poller settings gain")
-    parser.add_argument("--cli-server-defaults", action="store_true",
-                        help="start the dev server as `temporal server start-dev` would be by default, without "
-                        "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)")
-    parser.add_argument("--no-deployed", action="store_true",
-                        help="skip the throughput of the workers as deployed (bench/process_throughput.py)")
-    parser.add_argument("--deployed-rounds", type=int, metavar="N",
-                        help=f"rounds of the throughput as deployed (default {FULL.deployed_rounds}, "
-                        f"--quick {QUICK.deployed_rounds}); more rounds narrow its interval")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"short run: {QUICK.sequential} sequential turns, {QUICK.throughput} for throughput",
+    )
+    parser.add_argument(
+        "--fast-dispatch",
+        action="store_true",
+        help="start the dev server with "
+        + ", ".join(f"{k}={v}" for k, v in FAST_DISPATCH.items())
+        + " (no 50 ms workflow-task tick)",
+    )
+    parser.add_argument(
+        "--sandbox-variant",
+        action="store_true",
+        help="also run turnkeeper with TURNKEEPER_WORKFLOW_SANDBOX=on, to show what the sandbox costs",
+    )
+    parser.add_argument(
+        "--fixed-pollers-variant",
+        action="store_true",
+        help="also run turnkeeper with TURNKEEPER_POLLERS=5 (the SDK's fixed default), to show "
+        "what the worker's own poller settings gain",
+    )
+    parser.add_argument(
+        "--cli-server-defaults",
+        action="store_true",
+        help="start the dev server as `temporal server start-dev` would be by default, without "
+        "the embedded server's SQLite pragmas and dynamic config (fsync then bounds throughput)",
+    )
+    parser.add_argument(
+        "--no-deployed",
+        action="store_true",
+        help="skip the throughput of the workers as deployed (bench/process_throughput.py)",
+    )
+    parser.add_argument(
+        "--deployed-rounds",
+        type=int,
+        metavar="N",
+        help=f"rounds of the throughput as deployed (default {FULL.deployed_rounds}, "
+        f"--quick {QUICK.deployed_rounds}); more rounds narrow its interval",
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     if args.deployed_rounds is not None and args.deployed_rounds < 1:

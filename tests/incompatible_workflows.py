@@ -2,6 +2,7 @@
 one that no recorded turn replays on, what a deploy without a `workflow.patched`
 gate would ship, and one whose workflow task fails on a message that comes
 after what the history holds."""
+
 from __future__ import annotations
 
 from datetime import timedelta

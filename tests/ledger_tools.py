@@ -1,5 +1,6 @@
 """Tools for crash tests: each run appends to a ledger file before and after it
 acts, so a test can count executions across worker processes."""
+
 from __future__ import annotations
 
 import asyncio

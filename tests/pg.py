@@ -5,6 +5,7 @@ An unreachable server fails the tests that need it, with a message saying so;
 TURNKEEPER_TEST_SKIP_POSTGRES=1 skips them instead (or `pytest -m "not postgres"`).
 Each test works in a schema of its own, dropped afterwards.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """A per-test stack on the shared dev server: own task queue, data dir,
 workspace, scripted model, and workers in-process or as real processes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,9 @@ async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "co
     raise AssertionError(f"{what} not reached in {timeout} s")
 
 
-async def until_async(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0,
-                      what: str = "condition") -> None:
+async def until_async(
+    pred: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "condition"
+) -> None:
     """As `until`, for a condition that asks the server or the store."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -51,8 +53,9 @@ async def until_async(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0
 
 
 class Stack:
-    def __init__(self, client: Client, address: str, tmp: Path, name: str = "test",
-                 http_address: str | None = None) -> None:
+    def __init__(
+        self, client: Client, address: str, tmp: Path, name: str = "test", http_address: str | None = None
+    ) -> None:
         self.name = name
         self.chats: list[str] = []
         self.client = client
@@ -82,15 +85,17 @@ class Stack:
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-        env.update({
-            "TEMPORAL_ADDRESS": self.address,
-            # The embedded server's HTTP API, as `turnkeeper status` uses it there.
-            "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": self.http_address or "",
-            "TURNKEEPER_TASK_QUEUE": self.task_queue,
-            "TURNKEEPER_DATA_DIR": str(self.data),
-            "TURNKEEPER_WORKSPACE": str(self.ws),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "TEMPORAL_ADDRESS": self.address,
+                # The embedded server's HTTP API, as `turnkeeper status` uses it there.
+                "TURNKEEPER_TEMPORAL_HTTP_ADDRESS": self.http_address or "",
+                "TURNKEEPER_TASK_QUEUE": self.task_queue,
+                "TURNKEEPER_DATA_DIR": str(self.data),
+                "TURNKEEPER_WORKSPACE": str(self.ws),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.env_extra)
         env.update(extra)
         return env
@@ -119,13 +124,20 @@ class Stack:
             await asyncio.wait_for(task, 30)
         self._workers.clear()
 
-    def spawn_worker(self, command: Sequence[str] = (sys.executable, "worker.py"), cwd: Path = ROOT,
-                     **extra: str) -> subprocess.Popen[bytes]:
+    def spawn_worker(
+        self, command: Sequence[str] = (sys.executable, "worker.py"), cwd: Path = ROOT, **extra: str
+    ) -> subprocess.Popen[bytes]:
         """`python worker.py` (or `command`) as a real process, in its own process group."""
         path = self.dir / f"worker{len(self.procs)}.log"
         with open(path, "wb") as log:
-            proc = subprocess.Popen(list(command), cwd=cwd, env=self.env(**extra),
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                list(command),
+                cwd=cwd,
+                env=self.env(**extra),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         self.logs[proc.pid] = path
         return proc
@@ -134,8 +146,11 @@ class Stack:
         """Until every spawned worker in `procs` polls its task queue: starting one
         takes a second or more, which a test with short timeouts cannot spare."""
         logs = [self.logs[p.pid] for p in procs]
-        await until(lambda: all(WORKER_READY in p.read_text(errors="replace") for p in logs),
-                    timeout, f"{len(logs)} spawned worker(s) serving")
+        await until(
+            lambda: all(WORKER_READY in p.read_text(errors="replace") for p in logs),
+            timeout,
+            f"{len(logs)} spawned worker(s) serving",
+        )
 
     def kill(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -182,8 +197,9 @@ class Stack:
 
     async def send(self, chat_id: str, text: str, message_id: str | None = None) -> WorkflowHandle[Any, Any]:
         settings = self.settings()
-        return await tk.send_message(self.client, settings, chat_id,
-                                     tk.new_message(text, settings, message_id=message_id))
+        return await tk.send_message(
+            self.client, settings, chat_id, tk.new_message(text, settings, message_id=message_id)
+        )
 
     async def signal_undecodable(self, chat_id: str, signal: str) -> None:
         """A signal whose payload no data converter reads (an unknown encoding), as
@@ -191,21 +207,28 @@ class Stack:
         from temporalio.api.common.v1 import Payload, Payloads, WorkflowExecution
         from temporalio.api.workflowservice.v1 import SignalWorkflowExecutionRequest
 
-        await self.client.workflow_service.signal_workflow_execution(SignalWorkflowExecutionRequest(
-            namespace=self.client.namespace, workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat_id)),
-            signal_name=signal, input=Payloads(payloads=[Payload(metadata={"encoding": b"foo/bar"}, data=b"x")])))
+        await self.client.workflow_service.signal_workflow_execution(
+            SignalWorkflowExecutionRequest(
+                namespace=self.client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat_id)),
+                signal_name=signal,
+                input=Payloads(payloads=[Payload(metadata={"encoding": b"foo/bar"}, data=b"x")]),
+            )
+        )
 
     async def state(self, chat_id: str) -> TurnState:
         return await tk.query_state(self.client, chat_id)
 
-    async def decide(self, chat_id: str, action: str, recovery_id: str | None = None,
-                     timeout: float = 20.0) -> TurnState:
+    async def decide(
+        self, chat_id: str, action: str, recovery_id: str | None = None, timeout: float = 20.0
+    ) -> TurnState:
         """`continue`, `dismiss` or `stop` as a signal, and the state its decision led
         to; `tk.DecisionRefused` in the table's words."""
         return await tk.decide(self.client, chat_id, action, recovery_id, timeout=timeout)
 
-    async def wait_state(self, chat_id: str, pred: Callable[[TurnState], bool],
-                         timeout: float = 30.0) -> TurnState:
+    async def wait_state(
+        self, chat_id: str, pred: Callable[[TurnState], bool], timeout: float = 30.0
+    ) -> TurnState:
         deadline = time.monotonic() + timeout
         last: TurnState | None = None
         error: Exception | None = None
@@ -214,15 +237,17 @@ class Stack:
                 last = await self.state(chat_id)
                 if pred(last):
                     return last
-            except Exception as err:  # noqa: BLE001  a query may fail while a worker takes the run over
+            except Exception as err:
                 error = err
             await asyncio.sleep(0.1)
-        raise AssertionError(f"chat {chat_id}: state not reached in {timeout} s; last: {last}; "
-                             f"last query error: {error!r}")
+        raise AssertionError(
+            f"chat {chat_id}: state not reached in {timeout} s; last: {last}; last query error: {error!r}"
+        )
 
     async def wait_turn_done(self, chat_id: str, turn: int, timeout: float = 30.0) -> TurnState:
         return await self.wait_state(
-            chat_id, lambda s: s.turn == turn and s.status.value in ("completed", "recovered"), timeout)
+            chat_id, lambda s: s.turn == turn and s.status.value in ("completed", "recovered"), timeout
+        )
 
     async def history(self, chat_id: str) -> list[dict[str, Any]]:
         return [m.public() for m in await (await self.store()).history(chat_id)]

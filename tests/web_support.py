@@ -1,5 +1,6 @@
 """`turnkeeper web` for tests: the real app under uvicorn on a thread of its own
 (its own event loop, as in its own process), and a small HTTP client."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,6 @@ from turnkeeper.config import Settings
 from turnkeeper.web.app import create_app
 from turnkeeper.web.server import WebConfig
 
-
 # anyio imports its file helpers on first use, and pytest rewrites anyio's modules
 # as it imports them (anyio ships a pytest plugin): done first in the server's
 # thread, that parse can race the main thread's and fail on CPython 3.11
@@ -35,10 +35,14 @@ class WebServer:
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = WebConfig(host="127.0.0.1", port=self.port, token=token, worker=worker)
-        self._server = uvicorn.Server(uvicorn.Config(
-            create_app(settings, config), log_level="warning", timeout_graceful_shutdown=1))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
-                                        name=f"web-{self.port}", daemon=True)
+        self._server = uvicorn.Server(
+            uvicorn.Config(create_app(settings, config), log_level="warning", timeout_graceful_shutdown=1)
+        )
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
+            name=f"web-{self.port}",
+            daemon=True,
+        )
 
     def start(self) -> WebServer:
         self._thread.start()
@@ -86,8 +90,15 @@ def _request(port: int, method: str, path: str, body: bytes | None, headers: dic
         conn.close()
 
 
-async def request(server: WebServer | int, method: str, path: str, json_body: Any = None, *,
-                  raw: bytes | None = None, headers: dict[str, str] | None = None) -> Answer:
+async def request(
+    server: WebServer | int,
+    method: str,
+    path: str,
+    json_body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
     """One request to `server` (or to a port on 127.0.0.1)."""
     port = server if isinstance(server, int) else server.port
     headers = dict(headers or {})
@@ -106,8 +117,9 @@ class SseEvent:
     at: float = 0.0  # time.monotonic() when it was read
 
 
-def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
-                 timeout: float) -> tuple[int, list[SseEvent]]:
+def _read_events(
+    port: int, path: str, headers: dict[str, str], until_type: str, timeout: float
+) -> tuple[int, list[SseEvent]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     events: list[SseEvent] = []
     try:
@@ -135,7 +147,13 @@ def _read_events(port: int, path: str, headers: dict[str, str], until_type: str,
         conn.close()
 
 
-async def read_events(server: WebServer, path: str, until_type: str, *, headers: dict[str, str] | None = None,
-                      timeout: float = 30.0) -> tuple[int, list[SseEvent]]:
+async def read_events(
+    server: WebServer,
+    path: str,
+    until_type: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> tuple[int, list[SseEvent]]:
     """The stream's events up to the first of type `until_type`."""
     return await asyncio.to_thread(_read_events, server.port, path, dict(headers or {}), until_type, timeout)

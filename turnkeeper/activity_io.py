@@ -3,6 +3,7 @@
 Names are explicit and stable: they are written into every workflow history, so
 renaming one breaks the replay of turns already running.
 """
+
 from __future__ import annotations
 
 from pydantic import BaseModel, Field

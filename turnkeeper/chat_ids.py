@@ -6,6 +6,7 @@ one of them starts is one the others can reach. It also keeps the workflow id
 id, which `ChatTurn` refuses by failing its run, never reaches a workflow.
 Plain Python: the CLI checks it before loading anything else.
 """
+
 from __future__ import annotations
 
 import re

@@ -10,6 +10,7 @@ the models and pydantic, the session store, the worker, the web server) are
 made in the functions that use them: every command pays for its own imports
 only (tests/process/test_cli_startup.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,21 +40,30 @@ from turnkeeper.statuses import TurnStatus
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="turnkeeper", description="Durable AI chat turns on Temporal.")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("worker", help="run a worker (starts the embedded dev server when "
-                   "TEMPORAL_ADDRESS is unset)")
-    sub.add_parser("web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, "
-                   "default 127.0.0.1:8000)")
-    sub.add_parser("codec-server", help="decrypt and encrypt payloads for the Temporal UI and "
-                   "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)")
+    sub.add_parser(
+        "worker", help="run a worker (starts the embedded dev server when TEMPORAL_ADDRESS is unset)"
+    )
+    sub.add_parser(
+        "web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, default 127.0.0.1:8000)"
+    )
+    sub.add_parser(
+        "codec-server",
+        help="decrypt and encrypt payloads for the Temporal UI and "
+        "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)",
+    )
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat", type=_chat_id, help=CHAT_ID_RULE)
     s.add_argument("text", type=_text)
     s.add_argument("--no-wait", action="store_true", help="return once the message is durable")
-    s.add_argument("--message-id", type=_message_id, help="idempotency key, 1-200 characters (default: a new uuid)")
+    s.add_argument(
+        "--message-id", type=_message_id, help="idempotency key, 1-200 characters (default: a new uuid)"
+    )
     s.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
     s.set_defaults(func=cmd_send)
-    for name, func, help_ in (("status", cmd_status, "the turn's state"),
-                              ("history", cmd_history, "the committed transcript")):
+    for name, func, help_ in (
+        ("status", cmd_status, "the turn's state"),
+        ("history", cmd_history, "the committed transcript"),
+    ):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
         c.add_argument("--json", action="store_true")
@@ -70,22 +80,37 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--awaiting", action="store_true", help="chats waiting for their user")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
-    for name, func, help_ in (("continue", cmd_continue, "Continue an interrupted turn"),
-                              ("dismiss", cmd_dismiss, "Dismiss an interrupted turn"),
-                              ("stop", cmd_stop, "Stop the running turn")):
+    for name, func, help_ in (
+        ("continue", cmd_continue, "Continue an interrupted turn"),
+        ("dismiss", cmd_dismiss, "Dismiss an interrupted turn"),
+        ("stop", cmd_stop, "Stop the running turn"),
+    ):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
         if name == "continue":
-            c.add_argument("--wait", action="store_true",
-                           help="follow the resumed turn like `send`: its tools, then its answer")
+            c.add_argument(
+                "--wait",
+                action="store_true",
+                help="follow the resumed turn like `send`: its tools, then its answer",
+            )
             c.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
         c.set_defaults(func=func)
-    r = sub.add_parser("replay", help="replay recent histories against this code; exit 1 if any does "
-                       "not replay (the deploy gate)")
-    r.add_argument("--limit", type=_positive, default=200,
-                   help="at most this many runs: running ones first, then the latest closed (default 200)")
-    r.add_argument("--since", type=_since, default="24h",
-                   help="closed runs this recent, e.g. 30m, 24h, 7d (default 24h); running runs always")
+    r = sub.add_parser(
+        "replay",
+        help="replay recent histories against this code; exit 1 if any does not replay (the deploy gate)",
+    )
+    r.add_argument(
+        "--limit",
+        type=_positive,
+        default=200,
+        help="at most this many runs: running ones first, then the latest closed (default 200)",
+    )
+    r.add_argument(
+        "--since",
+        type=_since,
+        default="24h",
+        help="closed runs this recent, e.g. 30m, 24h, 7d (default 24h); running runs always",
+    )
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_replay)
     return p

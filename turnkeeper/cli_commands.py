@@ -11,6 +11,7 @@ pydantic, nor asyncio when Temporal's HTTP API and a SQLite store serve them
 those imports takes a good part of what the whole command may take. They run
 an event loop only to fall back to gRPC or to the store.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,7 +101,9 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> Any:
 
     from turnkeeper.cli_follow import saved_if_interrupted
 
-    with saved_if_interrupted(args.chat, message_id):  # the message is durable: Ctrl-C stops only the watching
+    with saved_if_interrupted(
+        args.chat, message_id
+    ):  # the message is durable: Ctrl-C stops only the watching
         return asyncio.run(_follow_sent(settings, args.chat, message_id, after, args.timeout))
 
 
@@ -125,7 +128,9 @@ def _send_over_http(settings: Settings, chat_id: str, message_id: str, text: str
 async def _send_over_grpc(settings: Settings, chat_id: str, message_id: str, text: str) -> None:
     client = await connect_client(settings)
     try:
-        await tk.send_message(client, settings, chat_id, tk.new_message(text, settings, message_id=message_id))
+        await tk.send_message(
+            client, settings, chat_id, tk.new_message(text, settings, message_id=message_id)
+        )
     except tk.TurnTakesNoMoreMessages as err:
         raise Refused(str(err)) from None
 
@@ -136,8 +141,15 @@ async def _follow_sent(settings: Settings, chat_id: str, message_id: str, after:
     started = time.monotonic()
     store = await open_store_waiting(settings, timeout)  # the message is sent: an outage is waited out
     try:
-        return await follow_turn(ClientOnDemand(settings), store, chat_id, message_id, after,
-                                 max(0.0, timeout - (time.monotonic() - started)), task_queue=settings.task_queue)
+        return await follow_turn(
+            ClientOnDemand(settings),
+            store,
+            chat_id,
+            message_id,
+            after,
+            max(0.0, timeout - (time.monotonic() - started)),
+            task_queue=settings.task_queue,
+        )
     finally:
         await store.close()
 
@@ -161,8 +173,15 @@ async def _send_with_the_sdk(args: argparse.Namespace, settings: Settings, messa
 
     try:
         with saved_if_interrupted(args.chat, message.message_id):
-            return await follow_turn(ClientOnDemand(settings, client), store, args.chat, message.message_id,
-                                     after, args.timeout, task_queue=settings.task_queue)
+            return await follow_turn(
+                ClientOnDemand(settings, client),
+                store,
+                args.chat,
+                message.message_id,
+                after,
+                args.timeout,
+                task_queue=settings.task_queue,
+            )
     finally:
         await store.close()
 
@@ -189,8 +208,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     print(describe_gate(state))
     if run_status != "running" and state.status in OPEN_STATUSES:
         # Terminated, timed out or failed: its last state is not the turn's end.
-        print(f"its run has ended ({run_status.replace('_', ' ')}) without closing the turn; "
-              f"the reconciler recovers it within {settings.reconcile_every} s")
+        print(
+            f"its run has ended ({run_status.replace('_', ' ')}) without closing the turn; "
+            f"the reconciler recovers it within {settings.reconcile_every} s"
+        )
     if state.pending_followups:
         print(f"pending follow-ups: {', '.join(state.pending_followups)}")
     for call in state.tool_calls:
@@ -222,7 +243,9 @@ async def _run_and_state_over_grpc(settings: Settings, chat_id: str) -> tuple[st
         return run_status, err
 
 
-def _run_and_state_over_http(settings: Settings, chat_id: str) -> tuple[str, StateView | TurnState | NoWorker]:
+def _run_and_state_over_http(
+    settings: Settings, chat_id: str
+) -> tuple[str, StateView | TurnState | NoWorker]:
     from turnkeeper import http_api
 
     address = settings.http_api_address
@@ -312,10 +335,16 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = []
     for wf in sorted(latest.values(), key=lambda w: w.start_time, reverse=True):
         sa = wf.search_attributes
-        rows.append({"chat_id": (sa.get(CHAT_ID) or [wf.id.removeprefix("chat-")])[0],
-                     "status": (sa.get(TURN_STATUS) or [None])[0],
-                     "reason": (sa.get(RECOVERY_REASON) or [None])[0],
-                     "workflow_id": wf.id, "run_id": wf.run_id, "started": wf.start_time.isoformat()})
+        rows.append(
+            {
+                "chat_id": (sa.get(CHAT_ID) or [wf.id.removeprefix("chat-")])[0],
+                "status": (sa.get(TURN_STATUS) or [None])[0],
+                "reason": (sa.get(RECOVERY_REASON) or [None])[0],
+                "workflow_id": wf.id,
+                "run_id": wf.run_id,
+                "started": wf.start_time.isoformat(),
+            }
+        )
     if args.json:
         print_json(rows)
         return EXIT_OK
@@ -355,8 +384,15 @@ async def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     client = await connect_client(settings)
     report = await replay.replay_recent(client, settings, limit=args.limit, since=args.since)
     if args.json:
-        print_json({"task_queue": settings.task_queue, "replayed": report.replayed, "running": report.running,
-                    "ok": report.ok, "failures": [asdict(f) for f in report.failures]})
+        print_json(
+            {
+                "task_queue": settings.task_queue,
+                "replayed": report.replayed,
+                "running": report.running,
+                "ok": report.ok,
+                "failures": [asdict(f) for f in report.failures],
+            }
+        )
     else:
         for line in replay_lines(report, settings.task_queue, args.since):
             print(line)

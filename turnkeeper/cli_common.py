@@ -6,6 +6,7 @@ the session store, the models and so pydantic, telemetry) are made in the
 functions that use them: every command pays for its own imports only
 (tests/process/test_cli_startup.py).
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -35,10 +36,12 @@ async def connect_client(settings: Settings) -> Client:
 
     try:
         client = await tk.connect(settings)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         where = settings.temporal_address or f"127.0.0.1:{settings.dev_server_port}"
-        raise Refused(f"cannot reach Temporal at {where} ({err}); is the worker running? "
-                      "Start it with `turnkeeper worker`.") from None
+        raise Refused(
+            f"cannot reach Temporal at {where} ({err}); is the worker running? "
+            "Start it with `turnkeeper worker`."
+        ) from None
     # A turn the CLI starts is traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).
     return telemetry.traced(client, settings, "turnkeeper-cli")
 
@@ -87,8 +90,9 @@ async def query_state(client: Client, chat_id: str) -> TurnState:
         raise Undecryptable(f"chat {chat_id!r}: the worker's answer is unreadable here ({err})") from None
     except WorkflowQueryFailedError as err:
         if names_decryption_error(err.message):  # the worker could not replay the run
-            raise Undecryptable(f"chat {chat_id!r}: the worker cannot read the run's history: {err.message}") \
-                from None
+            raise Undecryptable(
+                f"chat {chat_id!r}: the worker cannot read the run's history: {err.message}"
+            ) from None
         raise
     except RPCError as err:
         if err.status == RPCStatusCode.NOT_FOUND:
@@ -96,8 +100,11 @@ async def query_state(client: Client, chat_id: str) -> TurnState:
         # "no poller seen for task queue recently", or no answer in time (the client
         # reports its own timeout as CANCELLED "Timeout expired"): a query needs a
         # worker, and none is serving the chat's task queue.
-        if err.status in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
-                          RPCStatusCode.CANCELLED):
+        if err.status in (
+            RPCStatusCode.FAILED_PRECONDITION,
+            RPCStatusCode.DEADLINE_EXCEEDED,
+            RPCStatusCode.CANCELLED,
+        ):
             raise NoWorker(no_worker(chat_id, err.message)) from None
         raise
 
@@ -124,6 +131,8 @@ TASK_FAILING = "Workflow Task in failed state"
 
 def no_worker(chat_id: str, why: str) -> str:
     if TASK_FAILING in why:
-        return (f"chat {chat_id!r}: its run's workflow task keeps failing ({why}); the worker's log says why, "
-                "and a reconcile pass ends such a run after a minute of failures and recovers its turn")
+        return (
+            f"chat {chat_id!r}: its run's workflow task keeps failing ({why}); the worker's log says why, "
+            "and a reconcile pass ends such a run after a minute of failures and recovers its turn"
+        )
     return f"no worker answered for chat {chat_id!r} ({why}); start one with `turnkeeper worker`"

@@ -7,6 +7,7 @@ parses the arguments and dispatches here. The commands that send and read
 They talk gRPC: the Temporal SDK, the models and the store are imported in
 the functions that use them, as in every command (tests/process/test_cli_startup.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,16 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> 
             return EXIT_OK
         from turnkeeper.cli_follow import follow_turn
 
-        return await follow_turn(ClientOnDemand(settings, client), store, args.chat, None, after, args.timeout,
-                                  task_queue=settings.task_queue, turn=new_state.turn)
+        return await follow_turn(
+            ClientOnDemand(settings, client),
+            store,
+            args.chat,
+            None,
+            after,
+            args.timeout,
+            task_queue=settings.task_queue,
+            turn=new_state.turn,
+        )
     finally:
         if store is not None:
             await store.close()
@@ -111,12 +120,17 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
     except NoWorker as err:
         # A signal is durable: the run acts on it once a worker serves it again.
         state = await _stored_turn(settings, args.chat)
-        later = (f" ({err}: the turn stops once a worker can read it)" if isinstance(err, Undecryptable)
-                 else " (no worker is serving it now: the turn stops when one starts)")
+        later = (
+            f" ({err}: the turn stops once a worker can read it)"
+            if isinstance(err, Undecryptable)
+            else " (no worker is serving it now: the turn stops when one starts)"
+        )
     if state.status not in OPEN_STATUSES:
         raise Refused(f"no turn of chat {args.chat!r} is running")
     try:
-        await tk.decide(client, args.chat, "stop", run_id=desc.run_id, timeout=0 if later else tk.DECISION_WAIT_S)
+        await tk.decide(
+            client, args.chat, "stop", run_id=desc.run_id, timeout=0 if later else tk.DECISION_WAIT_S
+        )
     except tk.DecisionRefused as err:
         raise Refused(f"chat {args.chat!r}: {err}") from None
     except tk.DecisionPending:

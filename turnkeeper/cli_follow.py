@@ -1,6 +1,7 @@
 """Following a turn from the command line (`send`, `continue --wait`): its tools
 as they run, its answer as it streams, then whole; the gate if it waits again.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,16 @@ NO_WORKER_CHECK_S = 5.0
 WAITING_NOTE_S = 2.0
 
 
-async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_id: str | None, after: int,
-                       timeout: float, task_queue: str, turn: int | None = None) -> int:
+async def follow_turn(
+    client: ClientOnDemand,
+    store: Any,
+    chat_id: str,
+    message_id: str | None,
+    after: int,
+    timeout: float,
+    task_queue: str,
+    turn: int | None = None,
+) -> int:
     """Show the turn that takes our message (or `turn`): its tools as they run,
     its answer as it streams (and whole once recorded); exit 3 if it waits for
     its user again."""
@@ -46,8 +55,12 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
         if turn is None and time.monotonic() >= check_worker_at:
             check_worker_at = deadline  # once
             if await _no_worker_polls(await client.get(), task_queue):
-                print(f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
-                      "and waits for one (start it with `turnkeeper worker`)", file=sys.stderr, flush=True)
+                print(
+                    f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
+                    "and waits for one (start it with `turnkeeper worker`)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         try:
             events = await store.events(chat_id, after_seq=after)
         except StoreUnavailable as err:
@@ -92,7 +105,9 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
                 from turnkeeper.failed_turns import state_of
 
                 record = await store.get_turn(chat_id, turn)
-                print(describe_gate(state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})")
+                print(
+                    describe_gate(state_of(record)) if record else f"turn {turn} failed ({p.get('reason')})"
+                )
                 return EXIT_AWAITING
             elif ev.type == "turn_end":
                 if answer is not None:
@@ -111,8 +126,10 @@ async def follow_turn(client: ClientOnDemand, store: Any, chat_id: str, message_
                 if draft is not None and draft.turn == turn:
                     streamed.show(draft.step, draft.attempt, draft.text)
         await asyncio.sleep(POLL_S)
-    raise Refused(f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
-                  f"see `turnkeeper status {chat_id}`")
+    raise Refused(
+        f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
+        f"see `turnkeeper status {chat_id}`"
+    )
 
 
 async def open_store_waiting(settings: Any, timeout: float) -> Any:
@@ -128,8 +145,10 @@ async def open_store_waiting(settings: Any, timeout: float) -> Any:
             store = await open_session_store(settings)
         except StoreUnavailable as err:
             if time.monotonic() >= deadline:
-                raise Refused(f"the session store did not answer within {timeout:.0f} s (the message is safe; "
-                              f"the turn waits for the store): {err}") from None
+                raise Refused(
+                    f"the session store did not answer within {timeout:.0f} s (the message is safe; "
+                    f"the turn waits for the store): {err}"
+                ) from None
             if not said:
                 _say_the_store_is_out(err)
                 said = True
@@ -147,8 +166,11 @@ async def _say_waiting(store: Any, chat_id: str, message_id: str) -> None:
         latest = await store.get_turn(chat_id)
         if latest is not None and latest.status == TurnStatus.RUNNING:
             running = latest.turn
-    waits_for = (f"waiting for turn {running} to take it at its next model call" if running is not None
-                 else "waiting for a worker to take the turn")
+    waits_for = (
+        f"waiting for turn {running} to take it at its next model call"
+        if running is not None
+        else "waiting for a worker to take the turn"
+    )
     print(f"turnkeeper: message {message_id} is saved; {waits_for}", file=sys.stderr, flush=True)
 
 
@@ -163,15 +185,23 @@ def saved_if_interrupted(chat_id: str, message_id: str) -> Iterator[None]:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         lead = "\n" if sys.stderr.isatty() else ""  # past the terminal's ^C
-        print(f"{lead}turnkeeper: interrupted; message {message_id} is saved and its turn goes on without this "
-              f"command: follow it with `turnkeeper events {chat_id} --follow` or "
-              f"`turnkeeper status {chat_id}`", file=sys.stderr, flush=True)
+        print(
+            f"{lead}turnkeeper: interrupted; message {message_id} is saved and its turn goes on without this "
+            f"command: follow it with `turnkeeper events {chat_id} --follow` or "
+            f"`turnkeeper status {chat_id}`",
+            file=sys.stderr,
+            flush=True,
+        )
         raise
 
 
 def _say_the_store_is_out(err: Exception) -> None:
-    print(f"turnkeeper: the session store does not answer ({err}); the message is safe and "
-          "the turn waits for the store: still watching", file=sys.stderr, flush=True)
+    print(
+        f"turnkeeper: the session store does not answer ({err}); the message is safe and "
+        "the turn waits for the store: still watching",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _say_the_store_is_back() -> None:
@@ -196,20 +226,25 @@ class _StreamedText:
                 print("  (the model call was run again; its answer starts over)", flush=True)
             self._key, self._shown = (step, attempt), ""
         if text.startswith(self._shown) and len(text) > len(self._shown):
-            sys.stdout.write(text[len(self._shown):])
+            sys.stdout.write(text[len(self._shown) :])
             sys.stdout.flush()
             self._shown, self._mid_line = text, True
 
     def recorded(self, step: object, text: object) -> None:
         """A step that asked for tools is recorded: its text (if any) is complete."""
-        if self._key is not None and self._key[0] == step and isinstance(text, str) and text.startswith(self._shown):
-            sys.stdout.write(text[len(self._shown):])
+        if (
+            self._key is not None
+            and self._key[0] == step
+            and isinstance(text, str)
+            and text.startswith(self._shown)
+        ):
+            sys.stdout.write(text[len(self._shown) :])
         self.end_line()
         self._key, self._shown = None, ""
 
     def finish(self, step: object, answer: str) -> None:
         if self._key is not None and self._key[0] == step and answer.startswith(self._shown):
-            print(answer[len(self._shown):], flush=True)
+            print(answer[len(self._shown) :], flush=True)
         else:
             self.end_line()
             print(answer, flush=True)
@@ -228,8 +263,11 @@ async def _no_worker_polls(client: Client, task_queue: str) -> bool:
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
     from temporalio.service import RPCError
 
-    request = DescribeTaskQueueRequest(namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
-                                       task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
     try:
         return not (await client.workflow_service.describe_task_queue(request)).pollers
     except RPCError:

@@ -3,6 +3,7 @@
 Each function takes the model (turnkeeper.models) or its plain stand-in from
 turnkeeper.cli_views alike: they have the same attributes.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,13 +26,17 @@ def describe_gate(state: TurnState | StateView) -> str:
     if not state.turn and state.status == TurnStatus.RUNNING:
         # A run started without a usable message (e.g. only refused ones) waits for one.
         return f"chat {state.chat_id}: no turn yet, waiting for its first message"
-    lines = [f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
-             + (f" ({state.reason.value})" if state.reason else "")]
+    lines = [
+        f"chat {state.chat_id}, turn {state.turn}: {state.status.value}"
+        + (f" ({state.reason.value})" if state.reason else "")
+    ]
     if state.detail:
         lines.append(f"why: {state.detail}")
     if state.store_unavailable:
-        lines.append("the session store does not answer: the turn waits for it and goes on, in order, "
-                     "when it is back (see the worker's log)")
+        lines.append(
+            "the session store does not answer: the turn waits for it and goes on, in order, "
+            "when it is back (see the worker's log)"
+        )
     if state.status == TurnStatus.AWAITING_USER and state.reason == Reason.APPROVAL_REQUIRED:
         lines.append("the model asks to run, once you approve:")
         lines.extend(f"  {a.name} {a.arguments}   [key {a.idempotency_key}]" for a in state.approvals)
@@ -41,8 +46,10 @@ def describe_gate(state: TurnState | StateView) -> str:
     elif state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
         lines.append(f"recovery id: {state.recovery_id}")
         if state.can_continue:
-            lines.append(f"  turnkeeper continue {state.chat_id}   # run the model again from the saved "
-                         "context; interrupted tools are not run again")
+            lines.append(
+                f"  turnkeeper continue {state.chat_id}   # run the model again from the saved "
+                "context; interrupted tools are not run again"
+            )
         else:
             lines.append("  (continue is not possible: the saved context is unavailable)")
         lines.append(f"  turnkeeper dismiss {state.chat_id}    # close the turn and keep what is known")
@@ -50,13 +57,14 @@ def describe_gate(state: TurnState | StateView) -> str:
 
 
 def event_line(ev: Event | EventView) -> str:
-    return json.dumps({"seq": ev.seq, "type": ev.type, "payload": ev.payload,
-                       "created_at": ev.created_at.isoformat()}, ensure_ascii=False)
+    return json.dumps(
+        {"seq": ev.seq, "type": ev.type, "payload": ev.payload, "created_at": ev.created_at.isoformat()},
+        ensure_ascii=False,
+    )
 
 
 def event_text(ev: Event | EventView) -> str:
-    return (f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} "
-            f"{json.dumps(ev.payload, ensure_ascii=False)}")
+    return f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} {json.dumps(ev.payload, ensure_ascii=False)}"
 
 
 def transcript_line(m: ChatMessage | MessageView) -> str:
@@ -77,17 +85,22 @@ def replay_lines(report: ReplayReport, task_queue: str, since: timedelta) -> lis
     window = f"running, or closed in the last {_duration(since)}"
     if not report.replayed:
         return [f"no runs on task queue {task_queue!r} {window}: nothing to replay"]
-    lines = [f"does not replay: {f.workflow_id} run {f.run_id} ({f.workflow_type}, "
-             f"{'running' if f.running else 'closed'}): {f.error}" for f in report.failures]
+    lines = [
+        f"does not replay: {f.workflow_id} run {f.run_id} ({f.workflow_type}, "
+        f"{'running' if f.running else 'closed'}): {f.error}"
+        for f in report.failures
+    ]
     counts = f"{report.replayed} histories on task queue {task_queue!r} ({report.running} running)"
     if report.ok:
         lines.append(f"replayed {counts}, {window}: all replay on this code")
     else:
-        lines.append(f"{len(report.failures)} of {counts} do not replay on this code: workers running it "
-                     "would fail each such run's next workflow task, again and again, until the reconciler "
-                     "ends the run after a minute and recovers its turn. Ship it as a new worker deployment "
-                     "version (running turns stay on the build that began them), or mend what fails "
-                     "(docs/operations.md, \"Shipping a change to workflow code\")")
+        lines.append(
+            f"{len(report.failures)} of {counts} do not replay on this code: workers running it "
+            "would fail each such run's next workflow task, again and again, until the reconciler "
+            "ends the run after a minute and recovers its turn. Ship it as a new worker deployment "
+            "version (running turns stay on the build that began them), or mend what fails "
+            '(docs/operations.md, "Shipping a change to workflow code")'
+        )
     return lines
 
 

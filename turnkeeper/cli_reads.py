@@ -12,6 +12,7 @@ that they print the same either way.
 `Reads` needs no event loop either (importing asyncio alone is a tenth of such
 a command's time): it runs one only when it falls back to the store.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,18 @@ STORE_SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 1.0
 _SQLITE_PREFIX = "sqlite:///"
 # The `turns` columns cli_views.turn_row_state decodes (activities/store/codec.py's, a test keeps them equal).
-TURN_COLUMNS = ("chat_id", "turn", "run_id", "status", "reason", "recovery_id", "can_continue", "attempts",
-                "started_at", "updated_at")
+TURN_COLUMNS = (
+    "chat_id",
+    "turn",
+    "run_id",
+    "status",
+    "reason",
+    "recovery_id",
+    "can_continue",
+    "attempts",
+    "started_at",
+    "updated_at",
+)
 
 
 def _sqlite_file(settings: Settings) -> Path | None:
@@ -55,7 +66,7 @@ def _sqlite_file(settings: Settings) -> Path | None:
     if url is None:
         return settings.sqlite_path
     if url.startswith(_SQLITE_PREFIX) and len(url) > len(_SQLITE_PREFIX):
-        return Path(url[len(_SQLITE_PREFIX):])
+        return Path(url[len(_SQLITE_PREFIX) :])
     return None
 
 
@@ -66,8 +77,9 @@ def _connect(settings: Settings) -> sqlite3.Connection | None:
     if path is None:
         return None
     try:
-        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S,
-                             isolation_level=None)
+        db = sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None
+        )
     except (sqlite3.Error, ValueError):
         return None
     try:
@@ -123,8 +135,10 @@ class Reads:
 
     def turn_state(self, chat_id: str) -> StateView | TurnState | None:
         """The chat's latest turn as failed_turns.state_of shows it; None if it has none."""
-        rows = self._rows(f"SELECT {', '.join(TURN_COLUMNS)} FROM turns WHERE chat_id = ?"
-                          " ORDER BY turn DESC LIMIT 1", chat_id)
+        rows = self._rows(
+            f"SELECT {', '.join(TURN_COLUMNS)} FROM turns WHERE chat_id = ? ORDER BY turn DESC LIMIT 1",
+            chat_id,
+        )
         if rows is not None:
             try:
                 return turn_row_state(rows[0]) if rows else None
@@ -145,8 +159,13 @@ class Reads:
         return self._store_call("history", chat_id)
 
     def events(self, chat_id: str, after_seq: int = 0, limit: int = 1000) -> list[EventView] | list[Event]:
-        rows = self._rows("SELECT chat_id, seq, type, payload, created_at FROM events"
-                          " WHERE chat_id = ? AND seq > ? ORDER BY seq LIMIT ?", chat_id, after_seq, limit)
+        rows = self._rows(
+            "SELECT chat_id, seq, type, payload, created_at FROM events"
+            " WHERE chat_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            chat_id,
+            after_seq,
+            limit,
+        )
         if rows is not None:
             try:
                 return [event_view(r) for r in rows]
@@ -172,11 +191,18 @@ class Reads:
     def _follow_from(db: sqlite3.Connection, chat_id: str, message_id: str | None) -> int:
         db.execute("BEGIN")
         try:
-            if message_id is not None and db.execute(
-                    "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)).fetchone():
+            if (
+                message_id is not None
+                and db.execute(
+                    "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
+                ).fetchone()
+            ):
                 # activities/store/codec.py's seq_before_message
-                for row in db.execute("SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message'"
-                                      " ORDER BY seq", (chat_id,)).fetchall():
+                for row in db.execute(
+                    "SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message'"
+                    " ORDER BY seq",
+                    (chat_id,),
+                ).fetchall():
                     try:
                         payload = json.loads(_str(row["payload"]))
                     except NotPlain:
@@ -185,8 +211,11 @@ class Reads:
                         continue
                     if isinstance(payload, dict) and payload.get("message_id") == message_id:
                         return _int(row["seq"]) - 1
-            return _int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = ?",
-                                   (chat_id,)).fetchone()[0])
+            return _int(
+                db.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE chat_id = ?", (chat_id,)
+                ).fetchone()[0]
+            )
         finally:
             db.execute("COMMIT")
 

@@ -12,6 +12,7 @@ the command reads it the models' way instead, so that it prints the same
 either way. tests/unit/test_cli_reads.py keeps the views in step with the
 models. turnkeeper.cli_reads reads the SQLite file into them.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,6 +34,7 @@ class NotPlain(ValueError):
 
 
 # --- strict decoding: JSON and SQLite values of exactly the type the model declares ---
+
 
 def _str(value: Any) -> str:
     if type(value) is not str:
@@ -99,6 +101,7 @@ def _store_time(value: Any) -> datetime:
 # The views are printed, never compared nor shown: without the __repr__ and __eq__
 # a dataclass compiles at import, the module loads faster.
 
+
 @dataclass(repr=False, eq=False)
 class ToolCallItem:
     """models.ToolCallView"""
@@ -150,16 +153,24 @@ class StateView:
         if mode != "json":
             raise ValueError(f"only mode='json', not {mode!r}")
         return {
-            "chat_id": self.chat_id, "turn": self.turn, "status": self.status.value,
-            "reason": None if self.reason is None else self.reason.value, "recovery_id": self.recovery_id,
-            "can_continue": self.can_continue, "attempts": self.attempts,
+            "chat_id": self.chat_id,
+            "turn": self.turn,
+            "status": self.status.value,
+            "reason": None if self.reason is None else self.reason.value,
+            "recovery_id": self.recovery_id,
+            "can_continue": self.can_continue,
+            "attempts": self.attempts,
             "pending_followups": list(self.pending_followups),
             "tool_calls": [{"id": c.id, "name": c.name, "status": c.status.value} for c in self.tool_calls],
-            "detail": self.detail, "store_unavailable": self.store_unavailable,
-            "approvals": [{"id": a.id, "name": a.name, "arguments": a.arguments,
-                           "idempotency_key": a.idempotency_key} for a in self.approvals],
-            "decisions": [{"request_id": d.request_id, "action": d.action, "refusal": d.refusal}
-                          for d in self.decisions],
+            "detail": self.detail,
+            "store_unavailable": self.store_unavailable,
+            "approvals": [
+                {"id": a.id, "name": a.name, "arguments": a.arguments, "idempotency_key": a.idempotency_key}
+                for a in self.approvals
+            ],
+            "decisions": [
+                {"request_id": d.request_id, "action": d.action, "refusal": d.refusal} for d in self.decisions
+            ],
         }
 
 
@@ -172,9 +183,13 @@ DECISION_FIELDS = tuple(f.name for f in fields(DecisionItem))
 def state_view(data: Any) -> StateView:
     """The worker's `state` answer (its JSON, decoded), or NotPlain."""
     data = _object(data, ("chat_id",), STATE_FIELDS)
-    calls = [_object(c, TOOL_CALL_VIEW_FIELDS, TOOL_CALL_VIEW_FIELDS) for c in _list(data.get("tool_calls", []))]
+    calls = [
+        _object(c, TOOL_CALL_VIEW_FIELDS, TOOL_CALL_VIEW_FIELDS) for c in _list(data.get("tool_calls", []))
+    ]
     approvals = [_object(a, APPROVAL_FIELDS, APPROVAL_FIELDS) for a in _list(data.get("approvals", []))]
-    decisions = [_object(d, ("request_id", "action"), DECISION_FIELDS) for d in _list(data.get("decisions", []))]
+    decisions = [
+        _object(d, ("request_id", "action"), DECISION_FIELDS) for d in _list(data.get("decisions", []))
+    ]
     return StateView(
         chat_id=_str(data["chat_id"]),
         turn=_int(data.get("turn", 0)),
@@ -184,14 +199,27 @@ def state_view(data: Any) -> StateView:
         can_continue=_bool(data.get("can_continue", True)),
         attempts=_int(data.get("attempts", 0)),
         pending_followups=[_str(m) for m in _list(data.get("pending_followups", []))],
-        tool_calls=[ToolCallItem(id=_str(c["id"]), name=_str(c["name"]), status=_enum(ToolCallStatus, c["status"]))
-                    for c in calls],
+        tool_calls=[
+            ToolCallItem(id=_str(c["id"]), name=_str(c["name"]), status=_enum(ToolCallStatus, c["status"]))
+            for c in calls
+        ],
         detail=_opt_str(data.get("detail")),
         store_unavailable=_bool(data.get("store_unavailable", False)),
-        approvals=[ApprovalItem(id=_str(a["id"]), name=_str(a["name"]), arguments=_str(a["arguments"]),
-                                idempotency_key=_str(a["idempotency_key"])) for a in approvals],
-        decisions=[DecisionItem(request_id=_str(d["request_id"]), action=_str(d["action"]),
-                                refusal=_opt_str(d.get("refusal"))) for d in decisions],
+        approvals=[
+            ApprovalItem(
+                id=_str(a["id"]),
+                name=_str(a["name"]),
+                arguments=_str(a["arguments"]),
+                idempotency_key=_str(a["idempotency_key"]),
+            )
+            for a in approvals
+        ],
+        decisions=[
+            DecisionItem(
+                request_id=_str(d["request_id"]), action=_str(d["action"]), refusal=_opt_str(d.get("refusal"))
+            )
+            for d in decisions
+        ],
     )
 
 
@@ -206,7 +234,6 @@ def turn_state(data: Any) -> StateView | TurnState:
         return TurnState.model_validate(data)
 
 
-
 def turn_row_state(row: sqlite3.Row) -> StateView:
     """A row of the store's `turns` table as failed_turns.state_of shows it, or
     NotPlain: every column is checked as models.TurnRecord checks it."""
@@ -216,9 +243,15 @@ def turn_row_state(row: sqlite3.Row) -> StateView:
     _opt_str(row["run_id"])
     _store_time(row["started_at"])
     _store_time(row["updated_at"])
-    return StateView(chat_id=_str(row["chat_id"]), turn=_int(row["turn"]), status=_enum(TurnStatus, row["status"]),
-                     reason=_opt_enum(Reason, row["reason"]), recovery_id=_opt_str(row["recovery_id"]),
-                     can_continue=bool(can_continue), attempts=_int(row["attempts"]))
+    return StateView(
+        chat_id=_str(row["chat_id"]),
+        turn=_int(row["turn"]),
+        status=_enum(TurnStatus, row["status"]),
+        reason=_opt_enum(Reason, row["reason"]),
+        recovery_id=_opt_str(row["recovery_id"]),
+        can_continue=bool(can_continue),
+        attempts=_int(row["attempts"]),
+    )
 
 
 # --- the transcript (ChatMessage) and the event log (Event) ---------------------------
@@ -253,7 +286,9 @@ class MessageView:
         if self.content is not None:
             shown["content"] = self.content
         if self.tool_calls is not None:
-            shown["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls]
+            shown["tool_calls"] = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls
+            ]
         if self.tool_call_id is not None:
             shown["tool_call_id"] = self.tool_call_id
         if self.name is not None:
@@ -276,9 +311,12 @@ def message_view(body: Any) -> MessageView:
     return MessageView(
         role=role,
         content=_opt_str(data.get("content")),
-        tool_calls=None if calls is None else [
+        tool_calls=None
+        if calls is None
+        else [
             CallItem(id=_str(c["id"]), name=_str(c["name"]), arguments=_str(c.get("arguments", "{}")))
-            for c in (_object(c, ("id", "name"), TOOL_CALL_FIELDS) for c in _list(calls))],
+            for c in (_object(c, ("id", "name"), TOOL_CALL_FIELDS) for c in _list(calls))
+        ],
         tool_call_id=_opt_str(data.get("tool_call_id")),
         name=_opt_str(data.get("name")),
     )
@@ -305,6 +343,10 @@ def event_view(row: sqlite3.Row) -> EventView:
         raise NotPlain("the payload is not JSON") from None
     if type(payload) is not dict:
         raise NotPlain("the payload is not an object")
-    return EventView(chat_id=_str(row["chat_id"]), seq=_int(row["seq"]), type=_str(row["type"]), payload=payload,
-                     created_at=_store_time(row["created_at"]))
-
+    return EventView(
+        chat_id=_str(row["chat_id"]),
+        seq=_int(row["seq"]),
+        type=_str(row["type"]),
+        payload=payload,
+        created_at=_store_time(row["created_at"]),
+    )

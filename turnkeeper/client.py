@@ -7,6 +7,7 @@ its pydantic converter, the operator API, the dev server, `envconfig`) are
 imported in the function that needs them, so that a short command starts fast;
 so are asyncio and uuid, which the commands served over HTTP never need.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -86,17 +87,22 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
     from turnkeeper.dev_server import SEARCH_ATTRIBUTES
 
     listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=namespace))
+        ListSearchAttributesRequest(namespace=namespace)
+    )
     missing = [n for n in SEARCH_ATTRIBUTES if n not in listed.custom_attributes]
     if missing:
-        await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
-            namespace=namespace,
-            search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing}))
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=namespace,
+                search_attributes={n: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD for n in missing},
+            )
+        )
     return missing
 
 
-def new_message(text: str, settings: Settings, message_id: str | None = None,
-                sender: str | None = None) -> UserMessage:
+def new_message(
+    text: str, settings: Settings, message_id: str | None = None, sender: str | None = None
+) -> UserMessage:
     import uuid
 
     from turnkeeper.models import UserMessage
@@ -111,7 +117,9 @@ def check_message_id(message_id: str) -> None:
     """Refused before sending: PostgreSQL keeps no NUL in a text column, so a message
     with such an id could never begin its turn there."""
     if len(message_id) not in MESSAGE_ID_LENGTHS:
-        raise MalformedMessage(f"a message id is 1-{MESSAGE_ID_LENGTHS.stop - 1} characters, got {len(message_id)}")
+        raise MalformedMessage(
+            f"a message id is 1-{MESSAGE_ID_LENGTHS.stop - 1} characters, got {len(message_id)}"
+        )
     _utf8(message_id, "the message id")
     if "\x00" in message_id:
         raise MalformedMessage("the message id holds a NUL character")
@@ -122,15 +130,19 @@ def _utf8(value: str, what: str) -> bytes:
         return value.encode()
     except UnicodeEncodeError as err:
         # A lone surrogate: JSON can escape one ("\\ud800"), UTF-8 cannot carry it.
-        raise MalformedMessage(f"{what} is not valid Unicode (a lone surrogate at character {err.start + 1})") from None
+        raise MalformedMessage(
+            f"{what} is not valid Unicode (a lone surrogate at character {err.start + 1})"
+        ) from None
 
 
 def check_message_size(text: str, settings: Settings) -> None:
     """Also refuses text that is not valid Unicode (`MalformedMessage`)."""
     size = len(_utf8(text, "the text"))
     if size > settings.max_message_bytes:
-        raise MessageTooLarge(f"message is {size} bytes; the limit is {settings.max_message_bytes} "
-                              "(TURNKEEPER_MAX_MESSAGE_BYTES)")
+        raise MessageTooLarge(
+            f"message is {size} bytes; the limit is {settings.max_message_bytes} "
+            "(TURNKEEPER_MAX_MESSAGE_BYTES)"
+        )
 
 
 # models.UserMessage's bounds on an id: the plain way below sends only what it accepts.
@@ -161,23 +173,31 @@ def signal_with_start_request(settings: Settings, chat_id: str, message_id: str,
     return {
         "workflowType": {"name": WORKFLOW_TYPE},
         "taskQueue": {"name": settings.task_queue},
-        "input": {"payloads": [json_payload(model_json(
-            {"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None}))]},
+        "input": {
+            "payloads": [
+                json_payload(
+                    model_json({"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None})
+                )
+            ]
+        },
         "workflowTaskTimeout": f"{TURN_TASK_TIMEOUT.total_seconds():g}s",
         # The SDK's default identity and a fresh request id, as `Client.start_workflow` sets them.
         "identity": f"{os.getpid()}@{socket.gethostname()}",
         "requestId": str(uuid.uuid4()),
         "workflowIdReusePolicy": "WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE",
         "workflowIdConflictPolicy": "WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING",
-        "searchAttributes": {"indexedFields": {CHAT_ID: keyword(chat_id),
-                                               TURN_STATUS: keyword(TurnStatus.RUNNING.value)}},
-        "signalInput": {"payloads": [json_payload(model_json(
-            {"message_id": message_id, "text": text, "sender": None}))]},
+        "searchAttributes": {
+            "indexedFields": {CHAT_ID: keyword(chat_id), TURN_STATUS: keyword(TurnStatus.RUNNING.value)}
+        },
+        "signalInput": {
+            "payloads": [json_payload(model_json({"message_id": message_id, "text": text, "sender": None}))]
+        },
     }
 
 
-async def send_message(client: Client, settings: Settings, chat_id: str,
-                       message: UserMessage, *, eager: bool = False) -> WorkflowHandle[Any, Any]:
+async def send_message(
+    client: Client, settings: Settings, chat_id: str, message: UserMessage, *, eager: bool = False
+) -> WorkflowHandle[Any, Any]:
     """Signal-with-start: a follow-up to the running turn, or the start of a new one.
     Once this returns, the message is durable in the workflow's history.
 
@@ -206,12 +226,16 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
     common: dict[str, Any] = {
-        "id": workflow_id(chat_id), "task_queue": settings.task_queue, "task_timeout": TURN_TASK_TIMEOUT,
+        "id": workflow_id(chat_id),
+        "task_queue": settings.task_queue,
+        "task_timeout": TURN_TASK_TIMEOUT,
         # Set at start so the new run need not upsert them (ignored for a running one).
-        "search_attributes": TypedSearchAttributes([
-            SearchAttributePair(CHAT_ID_ATTR, chat_id),
-            SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
-        ]),
+        "search_attributes": TypedSearchAttributes(
+            [
+                SearchAttributePair(CHAT_ID_ATTR, chat_id),
+                SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
+            ]
+        ),
         "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         "result_type": TurnState,
     }
@@ -220,23 +244,32 @@ async def send_message(client: Client, settings: Settings, chat_id: str,
 
         try:
             return await client.start_workflow(
-                WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id, pending=[message]),
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL, request_eager_start=True, **common)
+                WORKFLOW_TYPE,
+                ChatTurnInput(chat_id=chat_id, pending=[message]),
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                request_eager_start=True,
+                **common,
+            )
         except WorkflowAlreadyStartedError:
             pass  # a turn runs: the message joins it below
     from temporalio.service import RPCError
 
     try:
         return await client.start_workflow(
-            WORKFLOW_TYPE, ChatTurnInput(chat_id=chat_id),
-            start_signal="user_message", start_signal_args=[message],
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING, **common)
+            WORKFLOW_TYPE,
+            ChatTurnInput(chat_id=chat_id),
+            start_signal="user_message",
+            start_signal_args=[message],
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            **common,
+        )
     except RPCError as err:
         if _SIGNAL_LIMIT not in str(err):
             raise
         raise TurnTakesNoMoreMessages(
             f"chat {chat_id}: the running turn takes no more messages (the server's limit of signals a run "
-            f"takes); the message was not sent: send it again once the turn has ended") from None
+            f"takes); the message was not sent: send it again once the turn has ended"
+        ) from None
 
 
 class DecisionRefused(Exception):
@@ -250,8 +283,14 @@ class DecisionPending(Exception):
 DECISION_WAIT_S = 10.0
 
 
-async def decide(client: Client, chat_id: str, action: str, recovery_id: str | None = None,
-                 run_id: str | None = None, timeout: float = DECISION_WAIT_S) -> TurnState:
+async def decide(
+    client: Client,
+    chat_id: str,
+    action: str,
+    recovery_id: str | None = None,
+    run_id: str | None = None,
+    timeout: float = DECISION_WAIT_S,
+) -> TurnState:
     """Send `continue`, `dismiss` or `stop` to the chat's run (`run_id`, else the current
     one) and wait for its answer: the state it led to, or `DecisionRefused` in the
     table's words. The signal carries a request id and the run records how it judged
@@ -293,7 +332,9 @@ async def decide(client: Client, chat_id: str, action: str, recovery_id: str | N
             if time.monotonic() < deadline:
                 await asyncio.sleep(pause)
                 continue
-            raise DecisionPending(f"chat {chat_id}: the {action} is sent; no worker has judged it yet") from None
+            raise DecisionPending(
+                f"chat {chat_id}: the {action} is sent; no worker has judged it yet"
+            ) from None
         for record in state.decisions:
             if record.request_id == request_id:
                 if record.refusal is not None:

@@ -16,6 +16,7 @@ origin; preflights answered); with TURNKEEPER_CODEC_TOKEN set, every call needs
 `Authorization: Bearer <token>`; without one, only requests addressed to
 127.0.0.1 or localhost are served (a page cannot reach it by DNS rebinding).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,10 +67,18 @@ def parse_origins(raw: str) -> tuple[str, ...]:
         if not entry:
             continue
         parts = urlsplit(entry)
-        if entry == "*" or parts.scheme not in ("http", "https") or not parts.netloc \
-                or parts.path.strip("/") or parts.query or parts.fragment:
-            raise ConfigError("TURNKEEPER_CODEC_CORS_ORIGIN must list origins such as http://localhost:8233 "
-                              f"(scheme://host[:port], comma-separated; no wildcard), got {entry!r}")
+        if (
+            entry == "*"
+            or parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.path.strip("/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ConfigError(
+                "TURNKEEPER_CODEC_CORS_ORIGIN must list origins such as http://localhost:8233 "
+                f"(scheme://host[:port], comma-separated; no wildcard), got {entry!r}"
+            )
         origins.append(f"{parts.scheme}://{parts.netloc}".lower())
     if not origins:
         raise ConfigError("TURNKEEPER_CODEC_CORS_ORIGIN lists no origin")
@@ -91,8 +100,13 @@ class CodecConfig:
         host, port = parse_address(settings.codec_address)
         raw_origins = env.get("TURNKEEPER_CODEC_CORS_ORIGIN", "").strip()
         origins = parse_origins(raw_origins) if raw_origins else default_origins(settings)
-        return cls(host=host, port=port, origins=origins, token=env.get("TURNKEEPER_CODEC_TOKEN") or None,
-                   log_level=uvicorn_log_level(env))
+        return cls(
+            host=host,
+            port=port,
+            origins=origins,
+            token=env.get("TURNKEEPER_CODEC_TOKEN") or None,
+            log_level=uvicorn_log_level(env),
+        )
 
     @property
     def url(self) -> str:
@@ -109,8 +123,11 @@ class Guard:
 
     def _cors(self, origin: str | None) -> list[tuple[bytes, bytes]]:
         assert origin is not None
-        return [(b"access-control-allow-origin", origin.encode()), (b"access-control-allow-credentials", b"true"),
-                (b"vary", b"Origin")]
+        return [
+            (b"access-control-allow-origin", origin.encode()),
+            (b"access-control-allow-credentials", b"true"),
+            (b"vary", b"Origin"),
+        ]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -125,23 +142,37 @@ class Guard:
         early: Response | None = None
         if origin is not None and not allowed:
             # No CORS headers: the browser keeps the answer from the page.
-            early = JSONResponse({"detail": f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"},
-                                 status_code=403)
+            early = JSONResponse(
+                {"detail": f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"},
+                status_code=403,
+            )
         elif self.config.token is None and not addressed_to_loopback(headers.get("host", "")):
-            early = JSONResponse({"detail": "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or "
-                                            "localhost are served"}, status_code=403)
+            early = JSONResponse(
+                {
+                    "detail": "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or "
+                    "localhost are served"
+                },
+                status_code=403,
+            )
         elif scope["method"] == "OPTIONS":
             # A preflight carries no credentials: answered before the token check.
             early = Response(status_code=204, headers={"Allow": "POST, OPTIONS"})
             if allowed:
-                early.raw_headers.extend([
-                    (b"access-control-allow-methods", b"POST, OPTIONS"),
-                    (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
-                    (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode())])
-        elif self.config.token is not None and not bearer_matches(headers.get("authorization", ""),
-                                                                  self.config.token):
-            early = JSONResponse({"detail": "a token is required: send Authorization: Bearer <token>"},
-                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                early.raw_headers.extend(
+                    [
+                        (b"access-control-allow-methods", b"POST, OPTIONS"),
+                        (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
+                        (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode()),
+                    ]
+                )
+        elif self.config.token is not None and not bearer_matches(
+            headers.get("authorization", ""), self.config.token
+        ):
+            early = JSONResponse(
+                {"detail": "a token is required: send Authorization: Bearer <token>"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         if early is not None:
             if allowed:
                 early.raw_headers.extend(self._cors(origin))  # the UI may read why
@@ -226,22 +257,34 @@ def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"encrypts_with": codec.key_id, "decrypts": list(codec.key_ids)})
 
-    routes = [Route("/encode", encode, methods=["POST"]), Route("/decode", decode, methods=["POST"]),
-              Route("/healthz", healthz)]
+    routes = [
+        Route("/encode", encode, methods=["POST"]),
+        Route("/decode", decode, methods=["POST"]),
+        Route("/healthz", healthz),
+    ]
     return Guard(Starlette(routes=routes), config)
 
 
 def serve(settings: Settings, config: CodecConfig) -> int:
     app = create_app(settings, config)
     keys = [k.key_id for k in settings.encryption_keys]
-    what = (f"encrypts with {keys[0]!r}, decrypts {', '.join(map(repr, keys))}" if keys
-            else "TURNKEEPER_ENCRYPTION_KEYS is unset: payloads pass through as stored")
+    what = (
+        f"encrypts with {keys[0]!r}, decrypts {', '.join(map(repr, keys))}"
+        if keys
+        else "TURNKEEPER_ENCRYPTION_KEYS is unset: payloads pass through as stored"
+    )
     guard = "a token is required" if config.token else "no token: requests to 127.0.0.1 or localhost only"
-    print(f"turnkeeper codec-server: {config.url} ({what}; {guard}; CORS for {', '.join(config.origins)})",
-          flush=True)
+    print(
+        f"turnkeeper codec-server: {config.url} ({what}; {guard}; CORS for {', '.join(config.origins)})",
+        flush=True,
+    )
     if config.token is None and not is_loopback(config.host):
-        print(f"turnkeeper codec-server: warning: listening on {config.host}:{config.port} without "
-              "TURNKEEPER_CODEC_TOKEN: whoever reaches that port can decrypt what they read from Temporal; "
-              "publish it on loopback only, or set a token", file=sys.stderr, flush=True)
+        print(
+            f"turnkeeper codec-server: warning: listening on {config.host}:{config.port} without "
+            "TURNKEEPER_CODEC_TOKEN: whoever reaches that port can decrypt what they read from Temporal; "
+            "publish it on loopback only, or set a token",
+            file=sys.stderr,
+            flush=True,
+        )
     run_uvicorn(app, config.host, config.port, config.log_level)
     return 0

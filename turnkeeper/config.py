@@ -1,4 +1,5 @@
 """Configuration from the environment (worker and CLI only, never workflow code)."""
+
 from __future__ import annotations
 
 import base64
@@ -54,8 +55,12 @@ ENV_VARS: tuple[str, ...] = (
 )
 """Every variable `Settings.from_env` reads (a test keeps the two in step)."""
 
-DEV_SERVER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_DEV_SERVER_PORT", "TURNKEEPER_DEV_UI_PORT",
-                                        "TURNKEEPER_DEV_HTTP_PORT", "TURNKEEPER_CODEC_ADDRESS")
+DEV_SERVER_ENV_VARS: tuple[str, ...] = (
+    "TURNKEEPER_DEV_SERVER_PORT",
+    "TURNKEEPER_DEV_UI_PORT",
+    "TURNKEEPER_DEV_HTTP_PORT",
+    "TURNKEEPER_CODEC_ADDRESS",
+)
 """Only used by the worker when TEMPORAL_ADDRESS is unset (the embedded dev server and
 its UI's codec endpoint); `turnkeeper codec-server` also listens on TURNKEEPER_CODEC_ADDRESS."""
 
@@ -186,8 +191,10 @@ MIN_CONTEXT_TOKENS = 512
 
 def _context_tokens(value: int) -> int:
     if 0 < value < MIN_CONTEXT_TOKENS:
-        raise ConfigError(f"TURNKEEPER_CONTEXT_TOKENS must be 0 (the model's window) or at least "
-                          f"{MIN_CONTEXT_TOKENS}, got {value}")
+        raise ConfigError(
+            f"TURNKEEPER_CONTEXT_TOKENS must be 0 (the model's window) or at least "
+            f"{MIN_CONTEXT_TOKENS}, got {value}"
+        )
     return value
 
 
@@ -224,8 +231,9 @@ def _keys(env: dict[str, str], name: str) -> tuple[EncryptionKey, ...]:
         except (binascii.Error, ValueError):
             raise ConfigError(f"{name}: key {key_id!r} is not valid base64; {NEW_KEY_HINT}") from None
         if len(secret) != KEY_BYTES:
-            raise ConfigError(f"{name}: key {key_id!r} is {len(secret)} bytes; AES-256 needs {KEY_BYTES} "
-                              f"({NEW_KEY_HINT})")
+            raise ConfigError(
+                f"{name}: key {key_id!r} is {len(secret)} bytes; AES-256 needs {KEY_BYTES} ({NEW_KEY_HINT})"
+            )
         if any(k.key_id == key_id for k in keys):
             raise ConfigError(f"{name}: key id {key_id!r} is listed twice")
         keys.append(EncryptionKey(key_id, secret))
@@ -322,7 +330,7 @@ class Settings:
     openai_api_key: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if env is None else env)
         data_dir = Path(env.get("TURNKEEPER_DATA_DIR") or ".turnkeeper").expanduser()
         workspace = Path(env.get("TURNKEEPER_WORKSPACE") or "workspace").expanduser()
@@ -340,10 +348,16 @@ class Settings:
             workspace=workspace.absolute(),
             resume_window=_int(env, "TURNKEEPER_RESUME_WINDOW", 60, minimum=1),
             reconcile_every=_int(env, "TURNKEEPER_RECONCILE_EVERY", 60, minimum=1),
-            max_message_bytes=_int(env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1,
-                                   maximum=MAX_MESSAGE_BYTES_CEILING),
-            max_pending_bytes=_int(env, "TURNKEEPER_MAX_PENDING_BYTES", 1024 * 1024, minimum=1024,
-                                   maximum=MAX_PENDING_BYTES_CEILING),
+            max_message_bytes=_int(
+                env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1, maximum=MAX_MESSAGE_BYTES_CEILING
+            ),
+            max_pending_bytes=_int(
+                env,
+                "TURNKEEPER_MAX_PENDING_BYTES",
+                1024 * 1024,
+                minimum=1024,
+                maximum=MAX_PENDING_BYTES_CEILING,
+            ),
             max_tool_output_bytes=_int(env, "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, minimum=256),
             tool_timeout=_int(env, "TURNKEEPER_TOOL_TIMEOUT", 600, minimum=1),
             exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
@@ -363,10 +377,18 @@ class Settings:
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None,
             encryption_keys=_keys(env, "TURNKEEPER_ENCRYPTION_KEYS"),
             codec_address=(env.get("TURNKEEPER_CODEC_ADDRESS") or "").strip() or "127.0.0.1:8081",
-            deployment_name=_matching(env.get("TURNKEEPER_DEPLOYMENT_NAME"), "TURNKEEPER_DEPLOYMENT_NAME",
-                                      DEPLOYMENT_NAME, "1-255 characters without `.` or spaces"),
-            build_id=_matching(env.get("TURNKEEPER_BUILD_ID"), "TURNKEEPER_BUILD_ID", BUILD_ID,
-                               "1-255 characters without spaces"),
+            deployment_name=_matching(
+                env.get("TURNKEEPER_DEPLOYMENT_NAME"),
+                "TURNKEEPER_DEPLOYMENT_NAME",
+                DEPLOYMENT_NAME,
+                "1-255 characters without `.` or spaces",
+            ),
+            build_id=_matching(
+                env.get("TURNKEEPER_BUILD_ID"),
+                "TURNKEEPER_BUILD_ID",
+                BUILD_ID,
+                "1-255 characters without spaces",
+            ),
             openai_base_url=env.get("OPENAI_BASE_URL") or None,
             openai_api_key=env.get("OPENAI_API_KEY") or None,
         )
@@ -377,10 +399,15 @@ class Settings:
         if self.deployment_name is None and self.build_id is None:
             return None
         if self.deployment_name is None or self.build_id is None:
-            given, missing = (("TURNKEEPER_DEPLOYMENT_NAME", "TURNKEEPER_BUILD_ID") if self.build_id is None
-                              else ("TURNKEEPER_BUILD_ID", "TURNKEEPER_DEPLOYMENT_NAME"))
-            raise ConfigError(f"{given} is set but {missing} is not: a versioned worker needs both "
-                              "(both unset: unversioned)")
+            given, missing = (
+                ("TURNKEEPER_DEPLOYMENT_NAME", "TURNKEEPER_BUILD_ID")
+                if self.build_id is None
+                else ("TURNKEEPER_BUILD_ID", "TURNKEEPER_DEPLOYMENT_NAME")
+            )
+            raise ConfigError(
+                f"{given} is set but {missing} is not: a versioned worker needs both "
+                "(both unset: unversioned)"
+            )
         return self.deployment_name, self.build_id
 
     def provider_env(self) -> dict[str, str]:

@@ -3,6 +3,7 @@
 It runs in its own session so that a killed worker leaves it serving: the next
 worker, the CLI and the user's open Temporal UI keep working against it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -71,9 +72,14 @@ HISTORY_LIMITS: Mapping[str, object] = {"history.maximumSignalsPerExecution": SI
 # search attributes changed by it.
 TASK_PROBLEMS_MARKED_AFTER = 3
 TASK_PROBLEMS: Mapping[str, object] = {
-    "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute": TASK_PROBLEMS_MARKED_AFTER}
-DYNAMIC_CONFIG: Mapping[str, object] = {**SEARCH_ATTRIBUTE_CACHE, **TASK_DISPATCH, **HISTORY_LIMITS,
-                                        **TASK_PROBLEMS}
+    "system.numConsecutiveWorkflowTaskProblemsToTriggerSearchAttribute": TASK_PROBLEMS_MARKED_AFTER
+}
+DYNAMIC_CONFIG: Mapping[str, object] = {
+    **SEARCH_ATTRIBUTE_CACHE,
+    **TASK_DISPATCH,
+    **HISTORY_LIMITS,
+    **TASK_PROBLEMS,
+}
 
 
 class DevServerError(RuntimeError):
@@ -91,8 +97,9 @@ def temporal_binary() -> str:
     return found
 
 
-def server_settings(dynamic_config: Mapping[str, object] | None = None,
-                    cli_defaults: bool = False) -> tuple[tuple[str, ...], dict[str, object]]:
+def server_settings(
+    dynamic_config: Mapping[str, object] | None = None, cli_defaults: bool = False
+) -> tuple[tuple[str, ...], dict[str, object]]:
     """The SQLite pragmas and dynamic config `start_dev_command` passes: ours plus
     `dynamic_config`, or with `cli_defaults` only `dynamic_config`."""
     if cli_defaults:
@@ -100,10 +107,18 @@ def server_settings(dynamic_config: Mapping[str, object] | None = None,
     return SQLITE_PRAGMAS, {**DYNAMIC_CONFIG, **(dynamic_config or {})}
 
 
-def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int | None = None,
-                      http_port: int | None = None, namespace: str | None = None,
-                      dynamic_config: Mapping[str, object] | None = None,
-                      cli_defaults: bool = False, ui_codec_endpoint: str | None = None) -> list[str]:
+def start_dev_command(
+    port: int,
+    db_file: Path,
+    *,
+    log_level: str,
+    ui_port: int | None = None,
+    http_port: int | None = None,
+    namespace: str | None = None,
+    dynamic_config: Mapping[str, object] | None = None,
+    cli_defaults: bool = False,
+    ui_codec_endpoint: str | None = None,
+) -> list[str]:
     """The `temporal server start-dev` command line of the embedded server: on-disk
     SQLite with `SQLITE_PRAGMAS`, turnkeeper's search attributes registered,
     `DYNAMIC_CONFIG` plus `dynamic_config`. No `ui_port` means no UI, no
@@ -111,8 +126,19 @@ def start_dev_command(port: int, db_file: Path, *, log_level: str, ui_port: int 
     the UI's page has payloads decoded (`turnkeeper codec-server`);
     `cli_defaults` leaves out `SQLITE_PRAGMAS` and `DYNAMIC_CONFIG`. The
     benchmarks start theirs with this too."""
-    cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
-           "--db-filename", str(db_file), "--log-level", log_level]
+    cmd = [
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--db-filename",
+        str(db_file),
+        "--log-level",
+        log_level,
+    ]
     cmd += ["--ui-port", str(ui_port)] if ui_port is not None else ["--headless"]
     if http_port is not None:
         cmd += ["--http-port", str(http_port)]
@@ -148,7 +174,7 @@ async def is_healthy(address: str, timeout: float = 2.0) -> bool:
     try:
         service = await asyncio.wait_for(ServiceClient.connect(ConnectConfig(target_host=address)), timeout)
         return await asyncio.wait_for(service.check_health(), timeout)
-    except Exception:  # noqa: BLE001 — any failure means "not serving here"
+    except Exception:
         return False
 
 
@@ -157,19 +183,30 @@ async def ensure_dev_server(settings: Settings) -> str:
     address = f"127.0.0.1:{settings.dev_server_port}"
     codec = codec_endpoint(settings)
     if await is_healthy(address):
-        log.info("reusing the Temporal dev server at %s%s", address,
-                 f" (its UI decodes payloads through {codec} only if it was started with them encrypted)"
-                 if codec else "")
+        log.info(
+            "reusing the Temporal dev server at %s%s",
+            address,
+            f" (its UI decodes payloads through {codec} only if it was started with them encrypted)"
+            if codec
+            else "",
+        )
         return address
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = start_dev_command(settings.dev_server_port, settings.data_dir / "temporal.db", log_level="warn",
-                            ui_port=settings.dev_ui_port, http_port=settings.dev_http_port,
-                            namespace=settings.namespace, ui_codec_endpoint=codec)
+    cmd = start_dev_command(
+        settings.dev_server_port,
+        settings.data_dir / "temporal.db",
+        log_level="warn",
+        ui_port=settings.dev_ui_port,
+        http_port=settings.dev_http_port,
+        namespace=settings.namespace,
+        ui_codec_endpoint=codec,
+    )
     log_path = settings.data_dir / "temporal-server.log"
     with open(log_path, "ab") as out:
         logged_before = out.tell()  # the log is appended to: show only this start's lines
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     (settings.data_dir / "temporal-server.pid").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -177,20 +214,31 @@ async def ensure_dev_server(settings: Settings) -> str:
             with open(log_path, "rb") as log_file:
                 log_file.seek(logged_before)
                 tail = log_file.read().decode(errors="replace").strip()[-800:]
-            hint = ("\nAnother program holds the port: set TURNKEEPER_DEV_SERVER_PORT, "
-                    "TURNKEEPER_DEV_UI_PORT and TURNKEEPER_DEV_HTTP_PORT to free ones, or "
-                    "TEMPORAL_ADDRESS to use a Temporal server of your own." if "address already in use" in tail else "")
-            raise DevServerError(f"the Temporal dev server exited at start (code {proc.returncode}); "
-                                 f"see {log_path}:\n{tail}{hint}")
+            hint = (
+                "\nAnother program holds the port: set TURNKEEPER_DEV_SERVER_PORT, "
+                "TURNKEEPER_DEV_UI_PORT and TURNKEEPER_DEV_HTTP_PORT to free ones, or "
+                "TEMPORAL_ADDRESS to use a Temporal server of your own."
+                if "address already in use" in tail
+                else ""
+            )
+            raise DevServerError(
+                f"the Temporal dev server exited at start (code {proc.returncode}); "
+                f"see {log_path}:\n{tail}{hint}"
+            )
         if await is_healthy(address):
-            log.info("started the Temporal dev server at %s (UI http://127.0.0.1:%d%s, pid %d)",
-                     address, settings.dev_ui_port,
-                     f", decoding payloads through `turnkeeper codec-server` at {codec}" if codec else "",
-                     proc.pid)
+            log.info(
+                "started the Temporal dev server at %s (UI http://127.0.0.1:%d%s, pid %d)",
+                address,
+                settings.dev_ui_port,
+                f", decoding payloads through `turnkeeper codec-server` at {codec}" if codec else "",
+                proc.pid,
+            )
             return address
         await asyncio.sleep(0.3)
-    raise DevServerError(f"the Temporal dev server did not become healthy at {address} "
-                         f"within {START_TIMEOUT_S:.0f} s; see {log_path}")
+    raise DevServerError(
+        f"the Temporal dev server did not become healthy at {address} "
+        f"within {START_TIMEOUT_S:.0f} s; see {log_path}"
+    )
 
 
 def stop_dev_server(settings: Settings) -> bool:

@@ -13,6 +13,7 @@ being read as an unknown encoding.
 
 `cryptography` is imported only when keys are set: the CLI's commands stay light.
 """
+
 from __future__ import annotations
 
 import os
@@ -100,9 +101,11 @@ class EncryptionCodec(PayloadCodec):
             return payload
         cipher = self._ciphers.get(key_id)
         if cipher is None:
-            raise DecryptionError(f"it is encrypted under key id {key_id!r}, which {KEYS_VAR} does not list "
-                                  f"here (it lists {', '.join(map(repr, self._ciphers))}); add that key back "
-                                  "to read it")
+            raise DecryptionError(
+                f"it is encrypted under key id {key_id!r}, which {KEYS_VAR} does not list "
+                f"here (it lists {', '.join(map(repr, self._ciphers))}); add that key back "
+                "to read it"
+            )
         from cryptography.exceptions import InvalidTag
 
         data = payload.data
@@ -111,8 +114,10 @@ class EncryptionCodec(PayloadCodec):
         try:
             plain = cipher.decrypt(data[:NONCE_BYTES], data[NONCE_BYTES:], _aad(key_id))
         except InvalidTag:
-            raise DecryptionError(f"the payload under key id {key_id!r} fails its integrity check: it was "
-                                  "altered, or sealed with another key of that id") from None
+            raise DecryptionError(
+                f"the payload under key id {key_id!r} fails its integrity check: it was "
+                "altered, or sealed with another key of that id"
+            ) from None
         inner = Payload()
         inner.ParseFromString(plain)  # authenticated, so well-formed
         return inner
@@ -135,8 +140,10 @@ class PlaintextCodec(PayloadCodec):
     def decrypt(self, payload: Payload) -> Payload:
         key_id = key_id_of(payload)
         if key_id is not None:
-            raise DecryptionError(f"it is encrypted under key id {key_id!r}, but {KEYS_VAR} is unset here: "
-                                  "set it as the workers have it")
+            raise DecryptionError(
+                f"it is encrypted under key id {key_id!r}, but {KEYS_VAR} is unset here: "
+                "set it as the workers have it"
+            )
         return payload
 
     def encrypt(self, payload: Payload) -> Payload:
@@ -156,8 +163,9 @@ class FailureConverter(DefaultFailureConverterWithEncodedAttributes):
 
     _plain = DefaultFailureConverter()
 
-    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter,
-                   failure: Failure) -> None:
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
         if isinstance(exception, DecryptionError):
             self._plain.to_failure(exception, payload_converter, failure)
             failure.stack_trace = ""  # the SDK's decoding frames, at every retry of the task
@@ -177,5 +185,8 @@ def data_converter(keys: Sequence[EncryptionKey]) -> DataConverter:
 
     if not keys:
         return DataConverter(payload_converter_class=SharedPayloadConverter, payload_codec=PlaintextCodec())
-    return DataConverter(payload_converter_class=SharedPayloadConverter, payload_codec=EncryptionCodec(keys),
-                         failure_converter_class=FailureConverter)
+    return DataConverter(
+        payload_converter_class=SharedPayloadConverter,
+        payload_codec=EncryptionCodec(keys),
+        failure_converter_class=FailureConverter,
+    )

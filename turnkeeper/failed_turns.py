@@ -6,6 +6,7 @@ from there, and Dismiss closes it there by the recovery rules, as the workflow
 would have (interrupted rows for unanswered calls, one closing row). Continue
 is refused: nothing is left to continue from.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -22,8 +23,15 @@ class NotDecided(Exception):
 
 
 def state_of(record: TurnRecord) -> TurnState:
-    return TurnState(chat_id=record.chat_id, turn=record.turn, status=record.status, reason=record.reason,
-                     recovery_id=record.recovery_id, can_continue=record.can_continue, attempts=record.attempts)
+    return TurnState(
+        chat_id=record.chat_id,
+        turn=record.turn,
+        status=record.status,
+        reason=record.reason,
+        recovery_id=record.recovery_id,
+        can_continue=record.can_continue,
+        attempts=record.attempts,
+    )
 
 
 async def failed_turn(store: SessionStore, chat_id: str) -> TurnRecord | None:
@@ -32,8 +40,9 @@ async def failed_turn(store: SessionStore, chat_id: str) -> TurnRecord | None:
     return record if record is not None and record.status == TurnStatus.FAILED else None
 
 
-async def decide_failed_turn(store: SessionStore, chat_id: str, action: str,
-                             recovery_id: str | None = None) -> TurnState:
+async def decide_failed_turn(
+    store: SessionStore, chat_id: str, action: str, recovery_id: str | None = None
+) -> TurnState:
     """`action` ("continue" or "dismiss") on the chat's failed turn, for
     `recovery_id` (None: the turn's own). The new state, or `NotDecided`."""
     record = await failed_turn(store, chat_id)
@@ -50,10 +59,19 @@ async def decide_failed_turn(store: SessionStore, chat_id: str, action: str,
     recovery.end_recovered(state, Reason.DISMISSED)
     await store.close_unanswered_calls(chat_id, record.turn)
     # Only from `failed`: a message sent meanwhile may have closed it as superseded.
-    if not await store.finish_turn(chat_id, record.turn, TurnUpdate(
-            status=state.status, reason=state.reason, recovery_id=record.recovery_id,
-            can_continue=record.can_continue, attempts=record.attempts),
-            closing_text=DISMISSED_TEXT, only_from=frozenset({TurnStatus.FAILED})):
+    if not await store.finish_turn(
+        chat_id,
+        record.turn,
+        TurnUpdate(
+            status=state.status,
+            reason=state.reason,
+            recovery_id=record.recovery_id,
+            can_continue=record.can_continue,
+            attempts=record.attempts,
+        ),
+        closing_text=DISMISSED_TEXT,
+        only_from=frozenset({TurnStatus.FAILED}),
+    ):
         raise NotDecided(recovery.NOT_WAITING)
     closed = await store.get_turn(chat_id, record.turn)
     assert closed is not None  # written just now

@@ -8,6 +8,7 @@ over gRPC: the payload is the worker's JSON, byte for byte. Anything this cannot
 do (no HTTP address known, the port closed, an encrypted payload) raises
 `Unavailable`, and the caller goes the gRPC way.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -64,7 +65,7 @@ def _timestamp(raw: Any) -> datetime:
         raise Unavailable(f"not a timestamp: {raw!r}")
     *parts, fraction = match.groups()
     try:
-        return datetime(*map(int, parts), int((fraction or "").ljust(9, "0")[:6]), tzinfo=timezone.utc)
+        return datetime(*map(int, parts), int((fraction or "").ljust(9, "0")[:6]), tzinfo=UTC)
     except ValueError:
         raise Unavailable(f"not a timestamp: {raw!r}") from None
 
@@ -81,8 +82,12 @@ def _execution(raw: Any, names: tuple[str, ...]) -> Execution:
                 raise Unavailable(f"search attribute {name} is not json/plain")
             value = json.loads(base64.b64decode(payload.get("data", "")))
             attributes[name] = value if isinstance(value, list) else [value]
-        return Execution(id=raw["execution"]["workflowId"], run_id=raw["execution"]["runId"],
-                         start_time=_timestamp(raw.get("startTime")), search_attributes=attributes)
+        return Execution(
+            id=raw["execution"]["workflowId"],
+            run_id=raw["execution"]["runId"],
+            start_time=_timestamp(raw.get("startTime")),
+            search_attributes=attributes,
+        )
     except (KeyError, TypeError, AttributeError, ValueError):
         raise Unavailable("a listed run is not of the expected shape") from None
 
@@ -97,8 +102,9 @@ def json_payload(data: bytes, search_attribute_type: str | None = None) -> dict[
 
 
 class TemporalHttp:
-    def __init__(self, address: str, namespace: str, *, timeout: float = 10.0,
-                 connect_timeout: float = 0.5) -> None:
+    def __init__(
+        self, address: str, namespace: str, *, timeout: float = 10.0, connect_timeout: float = 0.5
+    ) -> None:
         host, _, port = address.removeprefix("http://").rstrip("/").rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"not a host:port address: {address!r}")
@@ -116,8 +122,12 @@ class TemporalHttp:
     def query(self, workflow_id: str, query_type: str) -> Any:
         # Without the API's payload shorthand: the shorthand turns an empty list into
         # null; the payload itself is the bytes the worker's converter wrote.
-        body = self._call("POST", f"/workflows/{quote(workflow_id, safe='')}/query/{quote(query_type, safe='')}"
-                          "?noPayloadShorthand=true", {"query": {}})
+        body = self._call(
+            "POST",
+            f"/workflows/{quote(workflow_id, safe='')}/query/{quote(query_type, safe='')}"
+            "?noPayloadShorthand=true",
+            {"query": {}},
+        )
         try:
             (payload,) = body["queryResult"]["payloads"]
             encoding = base64.b64decode(payload["metadata"]["encoding"])
@@ -129,7 +139,9 @@ class TemporalHttp:
             raise Unavailable(f"the query's answer is {encoding.decode(errors='replace')}, not json/plain")
         return json.loads(data)
 
-    def list_workflows(self, query: str, names: tuple[str, ...], page_size: int = 1000) -> Iterator[Execution]:
+    def list_workflows(
+        self, query: str, names: tuple[str, ...], page_size: int = 1000
+    ) -> Iterator[Execution]:
         """The runs `query` selects, page by page as the SDK's `list_workflows` reads
         them, with the search attributes in `names`."""
         token = ""
@@ -151,8 +163,11 @@ class TemporalHttp:
 
     def signal_with_start(self, workflow_id: str, signal: str, request: dict[str, Any]) -> str:
         """SignalWithStartWorkflowExecution (`request` in the API's JSON); the run's id."""
-        body = self._call("POST", f"/workflows/{quote(workflow_id, safe='')}/signal-with-start/"
-                          f"{quote(signal, safe='')}", request)
+        body = self._call(
+            "POST",
+            f"/workflows/{quote(workflow_id, safe='')}/signal-with-start/{quote(signal, safe='')}",
+            request,
+        )
         run_id = body.get("runId")
         if not isinstance(run_id, str) or not run_id:
             raise Unavailable("no run id in the answer")
@@ -167,8 +182,12 @@ class TemporalHttp:
         conn = self._connection()
         data = json.dumps(payload).encode() if payload is not None else None
         try:
-            conn.request(method, self._prefix + path, body=data,
-                         headers={"Content-Type": "application/json", "Accept": "application/json"})
+            conn.request(
+                method,
+                self._prefix + path,
+                body=data,
+                headers={"Content-Type": "application/json", "Accept": "application/json"},
+            )
             response = conn.getresponse()
             raw = response.read()
         except TimeoutError:
@@ -201,4 +220,3 @@ class TemporalHttp:
             conn.sock.settimeout(self._timeout)
             self._conn = conn
         return self._conn
-

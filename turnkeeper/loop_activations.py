@@ -16,6 +16,7 @@ so the loop, nearly as long. An activation slower than `SLOW_ACTIVATION_S` is
 logged. With TURNKEEPER_WORKFLOW_SANDBOX=on the SDK's threads and its deadlock
 detection stay.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,12 @@ class LoopActivations(ThreadPoolExecutor):
     replaying its history) still sends its steps' heartbeats on time."""
 
     def __init__(self) -> None:
-        super().__init__(max_workers=1, thread_name_prefix="turnkeeper-unused")  # threads start on submit only
-        self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = deque()
+        super().__init__(
+            max_workers=1, thread_name_prefix="turnkeeper-unused"
+        )  # threads start on submit only
+        self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = (
+            deque()
+        )
         self._scheduled = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
@@ -71,7 +76,7 @@ def _run(done: Future[T], fn: Callable[..., T], args: tuple[Any, ...], kwargs: d
     started = time.monotonic()
     try:
         result = fn(*args, **kwargs)
-    except BaseException as err:  # noqa: BLE001  the SDK awaits it, as from its thread
+    except BaseException as err:
         done.set_exception(err)
     else:
         done.set_result(result)

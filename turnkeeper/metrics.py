@@ -7,6 +7,7 @@ next to the SDK's `temporal_*` metrics, and a workflow's replay records nothing.
 Without TURNKEEPER_METRICS_ADDRESS the meters are no-ops. No I/O: safe to
 import from workflow code.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -30,19 +31,23 @@ UNKNOWN_TOOL = "(unknown)"
 
 def turn_ended(meter: MetricMeter, status: str, reason: str | None) -> None:
     meter.create_counter(TURNS, "Turns ended, by final status and reason").add(
-        1, {"status": status, "reason": reason or NO_REASON})
+        1, {"status": status, "reason": reason or NO_REASON}
+    )
 
 
 def gate_opened(meter: MetricMeter, reason: str) -> None:
     meter.create_counter(GATES, "Gates opened (a turn waits for its user), by reason").add(
-        1, {"reason": reason})
+        1, {"reason": reason}
+    )
 
 
 def tool_called(meter: MetricMeter, tool: str, outcome: str) -> None:
     meter.create_counter(TOOL_CALLS, "Tool calls, by tool and outcome").add(
-        1, {"tool": tool, "outcome": outcome})
+        1, {"tool": tool, "outcome": outcome}
+    )
 
 
 def model_call_took(meter: MetricMeter, seconds: float) -> None:
     meter.create_histogram_float(MODEL_CALL_SECONDS, "Model provider calls, answered or failed", "s").record(
-        seconds)
+        seconds
+    )

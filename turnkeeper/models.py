@@ -3,6 +3,7 @@
 Everything here is plain pydantic: no I/O, safe to import from workflow code.
 The shapes marked *contract* are part of the public contract in docs/contract.md.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -45,7 +46,9 @@ STOPPED_TEXT = "The turn was stopped by the user."
 # A tool call that needed the user's approval and did not get it (Deny at its gate).
 DENIED_TOOL_TEXT = "denied by the user"
 # One that waited for approval when the turn ended otherwise (Stop, a newer message, a Dismiss elsewhere).
-UNAPPROVED_TOOL_TEXT = "Error: the tool did not run: it waited for the user's approval and the turn ended first."
+UNAPPROVED_TOOL_TEXT = (
+    "Error: the tool did not run: it waited for the user's approval and the turn ended first."
+)
 
 # --- search attributes, statuses and reasons (contract), a turn's task timeout ---
 # In turnkeeper.statuses, re-exported above: plain Python, so the CLI's short

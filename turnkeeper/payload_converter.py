@@ -7,6 +7,7 @@ worker and started with an empty type-adapter cache, so every payload of the
 activation built its adapter again. Ours holds no per-run state and takes no
 serialization context, so one instance serves every run, activity and client.
 """
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """Names and the result of a reconcile pass: shared by the `Reconcile` workflow,
 the reconciler's activities and the schedule. No I/O: safe to import from workflow code."""
+
 from __future__ import annotations
 
 from enum import Enum

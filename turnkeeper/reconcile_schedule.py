@@ -1,6 +1,7 @@
 """The reconciler's Temporal Schedule (docs/contract.md, "Reconciler"), created by the worker at
 start-up when missing. `temporal schedule trigger --schedule-id turnkeeper-reconcile`
 runs a pass at once."""
+
 from __future__ import annotations
 
 import logging
@@ -30,14 +31,21 @@ PASS_RUN_TIMEOUT = timedelta(minutes=15)
 def reconcile_schedule(settings: Settings, schedule_id: str = SCHEDULE_ID) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            RECONCILE_WORKFLOW, id=pass_workflow_id(schedule_id), task_queue=settings.task_queue,
-            run_timeout=PASS_RUN_TIMEOUT),
-        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.reconcile_every))]),
+            RECONCILE_WORKFLOW,
+            id=pass_workflow_id(schedule_id),
+            task_queue=settings.task_queue,
+            run_timeout=PASS_RUN_TIMEOUT,
+        ),
+        spec=ScheduleSpec(
+            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.reconcile_every))]
+        ),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
     )
 
 
-async def ensure_reconcile_schedule(client: Client, settings: Settings, schedule_id: str = SCHEDULE_ID) -> bool:
+async def ensure_reconcile_schedule(
+    client: Client, settings: Settings, schedule_id: str = SCHEDULE_ID
+) -> bool:
     """Create the schedule unless it exists; True when this call created it. An
     existing schedule is left as it is: several workers start at once, and an
     operator may have paused or retuned it."""
@@ -45,6 +53,10 @@ async def ensure_reconcile_schedule(client: Client, settings: Settings, schedule
         await client.create_schedule(schedule_id, reconcile_schedule(settings, schedule_id))
     except ScheduleAlreadyRunningError:
         return False
-    log.info("created schedule %r: a reconcile pass every %d s on task queue %r",
-             schedule_id, settings.reconcile_every, settings.task_queue)
+    log.info(
+        "created schedule %r: a reconcile pass every %d s on task queue %r",
+        schedule_id,
+        settings.reconcile_every,
+        settings.task_queue,
+    )
     return True

@@ -1,5 +1,6 @@
 """The recovery machine as the docs show it: one row per input, one column per
 status, each cell in words (docs/recovery.md embeds it; a test keeps it current)."""
+
 from __future__ import annotations
 
 from turnkeeper.models import Reason, TurnStatus
@@ -18,28 +19,45 @@ EFFECT_TEXT: dict[Effect, str] = {
     Effect.RESCHEDULE: "a model call goes to the next worker; a running tool may finish in the grace",
     Effect.JUDGE: "the reconciler judges what the run left: a gate, `answer_restored` or `committed`",
     Effect.WAIT_FOR_STORE: "waits, `store_unavailable` in `state`, and goes on when the store returns",
-    Effect.ASK_APPROVAL: ("`awaiting_user/approval_required`: the calls that need no approval run first, then "
-                          "the turn waits for the rest"),
-    Effect.APPROVE: ("the waiting calls run, once; the turn goes on as it was (`running`, "
-                     "or `resuming` after a Continue)"),
-    Effect.DENY: ("each waiting call gets `denied by the user`, no tool runs; ends `recovered/dismissed`, "
-                  "pending follow-ups become user rows, no model work"),
+    Effect.ASK_APPROVAL: (
+        "`awaiting_user/approval_required`: the calls that need no approval run first, then "
+        "the turn waits for the rest"
+    ),
+    Effect.APPROVE: (
+        "the waiting calls run, once; the turn goes on as it was (`running`, or `resuming` after a Continue)"
+    ),
+    Effect.DENY: (
+        "each waiting call gets `denied by the user`, no tool runs; ends `recovered/dismissed`, "
+        "pending follow-ups become user rows, no model work"
+    ),
     Effect.REFUSE: "refused, nothing changes",
     Effect.NOTHING: "nothing",
 }
 
 
-
-STATUSES: tuple[TurnStatus, ...] = (TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.COMPLETED,
-                                    TurnStatus.RECOVERED, TurnStatus.FAILED)
+STATUSES: tuple[TurnStatus, ...] = (
+    TurnStatus.RUNNING,
+    TurnStatus.AWAITING_USER,
+    TurnStatus.RESUMING,
+    TurnStatus.COMPLETED,
+    TurnStatus.RECOVERED,
+    TurnStatus.FAILED,
+)
 # The table's columns: every status, and the approval gate beside the other gates.
 COLUMNS: tuple[tuple[TurnStatus, Reason | None], ...] = (
-    (TurnStatus.RUNNING, None), (TurnStatus.AWAITING_USER, None), (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED), (TurnStatus.RESUMING, None),
-    (TurnStatus.COMPLETED, None), (TurnStatus.RECOVERED, None), (TurnStatus.FAILED, None))
+    (TurnStatus.RUNNING, None),
+    (TurnStatus.AWAITING_USER, None),
+    (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED),
+    (TurnStatus.RESUMING, None),
+    (TurnStatus.COMPLETED, None),
+    (TurnStatus.RECOVERED, None),
+    (TurnStatus.FAILED, None),
+)
 
 
 def table() -> str:
     """The whole machine as a Markdown table: one row per input, one column per status."""
+
     def cell(status: TurnStatus, reason: Reason | None, input: Input) -> str:
         outcome = decide(status, input, can_continue=status != TurnStatus.FAILED, reason=reason)
         if outcome.effect == Effect.REFUSE:
@@ -49,11 +67,15 @@ def table() -> str:
     def header(status: TurnStatus, reason: Reason | None) -> str:
         return f"`{status.value}`" + (f" (`{reason.value}`)" if reason else "")
 
-    lines = ["| input | " + " | ".join(header(s, r) for s, r in COLUMNS) + " |",
-             "| --- |" + " --- |" * len(COLUMNS)]
+    lines = [
+        "| input | " + " | ".join(header(s, r) for s, r in COLUMNS) + " |",
+        "| --- |" + " --- |" * len(COLUMNS),
+    ]
     for input in Input:
         lines.append(f"| `{input.value}` | " + " | ".join(cell(s, r, input) for s, r in COLUMNS) + " |")
     lines.append("")
-    lines.append("Continue or Dismiss with any other id than the turn's current one: refused, `stale`. "
-                 "Continue where `can_continue` is false: refused, `context is unavailable`.")
+    lines.append(
+        "Continue or Dismiss with any other id than the turn's current one: refused, `stale`. "
+        "Continue where `can_continue` is false: refused, `context is unavailable`."
+    )
     return "\n".join(lines)

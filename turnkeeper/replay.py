@@ -7,12 +7,13 @@ worker's workflows and the client's data converter. A history that does not
 replay is a run that would fail on the new code, and so is a running one whose
 next workflow task fails on it (turnkeeper/replay_watch.py).
 """
+
 from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 from turnkeeper.config import Settings
@@ -69,13 +70,21 @@ class ReplayReport:
 
 def visibility_query(workflow_types: Sequence[str], task_queue: str, closed_after: datetime) -> str:
     types = ", ".join(f"'{t}'" for t in workflow_types)
-    since = closed_after.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return (f"WorkflowType IN ({types}) AND TaskQueue = '{task_queue}' AND "
-            f"(ExecutionStatus = 'Running' OR CloseTime > '{since}')")
+    since = closed_after.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return (
+        f"WorkflowType IN ({types}) AND TaskQueue = '{task_queue}' AND "
+        f"(ExecutionStatus = 'Running' OR CloseTime > '{since}')"
+    )
 
 
-async def replay_recent(client: Client, settings: Settings, *, limit: int, since: timedelta,
-                        workflows: Sequence[type] | None = None) -> ReplayReport:
+async def replay_recent(
+    client: Client,
+    settings: Settings,
+    *,
+    limit: int,
+    since: timedelta,
+    workflows: Sequence[type] | None = None,
+) -> ReplayReport:
     """Replay up to `limit` recent histories, as the server lists them (running
     ones first, then the latest closed). One that does not replay is in the
     report, never raised."""
@@ -86,7 +95,7 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
     from turnkeeper.replay_watch import FailureWatch
 
     classes = list(workflows) if workflows is not None else registered_workflows()
-    query = visibility_query(WORKFLOW_TYPES, settings.task_queue, datetime.now(timezone.utc) - since)
+    query = visibility_query(WORKFLOW_TYPES, settings.task_queue, datetime.now(UTC) - since)
     runs = [r async for r in client.list_workflows(query, limit=limit)]
 
     async def histories() -> AsyncIterator[WorkflowHistory]:
@@ -94,7 +103,9 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
             yield await client.get_workflow_handle(r.id, run_id=r.run_id).fetch_history()
 
     # As the worker runs them (TURNKEEPER_WORKFLOW_SANDBOX).
-    watch = FailureWatch(SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner())
+    watch = FailureWatch(
+        SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner()
+    )
     replayer = Replayer(workflows=classes, data_converter=client.data_converter, workflow_runner=watch)
     report = ReplayReport()
     async with replayer.workflow_replay_iterator(histories()) as results:
@@ -104,8 +115,11 @@ async def replay_recent(client: Client, settings: Settings, *, limit: int, since
             running = run.status == WorkflowExecutionStatus.RUNNING
             report.running += running
             if result.replay_failure is not None:
-                report.failures.append(Failure(run.id, run.run_id, run.workflow_type, running,
-                                               _first_line(result.replay_failure)))
+                report.failures.append(
+                    Failure(
+                        run.id, run.run_id, run.workflow_type, running, _first_line(result.replay_failure)
+                    )
+                )
             elif (failed := watch.next_task_failure(run.run_id)) is not None:
                 report.failures.append(Failure(run.id, run.run_id, run.workflow_type, running, failed))
     return report

@@ -8,6 +8,7 @@ replayer's own eviction at the history's end hides it. A running turn whose
 next task fails on the new code is a turn the deploy would wedge. Used by
 `turnkeeper replay`, the recorded-history replay test and the chaos check.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -3,6 +3,7 @@
 Apart from turnkeeper.models so that what only needs their names (the CLI, the
 dev server's command line) does not import the SDK.
 """
+
 from __future__ import annotations
 
 from temporalio.common import SearchAttributeKey

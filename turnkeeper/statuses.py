@@ -4,6 +4,7 @@ task timeout: plain Python.
 Apart from turnkeeper.models, which re-exports them, so that the CLI's short
 commands (`status`, `list`, `send` ...) use them without loading pydantic.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta

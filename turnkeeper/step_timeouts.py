@@ -9,6 +9,7 @@ So the worker's own settings fill them in here, from the first step of a run on,
 instead of reaching the workflow as an activity result a step later. A worker
 without this interceptor schedules steps with the defaults.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -34,14 +35,18 @@ class StepTimeouts(Interceptor):
             activity_io.TOOL_CALL: (timedelta(seconds=settings.tool_timeout), resume, heartbeat),
         }
 
-    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
         timeouts = self._timeouts
 
         class _Outbound(WorkflowOutboundInterceptor):
             def start_activity(self, input: StartActivityInput):  # type: ignore[no-untyped-def]
                 known = timeouts.get(input.activity)
                 if known is not None:
-                    input.start_to_close_timeout, input.schedule_to_start_timeout, input.heartbeat_timeout = known
+                    input.start_to_close_timeout, input.schedule_to_start_timeout, input.heartbeat_timeout = (
+                        known
+                    )
                 return super().start_activity(input)
 
         class _Inbound(WorkflowInboundInterceptor):

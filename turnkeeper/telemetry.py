@@ -9,6 +9,7 @@ on the clients of the worker, the CLI and the web process sends spans of
 turns, model calls and tool calls to that OTLP/HTTP collector. OpenTelemetry
 is imported only then, so the CLI starts as fast without it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,10 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
         return None
     from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-    prometheus = PrometheusConfig(bind_address=settings.metrics_address,
-                                  histogram_bucket_overrides={MODEL_CALL_SECONDS: list(MODEL_CALL_BUCKETS)})
+    prometheus = PrometheusConfig(
+        bind_address=settings.metrics_address,
+        histogram_bucket_overrides={MODEL_CALL_SECONDS: list(MODEL_CALL_BUCKETS)},
+    )
     try:
         return Runtime(telemetry=TelemetryConfig(metrics=prometheus))
     except ValueError as err:  # e.g. the address is in use
@@ -81,12 +84,14 @@ def check_tracing(settings: Settings) -> None:
     if not settings.otlp_endpoint:
         return
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
         import opentelemetry.sdk.trace  # noqa: F401
         import temporalio.contrib.opentelemetry  # noqa: F401
     except ImportError as err:
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_ENDPOINT is set, but OpenTelemetry is not installed ({err}); "
-                          "pip install 'turnkeeper[otel]'") from None
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_ENDPOINT is set, but OpenTelemetry is not installed ({err}); "
+            "pip install 'turnkeeper[otel]'"
+        ) from None
 
 
 def traces_url(endpoint: str) -> str:
@@ -114,8 +119,10 @@ def _set_up_provider(endpoint: str, service: str) -> None:
     trace.set_tracer_provider(provider)
     _provider = provider
     # The host only: a URL may carry credentials, which are never logged.
-    log.info("traces go to the OTLP collector at %s",
-             urlsplit(own_url or os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]).hostname)
+    log.info(
+        "traces go to the OTLP collector at %s",
+        urlsplit(own_url or os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]).hostname,
+    )
 
 
 def flush_traces() -> None:

@@ -25,6 +25,7 @@ first and its arguments in two pieces, then `[DONE]`. A completion item may
 also carry `"chunk_delay": seconds` (slept between chunks) and `"cut_after": n`
 (the connection closes after n chunks: a stream that breaks off).
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,9 @@ _ERROR_KINDS: dict[int, tuple[str, str | None]] = {
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    kind, code = _ERROR_KINDS.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+    kind, code = _ERROR_KINDS.get(
+        status, ("server_error" if status >= 500 else "invalid_request_error", None)
+    )
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
@@ -97,7 +100,9 @@ def _calls(item: Item) -> list[dict[str, Any]]:
             "function": {
                 "name": c["name"],
                 "arguments": (
-                    c["arguments"] if isinstance(c.get("arguments"), str) else json.dumps(c.get("arguments", {}))
+                    c["arguments"]
+                    if isinstance(c.get("arguments"), str)
+                    else json.dumps(c.get("arguments", {}))
                 ),
             },
         }
@@ -136,8 +141,12 @@ def _completion(item: Item, request: dict[str, Any]) -> dict[str, Any]:
 
 def _stream_chunks(item: Item, request: dict[str, Any]) -> list[dict[str, Any]]:
     """A completion as the chunks of a streamed answer."""
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": request.get("model", "fake-model")}
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": request.get("model", "fake-model"),
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -147,8 +156,20 @@ def _stream_chunks(item: Item, request: dict[str, Any]) -> list[dict[str, Any]]:
     calls = _calls(item)
     for i, call in enumerate(calls):
         fn = call["function"]
-        chunks.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                             "function": {"name": fn["name"], "arguments": ""}}]}))
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         half = len(fn["arguments"]) // 2
         for part in (fn["arguments"][:half], fn["arguments"][half:]):
             chunks.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": part}}]}))
@@ -165,13 +186,15 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # keep test output clean
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if urlsplit(self.path).path.rstrip("/") != COMPLETIONS_PATH:
-            self._send(404, error_body(404, f"FakeChatServer only serves POST {COMPLETIONS_PATH}, not {self.path}"))
+            self._send(
+                404, error_body(404, f"FakeChatServer only serves POST {COMPLETIONS_PATH}, not {self.path}")
+            )
             return
         try:
             request = json.loads(raw)
@@ -221,8 +244,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Stream:
-    def __init__(self, chunks: list[dict[str, Any]], chunk_delay: float, cut_after: int,
-                 record: StreamRecord) -> None:
+    def __init__(
+        self, chunks: list[dict[str, Any]], chunk_delay: float, cut_after: int, record: StreamRecord
+    ) -> None:
         self.chunks, self.chunk_delay, self.cut_after, self.record = chunks, chunk_delay, cut_after, record
 
 
@@ -320,7 +344,7 @@ class FakeChatServer:
         if item is None and self.responder is not None:
             try:
                 item = _validate_item(self.responder(request))
-            except Exception as e:  # noqa: BLE001 - reported to the client, like a server would
+            except Exception as e:
                 return 500, error_body(500, f"FakeChatServer: responder failed: {type(e).__name__}: {e}")
         if item is None:
             return 500, error_body(
@@ -337,6 +361,10 @@ class FakeChatServer:
             record = StreamRecord(request)
             with self._lock:
                 self.streams.append(record)
-            return 200, _Stream(_stream_chunks(item, request), float(item.get("chunk_delay", 0)),
-                                int(item.get("cut_after", 0)), record)
+            return 200, _Stream(
+                _stream_chunks(item, request),
+                float(item.get("chunk_delay", 0)),
+                int(item.get("cut_after", 0)),
+                record,
+            )
         return 200, _completion(item, request)

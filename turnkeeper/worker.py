@@ -4,6 +4,7 @@ and `Reconcile` with their activities.
 
     turnkeeper worker         # or: python -m turnkeeper.worker, or python worker.py in a checkout
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -93,8 +94,10 @@ def poller_behaviors(settings: Settings) -> PollerBehaviors:
     if settings.max_pollers is not None:
         fixed = PollerBehaviorSimpleMaximum(settings.max_pollers)
         return PollerBehaviors(workflow_tasks=fixed, activity_tasks=fixed)
-    return PollerBehaviors(workflow_tasks=PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS),
-                           activity_tasks=PollerBehaviorAutoscaling())
+    return PollerBehaviors(
+        workflow_tasks=PollerBehaviorSimpleMaximum(WORKFLOW_TASK_POLLS),
+        activity_tasks=PollerBehaviorAutoscaling(),
+    )
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -107,8 +110,10 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
         import uvloop
     except ImportError:
         if choice == "uvloop":
-            raise ConfigError("TURNKEEPER_EVENT_LOOP=uvloop, but uvloop is not installed "
-                              "(pip install uvloop; it runs on Linux and macOS)") from None
+            raise ConfigError(
+                "TURNKEEPER_EVENT_LOOP=uvloop, but uvloop is not installed "
+                "(pip install uvloop; it runs on Linux and macOS)"
+            ) from None
         return None  # auto: e.g. on Windows
     return uvloop.new_event_loop
 
@@ -124,8 +129,9 @@ def check_tools(settings: Settings) -> None:
         raise ConfigError(f"TURNKEEPER_TOOL_MODULES: {err}") from None
     unknown = [n for n in settings.tools if registry.get(n) is None]
     if unknown:
-        raise ConfigError(f"TURNKEEPER_TOOLS names unknown tools {unknown}; "
-                          f"known: {sorted(registry.names())}")
+        raise ConfigError(
+            f"TURNKEEPER_TOOLS names unknown tools {unknown}; known: {sorted(registry.names())}"
+        )
     from turnkeeper.activities.tools import sandbox
 
     sandbox.configure(settings.exec_sandbox)
@@ -133,8 +139,10 @@ def check_tools(settings: Settings) -> None:
         try:
             sandbox.check()
         except sandbox.SandboxUnavailable as err:
-            raise ConfigError(f"TURNKEEPER_TOOLS enables exec, whose commands run in a sandbox "
-                              f"(TURNKEEPER_EXEC_SANDBOX=auto), and none works here: {err}") from None
+            raise ConfigError(
+                f"TURNKEEPER_TOOLS enables exec, whose commands run in a sandbox "
+                f"(TURNKEEPER_EXEC_SANDBOX=auto), and none works here: {err}"
+            ) from None
 
 
 async def _open_store(store: SessionStore) -> None:
@@ -163,10 +171,12 @@ def deployment_config(settings: Settings) -> WorkerDeploymentConfig | None:
     from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 
     version = WorkerDeploymentVersion(*deployment)
-    log.info("worker deployment version %s: runs that begin here are pinned to it",
-             version.to_canonical_string())
-    return WorkerDeploymentConfig(version=version, use_worker_versioning=True,
-                                  default_versioning_behavior=VersioningBehavior.PINNED)
+    log.info(
+        "worker deployment version %s: runs that begin here are pinned to it", version.to_canonical_string()
+    )
+    return WorkerDeploymentConfig(
+        version=version, use_worker_versioning=True, default_versioning_behavior=VersioningBehavior.PINNED
+    )
 
 
 async def _register_search_attributes(client: Client) -> None:
@@ -174,21 +184,33 @@ async def _register_search_attributes(client: Client) -> None:
         added = await ensure_search_attributes(client, client.namespace)
         if added:
             log.info("registered search attributes %s", added)
-    except Exception as err:  # noqa: BLE001 — e.g. Temporal Cloud refuses this call
-        log.warning("could not check search attributes (%s); register %s as Keyword yourself",
-                    err, ", ".join(SEARCH_ATTRIBUTES))
+    except Exception as err:
+        log.warning(
+            "could not check search attributes (%s); register %s as Keyword yourself",
+            err,
+            ", ".join(SEARCH_ATTRIBUTES),
+        )
 
 
 async def _create_reconcile_schedule(client: Client, settings: Settings, schedule_id: str) -> None:
     try:
         await ensure_reconcile_schedule(client, settings, schedule_id)
-    except Exception as err:  # noqa: BLE001 — turns still run; only the reconciler waits
-        log.warning("could not create the reconcile schedule %r (%s); interrupted turns whose run "
-                    "ended abnormally are not recovered until it exists", schedule_id, err)
+    except Exception as err:
+        log.warning(
+            "could not create the reconcile schedule %r (%s); interrupted turns whose run "
+            "ended abnormally are not recovered until it exists",
+            schedule_id,
+            err,
+        )
 
 
-async def run_worker(settings: Settings, *, client: Client | None = None,
-                     stop: asyncio.Event | None = None, reconcile_schedule_id: str = SCHEDULE_ID) -> None:
+async def run_worker(
+    settings: Settings,
+    *,
+    client: Client | None = None,
+    stop: asyncio.Event | None = None,
+    reconcile_schedule_id: str = SCHEDULE_ID,
+) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
     `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
     check_tools(settings)
@@ -203,8 +225,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         # Before any client connects: the runtime they share serves /metrics.
         telemetry.use_metrics_runtime(settings)
     elif settings.metrics_address:
-        log.warning("TURNKEEPER_METRICS_ADDRESS is not used: this worker was given a client, "
-                    "whose runtime decides where its metrics go")
+        log.warning(
+            "TURNKEEPER_METRICS_ADDRESS is not used: this worker was given a client, "
+            "whose runtime decides where its metrics go"
+        )
     store = open_store(settings)
     await _open_store(store)
     if client is None:
@@ -214,8 +238,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
     plain, client = client, telemetry.traced(client, settings, "turnkeeper-worker")
     # Neither needs the other, and neither raises: both round trips at once, so the
     # worker polls one round trip sooner (no pass can run before it polls).
-    await asyncio.gather(_register_search_attributes(client),
-                         _create_reconcile_schedule(plain, settings, reconcile_schedule_id))
+    await asyncio.gather(
+        _register_search_attributes(client),
+        _create_reconcile_schedule(plain, settings, reconcile_schedule_id),
+    )
     settings.workspace.mkdir(parents=True, exist_ok=True)
     pollers = poller_behaviors(settings)
     worker = Worker(
@@ -225,7 +251,9 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
         interceptors=[StepTimeouts(settings)],
         activities=build_activities(settings, store, provider, default_registry()),
         max_cached_workflows=settings.max_cached_workflows,
-        workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
+        workflow_runner=SandboxedWorkflowRunner()
+        if settings.workflow_sandbox
+        else UnsandboxedWorkflowRunner(),
         # Our own workflow code, unsandboxed: activations run on this loop (loop_activations.py).
         workflow_task_executor=None if settings.workflow_sandbox else LoopActivations(),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
@@ -250,11 +278,20 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
             loop.add_signal_handler(sig, stop.set)
     # Names, paths and key ids only: keys and URLs with credentials are never logged.
     key_ids = [k.key_id for k in settings.encryption_keys]
-    payloads = (f"encrypted under key {key_ids[0]!r}, decrypted with {','.join(key_ids)}" if key_ids
-                else "plain")
-    log.info("worker serving task queue %r (model %s, tools %s, workspace %s, store %s, event loop %s, "
-             "payloads %s)", settings.task_queue, settings.model, ",".join(settings.tools), settings.workspace,
-             type(store).__name__, type(asyncio.get_running_loop()).__module__.split(".")[0], payloads)
+    payloads = (
+        f"encrypted under key {key_ids[0]!r}, decrypted with {','.join(key_ids)}" if key_ids else "plain"
+    )
+    log.info(
+        "worker serving task queue %r (model %s, tools %s, workspace %s, store %s, event loop %s, "
+        "payloads %s)",
+        settings.task_queue,
+        settings.model,
+        ",".join(settings.tools),
+        settings.workspace,
+        type(store).__name__,
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
+        payloads,
+    )
     try:
         async with worker:
             await stop.wait()
@@ -267,8 +304,10 @@ async def run_worker(settings: Settings, *, client: Client | None = None,
 
 def main() -> None:
     import_from_working_directory()
-    logging.basicConfig(level=os.environ.get("TURNKEEPER_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("TURNKEEPER_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     code = 0
     try:
         with asyncio.Runner(loop_factory=event_loop_factory(event_loop_choice(os.environ))) as runner:

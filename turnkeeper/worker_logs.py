@@ -10,6 +10,7 @@ A payload the worker cannot decrypt (its key is no longer listed) fails the
 workflow task again at every retry: one line naming the key, not a traceback
 each time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,7 +66,9 @@ class WorkerLogFilter(logging.Filter):
             return True
         undecryptable = next((e for e in _chain(exc) if isinstance(e, DecryptionError)), None)
         if undecryptable is not None:
-            record.msg = f"{record.getMessage()}: {undecryptable}; the task is retried until a worker holds that key"
+            record.msg = (
+                f"{record.getMessage()}: {undecryptable}; the task is retried until a worker holds that key"
+            )
             record.args = None
             record.exc_info = record.exc_text = None
         elif self.encrypted:

@@ -7,6 +7,7 @@ that needs the answer passes a `request_id` and reads it back from `state`
 worker can run an update's handler before an activity result that the history
 applied first (tests/replay/test_sdk_update_order.py).
 """
+
 from __future__ import annotations
 
 from temporalio import workflow
@@ -15,10 +16,9 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     # Passed through: re-importing pydantic models in every run's sandbox is slow.
+    from turnkeeper.models import ChatTurnInput, TurnState
     from turnkeeper.workflows.inputs import Decision, Message
     from turnkeeper.workflows.turn_loop import Turn
-
-    from turnkeeper.models import ChatTurnInput, TurnState
 
 
 @workflow.defn(name="ChatTurn")
@@ -28,28 +28,48 @@ class ChatTurn:
         self._turn = Turn(input)
 
     # Raw payloads: a malformed one is refused in words, never dropped by the converter.
-    @workflow.signal(name="user_message", description=(
-        'A message to the chat: {"message_id", "text", "sender"?}. The same message_id twice is one message.'))
+    @workflow.signal(
+        name="user_message",
+        description=(
+            'A message to the chat: {"message_id", "text", "sender"?}. The same message_id twice is one message.'
+        ),
+    )
     def user_message(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._turn.inputs.append(Message(payload))
 
-    @workflow.signal(name="continue", description=(
-        'Continue the waiting turn (Approve at an approval gate): {"recovery_id", "request_id"?}.'))
+    @workflow.signal(
+        name="continue",
+        description=(
+            'Continue the waiting turn (Approve at an approval gate): {"recovery_id", "request_id"?}.'
+        ),
+    )
     def continue_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._turn.inputs.append(Decision("continue", payload))
 
-    @workflow.signal(name="dismiss", description=(
-        'Dismiss the waiting or resuming turn (Deny at an approval gate): {"recovery_id", "request_id"?}.'))
+    @workflow.signal(
+        name="dismiss",
+        description=(
+            'Dismiss the waiting or resuming turn (Deny at an approval gate): {"recovery_id", "request_id"?}.'
+        ),
+    )
     def dismiss_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._turn.inputs.append(Decision("dismiss", payload))
 
-    @workflow.signal(name="stop", description=(
-        "Stop the running turn: completed results kept, running tools interrupted. {} or {\"request_id\"}."))
+    @workflow.signal(
+        name="stop",
+        description=(
+            'Stop the running turn: completed results kept, running tools interrupted. {} or {"request_id"}.'
+        ),
+    )
     def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._turn.inputs.append(Decision("stop", payload))
 
-    @workflow.query(name="state", description=(
-        "The turn: status, reason, recovery_id, can_continue, pending follow-ups, tool calls, decisions."))
+    @workflow.query(
+        name="state",
+        description=(
+            "The turn: status, reason, recovery_id, can_continue, pending follow-ups, tool calls, decisions."
+        ),
+    )
     def state(self) -> TurnState:
         return self._turn.query()
 

@@ -4,6 +4,7 @@ Bounded so that nothing a user sends can add up to a workflow task Temporal
 refuses (2 MB per payload): the pending bytes of a chat are capped, and messages
 travel to the store in chunks well under the limit. Pure; used by `ChatTurn`.
 """
+
 from __future__ import annotations
 
 from turnkeeper.models import UserMessage

@@ -4,6 +4,7 @@ Signal handlers append inputs; an activity or timer the turn watches appends one
 as it ends. The loop waits here for the next input and nowhere else, so this is
 also where a cancelled run's Stop and a query's catch-up are noticed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,8 +42,10 @@ class InputQueue:
             self.cancel_requested = True
             return Decision("stop", None)
         if self._catching_up:
-            raise QueryCatchUp("a query applied events of a workflow task not started yet: "
-                               "this worker drops the run and the next task replays it whole")
+            raise QueryCatchUp(
+                "a query applied events of a workflow task not started yet: "
+                "this worker drops the run and the next task replays it whole"
+            )
         return self.items.popleft()
 
     def _woken(self) -> bool:
@@ -60,7 +63,9 @@ class InputQueue:
             self._catching_up = True
         return bool(self.items) or self._catching_up
 
-    def watch(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
+    def watch(
+        self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> None:
         """`future`'s end becomes an input (and `then` runs as it is taken)."""
         if future not in self._then:
             future.add_done_callback(lambda f: self.items.append(Done(f)))

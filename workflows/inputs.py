@@ -6,6 +6,7 @@ them, and judges each against the state the inputs before it left: what an input
 does comes from `recovery.decide`, and its answer (accepted, or refused in the
 table's words) is final. The turn then acts on the state it was left in.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,15 +18,6 @@ from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from turnkeeper.workflows import recovery
-    from turnkeeper.workflows.inbox import wire_size
-    from turnkeeper.workflows.payloads import (
-        Undecodable,
-        decode_payload,
-        first_error,
-        message_id_of,
-    )
-    from turnkeeper.workflows.recovery import Effect, Input
 
     from turnkeeper.models import (
         DecisionRecord,
@@ -36,6 +28,15 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
+    from turnkeeper.workflows import recovery
+    from turnkeeper.workflows.inbox import wire_size
+    from turnkeeper.workflows.payloads import (
+        Undecodable,
+        decode_payload,
+        first_error,
+        message_id_of,
+    )
+    from turnkeeper.workflows.recovery import Effect, Input
 
 if TYPE_CHECKING:
     from turnkeeper.workflows.turn_loop import Turn
@@ -91,9 +92,14 @@ def take_message(turn: Turn, payload: RawValue | None) -> None:
         return  # the client's retry: one message
     pending, bound = turn.inbox.pending_bytes(), turn.settings.max_pending_bytes
     if pending + wire_size(message) > bound:
-        refuse_message(turn, message.message_id, (
-            f"the chat already holds {pending} bytes of messages not yet answered and this one would "
-            f"pass the limit of {bound}; send it again once the turn has answered"))
+        refuse_message(
+            turn,
+            message.message_id,
+            (
+                f"the chat already holds {pending} bytes of messages not yet answered and this one would "
+                f"pass the limit of {bound}; send it again once the turn has answered"
+            ),
+        )
         return
     turn.inbox.offer(message)
     if recovery.decide(turn.state.status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
@@ -122,8 +128,13 @@ def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
             request_id, recovery_id = parsed.request_id, parsed.recovery_id
     except (Undecodable, ValidationError):
         if action != "stop":  # Stop needs no argument: whatever it carries works
-            _refuse(turn, action, recovery_id, request_id, f'malformed {action} payload; expected '
-                                                           '{"recovery_id": "..."}')
+            _refuse(
+                turn,
+                action,
+                recovery_id,
+                request_id,
+                f'malformed {action} payload; expected {{"recovery_id": "..."}}',
+            )
             return
     why = judge(turn, action, recovery_id)
     if why is not None:
@@ -144,8 +155,9 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
     why = recovery.refusal(state, action, recovery_id)
     if why is not None:
         return why
-    effect = recovery.decide(state.status, Input(action), can_continue=state.can_continue,
-                             reason=state.reason).effect
+    effect = recovery.decide(
+        state.status, Input(action), can_continue=state.can_continue, reason=state.reason
+    ).effect
     if effect in (Effect.RESUME, Effect.APPROVE):
         recovery.accept_continue(state)
         state.detail = None
@@ -157,14 +169,18 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
 
 def _refuse(turn: Turn, action: Action, recovery_id: str | None, request_id: str | None, why: str) -> None:
     workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
-    turn.announce(NewEvent(type="recovery_action_rejected", payload={
-        "turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why}))
+    turn.announce(
+        NewEvent(
+            type="recovery_action_rejected",
+            payload={"turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why},
+        )
+    )
     _record(turn, request_id, action, why)
 
 
 def _record(turn: Turn, request_id: str | None, action: Action, refusal: str | None) -> None:
     if request_id:
-        kept = turn.state.decisions[-(DECISIONS_KEPT - 1):]
+        kept = turn.state.decisions[-(DECISIONS_KEPT - 1) :]
         turn.state.decisions = [*kept, DecisionRecord(request_id=request_id, action=action, refusal=refusal)]
 
 

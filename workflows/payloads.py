@@ -1,6 +1,7 @@
 """Signal and update payloads as any Temporal client may send them: read raw, so
 a payload the converter cannot decode is refused in words instead of dropped.
 Pure; used by `ChatTurn`'s handlers."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,7 +24,7 @@ def decode_payload(payload: RawValue | None) -> Any:
         return workflow.payload_converter().from_payload(payload.payload)
     except ValidationError as err:  # the JSON itself is broken
         raise Undecodable(f"not JSON ({err.errors()[0].get('msg')})") from None
-    except Exception as err:  # noqa: BLE001 — e.g. KeyError for an unknown encoding
+    except Exception as err:
         raise Undecodable(err.args[0] if isinstance(err, KeyError) and err.args else str(err)) from None
 
 

@@ -3,6 +3,7 @@ schedule `turnkeeper-reconcile`. The pass is one activity: it talks to Temporal 
 the store, and a workflow would add nothing but history. A second activity then
 deletes the earlier passes that found nothing, and the run records its own
 outcome for the passes after it (activities/quiet_passes.py)."""
+
 from __future__ import annotations
 
 from datetime import timedelta

@@ -7,6 +7,7 @@ code that writes a status. Pure: no I/O, no Temporal calls, safe in workflow cod
 turnkeeper/recovery_table.py renders the whole table for the docs;
 tests/unit/test_recovery_machine.py drives it with Hypothesis.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,11 +73,21 @@ class Outcome:
 
 
 _AWAITING, _RESUMING, _RUNNING, _FAILED = (
-    TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.RUNNING, TurnStatus.FAILED)
+    TurnStatus.AWAITING_USER,
+    TurnStatus.RESUMING,
+    TurnStatus.RUNNING,
+    TurnStatus.FAILED,
+)
 
 
-def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_continue: bool = True,
-           reason: Reason | None = None) -> Outcome:
+def decide(
+    status: TurnStatus,
+    input: Input,
+    *,
+    id_matches: bool = True,
+    can_continue: bool = True,
+    reason: Reason | None = None,
+) -> Outcome:
     """What `input` does to a turn in `status`. `id_matches`: Continue or Dismiss
     carries the turn's current recovery id; `can_continue`: the turn's flag;
     `reason`: the turn's reason (an approval gate is `awaiting_user/approval_required`)."""
@@ -123,8 +134,13 @@ def decide(status: TurnStatus, input: Input, *, id_matches: bool = True, can_con
 
 def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | None:
     """Why `action` with `recovery_id` must be refused now, or None to accept it."""
-    outcome = decide(state.status, Input(action), can_continue=state.can_continue, reason=state.reason,
-                     id_matches=bool(state.recovery_id) and recovery_id == state.recovery_id)
+    outcome = decide(
+        state.status,
+        Input(action),
+        can_continue=state.can_continue,
+        reason=state.reason,
+        id_matches=bool(state.recovery_id) and recovery_id == state.recovery_id,
+    )
     if outcome.refusal == "stale":
         return f"recovery id {recovery_id!r} is stale"
     return outcome.refusal
@@ -132,8 +148,10 @@ def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | 
 
 # -- the only code that writes a status ------------------------------------------
 
-def open_gate(state: TurnState, reason: Reason, new_id: str, can_continue: bool = True,
-              keep_id: bool = True) -> None:
+
+def open_gate(
+    state: TurnState, reason: Reason, new_id: str, can_continue: bool = True, keep_id: bool = True
+) -> None:
     """An interruption: the turn waits for its user. A step lost while resuming
     is a loop: never retried by itself, the user decides again. A reason that
     rules Continue out says more than `loop_guard`, and is kept. The recovery id
@@ -196,6 +214,10 @@ def mark_failed(state: TurnState) -> None:
 
 def ending_of(effect: Effect) -> Reason | None:
     """The `recovered` reason a closing effect ends the turn with."""
-    return {Effect.SUPERSEDE: Reason.SUPERSEDED, Effect.DISMISS: Reason.DISMISSED,
-            Effect.CANCEL_AND_DISMISS: Reason.DISMISSED, Effect.DENY: Reason.DISMISSED,
-            Effect.STOP: Reason.STOPPED}.get(effect)
+    return {
+        Effect.SUPERSEDE: Reason.SUPERSEDED,
+        Effect.DISMISS: Reason.DISMISSED,
+        Effect.CANCEL_AND_DISMISS: Reason.DISMISSED,
+        Effect.DENY: Reason.DISMISSED,
+        Effect.STOP: Reason.STOPPED,
+    }.get(effect)

@@ -8,6 +8,7 @@ retried by Temporal: a lost one opens a gate instead of acting twice; their
 timeouts are the worker's (turnkeeper/step_timeouts.py). Store writes are
 idempotent, retried a few times, then waited out by the turn, visibly.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -24,9 +25,12 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.models import ToolCall
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
-STORE_RETRY = RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=4,
-                          maximum_interval=timedelta(seconds=1),
-                          non_retryable_error_types=[activity_io.STORE_UNAVAILABLE_ERROR])
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    maximum_attempts=4,
+    maximum_interval=timedelta(seconds=1),
+    non_retryable_error_types=[activity_io.STORE_UNAVAILABLE_ERROR],
+)
 STORE_TIMEOUT = timedelta(seconds=30)
 # Defaults for a worker without turnkeeper.step_timeouts (a test's, a replayer's).
 STEP_TIMEOUT = timedelta(minutes=10)
@@ -35,29 +39,47 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 
 
 def model_call(arg: activity_io.ModelCallInput) -> workflow.ActivityHandle[activity_io.ModelCallResult]:
-    return workflow.start_activity(activity_io.MODEL_CALL, arg, result_type=activity_io.ModelCallResult,
-                                   summary=f"model call {arg.step + 1} of turn {arg.turn or 'new'}",
-                                   **_step_options())
+    return workflow.start_activity(
+        activity_io.MODEL_CALL,
+        arg,
+        result_type=activity_io.ModelCallResult,
+        summary=f"model call {arg.step + 1} of turn {arg.turn or 'new'}",
+        **_step_options(),
+    )
 
 
 def tool_call(arg: activity_io.ToolCallInput) -> workflow.ActivityHandle[activity_io.ToolCallResult]:
-    return workflow.start_activity(activity_io.TOOL_CALL, arg, result_type=activity_io.ToolCallResult,
-                                   summary=tool_summary(arg.call), **_step_options())
+    return workflow.start_activity(
+        activity_io.TOOL_CALL,
+        arg,
+        result_type=activity_io.ToolCallResult,
+        summary=tool_summary(arg.call),
+        **_step_options(),
+    )
 
 
 def _step_options() -> dict[str, Any]:
     return {
-        "start_to_close_timeout": STEP_TIMEOUT, "schedule_to_start_timeout": RESUME_WINDOW,
-        "heartbeat_timeout": HEARTBEAT_TIMEOUT, "retry_policy": NO_RETRY,
+        "start_to_close_timeout": STEP_TIMEOUT,
+        "schedule_to_start_timeout": RESUME_WINDOW,
+        "heartbeat_timeout": HEARTBEAT_TIMEOUT,
+        "retry_policy": NO_RETRY,
         # A cancelled call has stopped before the turn writes its closing row.
         "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
     }
 
 
-def store_write(activity: str, arg: Any, result_type: Any = None, summary: str | None = None
-                ) -> workflow.ActivityHandle[Any]:
-    return workflow.start_activity(activity, arg, result_type=result_type, start_to_close_timeout=STORE_TIMEOUT,
-                                   retry_policy=STORE_RETRY, summary=summary or activity.split(".")[-1])
+def store_write(
+    activity: str, arg: Any, result_type: Any = None, summary: str | None = None
+) -> workflow.ActivityHandle[Any]:
+    return workflow.start_activity(
+        activity,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=STORE_TIMEOUT,
+        retry_policy=STORE_RETRY,
+        summary=summary or activity.split(".")[-1],
+    )
 
 
 def cause(err: BaseException) -> BaseException | None:

@@ -13,6 +13,7 @@ A lost step opens a gate; the turn waits, visibly, for Continue or Dismiss. Stop
 Dismiss or a newer message end the turn as soon as they are judged: what runs is
 cancelled, completed results stand, and one closing row is written.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,19 +30,6 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper.workflows import recovery, steps
-    from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
-    from turnkeeper.workflows.input_queue import InputQueue
-    from turnkeeper.workflows.inputs import (
-        Decision,
-        Message,
-        TurnInput,
-        refuse_message,
-        supersedes,
-        take_decision,
-        take_message,
-    )
-
     from turnkeeper import activity_io, metrics
     from turnkeeper import models as rows
     from turnkeeper.models import (
@@ -66,6 +54,18 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_REASON_ATTR,
         TURN_STATUS_ATTR,
     )
+    from turnkeeper.workflows import recovery, steps
+    from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.workflows.input_queue import InputQueue
+    from turnkeeper.workflows.inputs import (
+        Decision,
+        Message,
+        TurnInput,
+        refuse_message,
+        supersedes,
+        take_decision,
+        take_message,
+    )
 
 # A run started without a message (`temporal workflow start`, say) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
@@ -80,6 +80,7 @@ RUN_HISTORY_EVENTS = 1_000
 CARRIED_TOOL_CALLS = 256
 # Announcements and store checks never give up: the store returns, and they are idempotent.
 PATIENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+
 
 class Flow(Enum):
     """Where the loop goes next, beside a gate's reason."""
@@ -129,8 +130,9 @@ class Turn:
     # -- what `state` shows ------------------------------------------------------------
     def query(self) -> TurnState:
         held_back = [] if self._call_running else self.inbox.in_flight
-        return self.state.model_copy(update={"pending_followups": [
-            m.message_id for m in held_back + self.inbox.waiting]})
+        return self.state.model_copy(
+            update={"pending_followups": [m.message_id for m in held_back + self.inbox.waiting]}
+        )
 
     # -- inputs: taken one at a time, in history order -------------------------------------
     def take(self, inp: TurnInput) -> None:
@@ -141,7 +143,9 @@ class Turn:
         else:
             self.inputs.take_end(inp)
 
-    def watch(self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
+    def watch(
+        self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> None:
         self.inputs.watch(future, then)
 
     async def until(self, done: Callable[[], bool]) -> None:
@@ -186,9 +190,12 @@ class Turn:
         keys = [f"{run_id}/{self._announced + i}" for i in range(len(events))]
         self._announced += len(events)
         self._announcing = workflow.start_activity(
-            activity_io.APPEND_EVENTS, activity_io.AppendEventsInput(chat_id=self.state.chat_id, events=events,
-                                                                      keys=keys),
-            start_to_close_timeout=steps.STORE_TIMEOUT, retry_policy=PATIENT_RETRY, summary="announce refusals")
+            activity_io.APPEND_EVENTS,
+            activity_io.AppendEventsInput(chat_id=self.state.chat_id, events=events, keys=keys),
+            start_to_close_timeout=steps.STORE_TIMEOUT,
+            retry_policy=PATIENT_RETRY,
+            summary="announce refusals",
+        )
         self.watch(self._announcing, self._announce_next)
 
     def check_superseding(self, message_id: str) -> None:
@@ -197,10 +204,13 @@ class Turn:
             return  # judged once the check under way has answered
         self._checking, self._superseding = self._superseding, []
         check = workflow.start_activity(
-            activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(chat_id=self.state.chat_id,
-                                                                      message_ids=self._checking),
-            result_type=activity_io.HeldMessagesResult, start_to_close_timeout=steps.STORE_TIMEOUT,
-            retry_policy=PATIENT_RETRY, summary="is the newer message a retry?")
+            activity_io.HELD_MESSAGES,
+            activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=self._checking),
+            result_type=activity_io.HeldMessagesResult,
+            start_to_close_timeout=steps.STORE_TIMEOUT,
+            retry_policy=PATIENT_RETRY,
+            summary="is the newer message a retry?",
+        )
         self.watch(check, self._superseding_checked)
 
     def _superseding_checked(self, check: asyncio.Future[Any]) -> None:
@@ -238,16 +248,19 @@ class Turn:
         if self.inbox.waiting:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
-            workflow.continue_as_new(ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
-                                     task_timeout=TURN_TASK_TIMEOUT,
-                                     initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE)
+            workflow.continue_as_new(
+                ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
+                task_timeout=TURN_TASK_TIMEOUT,
+                initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
+            )
         return self.query()
 
     async def _first_message(self) -> bool:
         idle = asyncio.ensure_future(asyncio.sleep(IDLE_TIMEOUT.total_seconds()))
         self.watch(idle)
-        await self.until(lambda: bool(self.inbox.waiting) or idle in self.inputs.ended
-                         or self.inputs.cancel_requested)
+        await self.until(
+            lambda: bool(self.inbox.waiting) or idle in self.inputs.ended or self.inputs.cancel_requested
+        )
         idle.cancel()
         return bool(self.inbox.waiting) and not self.inputs.cancel_requested
 
@@ -264,7 +277,10 @@ class Turn:
         self.state.recovery_id, self.state.attempts = start.recovery_id, start.attempts
         goes_on = True
         if not (start.reason == Reason.APPROVAL_REQUIRED and start.approvals):
-            goes_on = await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail) == CONTINUE
+            goes_on = (
+                await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail)
+                == CONTINUE
+            )
         if goes_on and start.approvals:
             self.held = list(start.approvals)
             goes_on = await self._approval()
@@ -280,9 +296,10 @@ class Turn:
     async def _adopt(self, turn: int) -> activity_io.AdoptTurnResult:
         self.state.turn, self._turn_taken, self.under_way = turn, True, True
         adopted: activity_io.AdoptTurnResult = await self._write(
-            activity_io.ADOPT_TURN, activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn,
-                                                               run_id=workflow.info().run_id),
-            activity_io.AdoptTurnResult)
+            activity_io.ADOPT_TURN,
+            activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn, run_id=workflow.info().run_id),
+            activity_io.AdoptTurnResult,
+        )
         self.settings, self.settings_known = adopted.settings, True
         return adopted
 
@@ -344,17 +361,32 @@ class Turn:
             if not await self._ensure_turn():
                 return NO_TURN
             for chunk in chunks(self.inbox.in_flight):
-                await self._write(activity_io.COMMIT_MESSAGES, activity_io.CommitMessagesInput(
-                    chat_id=self.state.chat_id, turn=self.state.turn, messages=chunk,
-                    answer_lost_calls=after_loss), list[str])
-                self.inbox.in_flight = self.inbox.in_flight[len(chunk):]
+                await self._write(
+                    activity_io.COMMIT_MESSAGES,
+                    activity_io.CommitMessagesInput(
+                        chat_id=self.state.chat_id,
+                        turn=self.state.turn,
+                        messages=chunk,
+                        answer_lost_calls=after_loss,
+                    ),
+                    list[str],
+                )
+                self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
             if self.ending is not None:
                 return ENDED
-            call = steps.model_call(activity_io.ModelCallInput(
-                chat_id=self.state.chat_id, turn=self.state.turn, step=step, new_messages=self.inbox.in_flight,
-                closes_turn=not resuming, answer_lost_calls=after_loss, begins_turn=not self.state.turn))
+            call = steps.model_call(
+                activity_io.ModelCallInput(
+                    chat_id=self.state.chat_id,
+                    turn=self.state.turn,
+                    step=step,
+                    new_messages=self.inbox.in_flight,
+                    closes_turn=not resuming,
+                    answer_lost_calls=after_loss,
+                    begins_turn=not self.state.turn,
+                )
+            )
             self.under_way = self._call_running = True
             await self.wait([call])
             self._call_running = False
@@ -383,9 +415,16 @@ class Turn:
                 return NO_TURN
             self.inbox.in_flight = []  # committed by the call
             if not result.recorded:
-                await self._write(activity_io.RECORD_ASSISTANT, activity_io.RecordAssistantInput(
-                    chat_id=self.state.chat_id, turn=self.state.turn, step=step, reply=result.reply,
-                    final=result.reply.is_final and not resuming))
+                await self._write(
+                    activity_io.RECORD_ASSISTANT,
+                    activity_io.RecordAssistantInput(
+                        chat_id=self.state.chat_id,
+                        turn=self.state.turn,
+                        step=step,
+                        reply=result.reply,
+                        final=result.reply.is_final and not resuming,
+                    ),
+                )
             # Stop, Dismiss or a newer message judged meanwhile: the reply stands in the
             # store, and the turn ends as its user said.
             return ENDED if self.ending is not None else result.reply
@@ -394,8 +433,14 @@ class Turn:
         self.settings, self.settings_known = began.settings, True
         for message in self.inbox.in_flight:
             if message.message_id in began.oversized_ids:
-                refuse_message(self, message.message_id, (f"message is {len(message.text.encode())} bytes; "
-                                                          f"the limit is {began.settings.max_message_bytes}"))
+                refuse_message(
+                    self,
+                    message.message_id,
+                    (
+                        f"message is {len(message.text.encode())} bytes; "
+                        f"the limit is {began.settings.max_message_bytes}"
+                    ),
+                )
         left_out = set(began.duplicate_ids) | set(began.oversized_ids)
         self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in left_out]
         if began.turn is None:  # every message was one the chat holds, or refused: no turn
@@ -410,11 +455,17 @@ class Turn:
         if self.state.turn and self._turn_taken:
             return True
         # With no message in hand (the lost call committed them), only the turn it began is asked for.
-        began: activity_io.BeginTurnResult = await self._write(activity_io.BEGIN_TURN, activity_io.BeginTurnInput(
-            chat_id=self.state.chat_id, run_id=workflow.info().run_id,
-            only_existing=not create or not self.inbox.in_flight,
-            message_ids=[m.message_id for m in self.inbox.in_flight],
-            message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight]), activity_io.BeginTurnResult)
+        began: activity_io.BeginTurnResult = await self._write(
+            activity_io.BEGIN_TURN,
+            activity_io.BeginTurnInput(
+                chat_id=self.state.chat_id,
+                run_id=workflow.info().run_id,
+                only_existing=not create or not self.inbox.in_flight,
+                message_ids=[m.message_id for m in self.inbox.in_flight],
+                message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight],
+            ),
+            activity_io.BeginTurnResult,
+        )
         self._begun(began)
         return began.turn is not None
 
@@ -423,21 +474,27 @@ class Turn:
         ENDED when the turn's user ended it meanwhile. A call refused for a store
         outage before it acted runs again once the store is back."""
         shown = {v.id: v for v in self.state.tool_calls}  # approved calls showed as pending
-        views = [shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls]
+        views = [
+            shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING)
+            for c in calls
+        ]
         self.state.tool_calls.extend(v for v in views if v.id not in shown)
-        todo = list(zip(calls, views))
+        todo = list(zip(calls, views, strict=False))
         lost: list[Reason] = []
         while True:
             handles = []
             for call, view in todo:
                 view.status = ToolCallStatus.RUNNING
-                handle = steps.tool_call(activity_io.ToolCallInput(chat_id=self.state.chat_id, turn=self.state.turn,
-                                                                   call=call, approved=approved))
+                handle = steps.tool_call(
+                    activity_io.ToolCallInput(
+                        chat_id=self.state.chat_id, turn=self.state.turn, call=call, approved=approved
+                    )
+                )
                 self.watch(handle, partial(_show_result, view=view))  # shown as each ends
                 handles.append(handle)
             await self.wait(handles)
             again = []
-            for (call, view), handle in zip(todo, handles):
+            for (call, view), handle in zip(todo, handles, strict=False):
                 outcome = await self._tool_outcome(call, view, handle)
                 if outcome == AGAIN:
                     again.append((call, view))
@@ -454,8 +511,9 @@ class Turn:
                 return reason
         return None
 
-    async def _tool_outcome(self, call: ToolCall, view: ToolCallView,
-                            handle: asyncio.Future[activity_io.ToolCallResult]) -> Reason | Flow | None:
+    async def _tool_outcome(
+        self, call: ToolCall, view: ToolCallView, handle: asyncio.Future[activity_io.ToolCallResult]
+    ) -> Reason | Flow | None:
         try:
             result = handle.result()
         except (ActivityError, asyncio.CancelledError) as err:
@@ -466,16 +524,26 @@ class Turn:
             # It may or may not have acted: never run again. A result it recorded stands.
             view.status = ToolCallStatus.INTERRUPTED
             unstarted = refused or steps.never_started(err)
-            await self._record_tool(call, "interrupted", rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT)
+            await self._record_tool(
+                call, "interrupted", rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT
+            )
             return Reason.RESTART_REQUIRES_CONFIRMATION if unstarted else Reason.TOOL_STATE_UNKNOWN
         if not result.recorded:
             await self._record_tool(call, result.status, result.content)
         return None
 
     async def _record_tool(self, call: ToolCall, status: str, content: str) -> None:
-        await self._write(activity_io.RECORD_TOOL_RESULT, activity_io.RecordToolResultInput(
-            chat_id=self.state.chat_id, turn=self.state.turn, tool_call_id=call.id, name=call.name,
-            status=status, content=content))
+        await self._write(
+            activity_io.RECORD_TOOL_RESULT,
+            activity_io.RecordToolResultInput(
+                chat_id=self.state.chat_id,
+                turn=self.state.turn,
+                tool_call_id=call.id,
+                name=call.name,
+                status=status,
+                content=content,
+            ),
+        )
 
     # -- gates ------------------------------------------------------------------------------
     async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> Flow:
@@ -491,7 +559,8 @@ class Turn:
         opened.detail = detail
         # Persist, then announce: decisions are taken against the gate once it is written.
         written: activity_io.TurnWriteResult = await self._write(
-            activity_io.UPDATE_TURN, _turn_write(opened), activity_io.TurnWriteResult)
+            activity_io.UPDATE_TURN, _turn_write(opened), activity_io.TurnWriteResult
+        )
         if self.ending is not None:
             await self._end()
             return ENDED
@@ -502,8 +571,10 @@ class Turn:
             setattr(self.state, name, getattr(opened, name))
         self.decided = False
         self._upsert()
-        workflow.set_current_details(f"Waiting for the user: {reason.value}. Continue or Dismiss with "
-                                     f"recovery id {opened.recovery_id}.")
+        workflow.set_current_details(
+            f"Waiting for the user: {reason.value}. Continue or Dismiss with "
+            f"recovery id {opened.recovery_id}."
+        )
         if self._count_gate:
             metrics.gate_opened(workflow.metric_meter(), reason.value)
         self._count_gate = True
@@ -514,7 +585,9 @@ class Turn:
         if self.ending is not None:
             await self._end()
             return ENDED
-        written = await self._write(activity_io.UPDATE_TURN, _turn_write(self.state), activity_io.TurnWriteResult)
+        written = await self._write(
+            activity_io.UPDATE_TURN, _turn_write(self.state), activity_io.TurnWriteResult
+        )
         if not written.written:
             return await self._store_ended(written)
         self.decided = False
@@ -526,9 +599,13 @@ class Turn:
         ending stands. What the lost call held goes to the next turn unless the store has it."""
         self.state.status, self.state.reason, self.state.approvals = written.status, written.reason, []
         if self.inbox.in_flight:
-            held: activity_io.HeldMessagesResult = await self._write(activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
-                chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]),
-                activity_io.HeldMessagesResult)
+            held: activity_io.HeldMessagesResult = await self._write(
+                activity_io.HELD_MESSAGES,
+                activity_io.HeldMessagesInput(
+                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]
+                ),
+                activity_io.HeldMessagesResult,
+            )
             self.inbox.return_in_flight()
             self.inbox.drop(set(held.held))
         self._upsert()
@@ -538,10 +615,17 @@ class Turn:
         """The held calls wait for approval, then run once. True when the turn goes on."""
         s = self.state
         known = {v.id for v in s.tool_calls}
-        s.tool_calls.extend(ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING)
-                            for c in self.held if c.id not in known)
-        s.approvals = [ApprovalRequest(id=c.id, name=c.name, arguments=c.arguments,
-                                       idempotency_key=f"{s.chat_id}/{s.turn}/{c.id}") for c in self.held]
+        s.tool_calls.extend(
+            ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING)
+            for c in self.held
+            if c.id not in known
+        )
+        s.approvals = [
+            ApprovalRequest(
+                id=c.id, name=c.name, arguments=c.arguments, idempotency_key=f"{s.chat_id}/{s.turn}/{c.id}"
+            )
+            for c in self.held
+        ]
         if await self._gate(Reason.APPROVAL_REQUIRED) != CONTINUE:
             return False
         calls, self.held, self.state.approvals = self.held, [], []
@@ -563,9 +647,12 @@ class Turn:
         if self.inbox.in_flight:
             # A lost call may have committed them: the next turn takes only what the store lacks.
             stored: activity_io.HeldMessagesResult = await self._write(
-                activity_io.HELD_MESSAGES, activity_io.HeldMessagesInput(
-                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]),
-                activity_io.HeldMessagesResult)
+                activity_io.HELD_MESSAGES,
+                activity_io.HeldMessagesInput(
+                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]
+                ),
+                activity_io.HeldMessagesResult,
+            )
             self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in set(stored.held)]
         self.inbox.return_in_flight()
         denied = bool(self.held) and reason == Reason.DISMISSED
@@ -576,20 +663,25 @@ class Turn:
                 if view.id in {c.id for c in held}:
                     view.status = ToolCallStatus.ERROR
             for call in held:
-                await self._record_tool(call, "error", rows.DENIED_TOOL_TEXT if denied else rows.UNAPPROVED_TOOL_TEXT)
+                await self._record_tool(
+                    call, "error", rows.DENIED_TOOL_TEXT if denied else rows.UNAPPROVED_TOOL_TEXT
+                )
         commit: list[UserMessage] = []
         if reason == Reason.DISMISSED:
             commit = [m for m in self.inbox.waiting if m.message_id in self.dismissed]
             self.inbox.drop(self.dismissed)
-        text = {Reason.DISMISSED: rows.DENIED_TURN_TEXT if denied else rows.DISMISSED_TEXT,
-                Reason.SUPERSEDED: rows.SUPERSEDED_TEXT}.get(reason, rows.STOPPED_TEXT)
+        text = {
+            Reason.DISMISSED: rows.DENIED_TURN_TEXT if denied else rows.DISMISSED_TEXT,
+            Reason.SUPERSEDED: rows.SUPERSEDED_TEXT,
+        }.get(reason, rows.STOPPED_TEXT)
         await self._finish(text, commit)
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
         update = _turn_write(self.state)
         update.closing_text, update.commit_messages = closing_text, commit or []
-        written: activity_io.TurnWriteResult = await self._write(activity_io.FINISH_TURN, update,
-                                                                 activity_io.TurnWriteResult)
+        written: activity_io.TurnWriteResult = await self._write(
+            activity_io.FINISH_TURN, update, activity_io.TurnWriteResult
+        )
         if not written.written:  # a persisted completion wins
             self.state.status, self.state.reason = written.status, written.reason
         self._upsert()
@@ -614,8 +706,9 @@ class Turn:
         if not self.state.store_unavailable:
             self.state.store_unavailable = True
             self._store_wait_s = STORE_WAIT_FIRST_S
-            workflow.logger.warning("chat %s: the session store is unavailable, the turn waits: %s",
-                                    self.state.chat_id, why)
+            workflow.logger.warning(
+                "chat %s: the session store is unavailable, the turn waits: %s", self.state.chat_id, why
+            )
         pause = asyncio.ensure_future(asyncio.sleep(self._store_wait_s))
         self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
         await self.wait([pause], cancel_on_end=cancel_on_end)
@@ -630,16 +723,27 @@ class Turn:
         if self._upserted == (self.state.status, reason):
             return
         self._upserted = (self.state.status, reason)
-        workflow.upsert_search_attributes([
-            CHAT_ID_ATTR.value_set(self.state.chat_id),
-            TURN_STATUS_ATTR.value_set(self.state.status.value),
-            RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset(),
-        ])
+        workflow.upsert_search_attributes(
+            [
+                CHAT_ID_ATTR.value_set(self.state.chat_id),
+                TURN_STATUS_ATTR.value_set(self.state.status.value),
+                RECOVERY_REASON_ATTR.value_set(reason.value)
+                if reason
+                else RECOVERY_REASON_ATTR.value_unset(),
+            ]
+        )
 
     # -- long histories: a fresh run of the same turn -------------------------------------------
     def _quiet_now(self) -> bool:
-        return not (self.inputs.items or self.events or self._announcing or self._checking or self._superseding
-                    or self.ending or self.decided)
+        return not (
+            self.inputs.items
+            or self.events
+            or self._announcing
+            or self._checking
+            or self._superseding
+            or self.ending
+            or self.decided
+        )
 
     def _history_long(self) -> bool:
         info = workflow.info()
@@ -648,11 +752,20 @@ class Turn:
     def _hand_on_if_long(self, step: int) -> None:
         if not (self._history_long() and self._quiet_now() and not self.held):
             return
-        state = self.state.model_copy(update={"pending_followups": [], "approvals": [], "decisions": [],
-                                              "tool_calls": self.state.tool_calls[-CARRIED_TOOL_CALLS:]})
-        workflow.continue_as_new(ChatTurnInput(chat_id=state.chat_id, pending=self.inbox.waiting,
-                                               carry_on=CarryOn(state=state, step=step)),
-                                 task_timeout=TURN_TASK_TIMEOUT)
+        state = self.state.model_copy(
+            update={
+                "pending_followups": [],
+                "approvals": [],
+                "decisions": [],
+                "tool_calls": self.state.tool_calls[-CARRIED_TOOL_CALLS:],
+            }
+        )
+        workflow.continue_as_new(
+            ChatTurnInput(
+                chat_id=state.chat_id, pending=self.inbox.waiting, carry_on=CarryOn(state=state, step=step)
+            ),
+            task_timeout=TURN_TASK_TIMEOUT,
+        )
 
     def _hand_on_gate_if_long(self) -> None:
         if not (self._history_long() and self._quiet_now()):
@@ -660,15 +773,35 @@ class Turn:
         s = self.state
         assert s.reason is not None  # a gate always has one
         self.inbox.return_in_flight()
-        workflow.continue_as_new(ChatTurnInput(chat_id=s.chat_id, pending=self.inbox.waiting, recovery=RecoveryStart(
-            turn=s.turn, reason=s.reason, can_continue=s.can_continue, recovery_id=s.recovery_id,
-            attempts=s.attempts, detail=s.detail, approvals=list(self.held))), task_timeout=TURN_TASK_TIMEOUT)
+        workflow.continue_as_new(
+            ChatTurnInput(
+                chat_id=s.chat_id,
+                pending=self.inbox.waiting,
+                recovery=RecoveryStart(
+                    turn=s.turn,
+                    reason=s.reason,
+                    can_continue=s.can_continue,
+                    recovery_id=s.recovery_id,
+                    attempts=s.attempts,
+                    detail=s.detail,
+                    approvals=list(self.held),
+                ),
+            ),
+            task_timeout=TURN_TASK_TIMEOUT,
+        )
 
 
 def _turn_write(s: TurnState) -> activity_io.UpdateTurnInput:
-    return activity_io.UpdateTurnInput(chat_id=s.chat_id, turn=s.turn, status=s.status, reason=s.reason,
-                                       recovery_id=s.recovery_id, can_continue=s.can_continue,
-                                       attempts=s.attempts, detail=s.detail)
+    return activity_io.UpdateTurnInput(
+        chat_id=s.chat_id,
+        turn=s.turn,
+        status=s.status,
+        reason=s.reason,
+        recovery_id=s.recovery_id,
+        can_continue=s.can_continue,
+        attempts=s.attempts,
+        detail=s.detail,
+    )
 
 
 def _show_result(handle: asyncio.Future[Any], view: ToolCallView) -> None:

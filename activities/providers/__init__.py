@@ -3,6 +3,7 @@
 `OpenAIChatProvider` is imported on first use: its module imports `openai`, about
 a third of a worker's start, which a worker on another model never needs.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

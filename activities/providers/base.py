@@ -5,6 +5,7 @@ A provider turns the committed history plus the enabled tools into one
 TURNKEEPER_MODEL names is chosen in `loading.py`, above the providers: this
 module imports none of them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,7 +63,8 @@ SUMMARY_INSTRUCTION = (
     "You keep the memory of a long conversation between a user and an assistant that uses tools. "
     "Summarise the conversation below for the assistant's own later use: what the user wants, the facts, "
     "names, numbers and decisions, what the tools did and found, and what is still open. "
-    "Write plain prose, at most {words} words. Do not address the user.")
+    "Write plain prose, at most {words} words. Do not address the user."
+)
 
 
 class SummaryRequest(BaseModel):
@@ -89,8 +91,10 @@ def summary_transcript(request: SummaryRequest) -> str:
 
 def summary_prompt(request: SummaryRequest) -> list[ChatMessage]:
     words = max(20, request.max_tokens * 3 // 4)
-    return [ChatMessage(role="system", content=SUMMARY_INSTRUCTION.format(words=words)),
-            ChatMessage(role="user", content=summary_transcript(request))]
+    return [
+        ChatMessage(role="system", content=SUMMARY_INSTRUCTION.format(words=words)),
+        ChatMessage(role="user", content=summary_transcript(request)),
+    ]
 
 
 class ModelProvider(ABC):
@@ -105,7 +109,11 @@ class ModelProvider(ABC):
 
     @abstractmethod
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        self,
+        history: list[ChatMessage],
+        tools: list[ToolSpec],
+        *,
+        call_index: int,
         on_text: TextSink | None = None,
     ) -> ModelReply: ...
 
@@ -158,8 +166,11 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # in a str, always a lone one: pairs
 
 
 def usable_tool_call_id(call_id: str) -> bool:
-    return (0 < len(call_id) <= MAX_TOOL_CALL_ID_CHARS and not _CONTROL.search(call_id)
-            and _valid_unicode(call_id))
+    return (
+        0 < len(call_id) <= MAX_TOOL_CALL_ID_CHARS
+        and not _CONTROL.search(call_id)
+        and _valid_unicode(call_id)
+    )
 
 
 def _valid_unicode(text: str) -> bool:
@@ -179,12 +190,20 @@ def well_formed(reply: ModelReply) -> ModelReply:
     """A provider's answer as the turn can record it: lone surrogates in its text,
     tool names and arguments become U+FFFD, and an unusable tool call id becomes
     empty, for `ensure_tool_call_ids` to replace. Any provider, ours or a user's."""
-    calls = [c if usable_tool_call_id(c.id) and _valid_unicode(c.name + c.arguments) else
-             c.model_copy(update={"id": c.id if usable_tool_call_id(c.id) else "", "name": _mended(c.name),
-                                  "arguments": _mended(c.arguments)})
-             for c in reply.tool_calls]
+    calls = [
+        c
+        if usable_tool_call_id(c.id) and _valid_unicode(c.name + c.arguments)
+        else c.model_copy(
+            update={
+                "id": c.id if usable_tool_call_id(c.id) else "",
+                "name": _mended(c.name),
+                "arguments": _mended(c.arguments),
+            }
+        )
+        for c in reply.tool_calls
+    ]
     text = reply.text if reply.text is None else _mended(reply.text)
-    if text == reply.text and all(a is b for a, b in zip(calls, reply.tool_calls)):
+    if text == reply.text and all(a is b for a, b in zip(calls, reply.tool_calls, strict=False)):
         return reply
     return reply.model_copy(update={"text": text, "tool_calls": calls})
 

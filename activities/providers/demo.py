@@ -8,6 +8,7 @@ It looks only at the last history row:
   tool is enabled);
 - anything else: a friendly echo with a hint.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,7 +76,11 @@ class DemoProvider(ModelProvider):
         return listed_summary(request)
 
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        self,
+        history: list[ChatMessage],
+        tools: list[ToolSpec],
+        *,
+        call_index: int,
         on_text: TextSink | None = None,
     ) -> ModelReply:
         return await stream_words(self._reply(history, tools, call_index), on_text, self.word_delay_s)

@@ -3,6 +3,7 @@
 Above the providers (they import `base`, never this module), so choosing one
 makes no import cycle.
 """
+
 from __future__ import annotations
 
 import os

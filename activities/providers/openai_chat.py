@@ -8,6 +8,7 @@ With a text sink the call streams (`stream=True`): the text goes to the sink as
 it arrives, and `StreamAssembler` puts the reply together from the chunks,
 tool calls included (their ids, names and arguments come in pieces by index).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,10 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # Context windows of some well-known models, by name prefix (longest first); any
 # other model counts as DEFAULT_CONTEXT_WINDOW: set TURNKEEPER_CONTEXT_TOKENS for one with less.
 KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
-    ("gpt-3.5-turbo", 16_385), ("gpt-4.1", 1_047_576), ("gpt-4o", 128_000))
+    ("gpt-3.5-turbo", 16_385),
+    ("gpt-4.1", 1_047_576),
+    ("gpt-4o", 128_000),
+)
 
 
 def context_window_of(model: str) -> int:
@@ -193,8 +197,10 @@ class StreamAssembler:
 
     def reply(self) -> ModelReply:
         content = "".join(self._text) or "".join(self._refusal)
-        calls = [_tool_call(i, c["id"], c["name"], c["arguments"])
-                 for i, (_, c) in enumerate(sorted(self._calls.items()))]
+        calls = [
+            _tool_call(i, c["id"], c["name"], c["arguments"])
+            for i, (_, c) in enumerate(sorted(self._calls.items()))
+        ]
         if not content and not calls:
             raise _malformed("the message has neither content nor tool calls")
         return ModelReply(text=content or None, tool_calls=calls)
@@ -229,7 +235,11 @@ class OpenAIChatProvider(ModelProvider):
         return f"OpenAIChatProvider(model={self.model!r}, base_url={str(self._client.base_url)!r})"
 
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        self,
+        history: list[ChatMessage],
+        tools: list[ToolSpec],
+        *,
+        call_index: int,
         on_text: TextSink | None = None,
     ) -> ModelReply:
         request: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(history)}
@@ -264,10 +274,11 @@ class OpenAIChatProvider(ModelProvider):
             raise self._classify(e) from None
         except ValueError as e:  # a chunk that is not JSON
             raise _malformed(self._scrub(f"a stream chunk is not JSON: {e}")) from None
-        except Exception as e:  # noqa: BLE001  the transport's own errors (the client wraps only the request)
+        except Exception as e:
             # Broken off mid-stream: the client retries only before the first byte.
             raise RetryableProviderError(
-                self._scrub(f"the model API's stream broke off: {type(e).__name__}: {e}")) from None
+                self._scrub(f"the model API's stream broke off: {type(e).__name__}: {e}")
+            ) from None
         if not assembler.finished:
             raise RetryableProviderError("the model API's stream ended before the answer did")
         return assembler.reply()

@@ -4,6 +4,7 @@ Item N answers the model call made when the history already holds N assistant
 rows, so a retried or resumed turn gets the same answer again. A summary of
 older rows uses no item: it lists the start of each row.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def _validate_item(index: int, item: object) -> dict[str, Any]:
     for j, call in enumerate(value):
         cwhere = f"{where}, tool call {j}"
         if not isinstance(call, dict):
-            raise ValueError(f"{cwhere} must be an object like {{\"name\": ..., \"arguments\": {{...}}}}")
+            raise ValueError(f'{cwhere} must be an object like {{"name": ..., "arguments": {{...}}}}')
         extra = set(call) - {"name", "arguments"}
         if extra:
             raise ValueError(f"{cwhere}: unknown keys {sorted(extra)}; expected 'name' and 'arguments'")
@@ -93,7 +94,11 @@ class ScriptedProvider(ModelProvider):
         return listed_summary(request)
 
     async def complete(
-        self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
+        self,
+        history: list[ChatMessage],
+        tools: list[ToolSpec],
+        *,
+        call_index: int,
         on_text: TextSink | None = None,
     ) -> ModelReply:
         # Word by word at once: a test sees the deltas without waiting for them.
@@ -102,8 +107,7 @@ class ScriptedProvider(ModelProvider):
     def _reply(self, call_index: int) -> ModelReply:
         if not 0 <= call_index < len(self.items):
             raise PermanentProviderError(
-                f"scripted model has no answer for call {call_index} "
-                f"(the script has {len(self.items)} items)"
+                f"scripted model has no answer for call {call_index} (the script has {len(self.items)} items)"
             )
         item = self.items[call_index]
         if "error" in item:

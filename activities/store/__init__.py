@@ -1,4 +1,5 @@
 """The session store: the committed transcript, per-chat event log and turns."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,9 +76,11 @@ def open_store(settings: Settings) -> SessionStore:
     if url is None:
         return SQLiteStore(settings.sqlite_path)
     if url.startswith(_SQLITE_PREFIX):
-        path = url[len(_SQLITE_PREFIX):]
+        path = url[len(_SQLITE_PREFIX) :]
         if not path:
-            raise StoreError(f"TURNKEEPER_DATABASE_URL {url!r} names no file; use sqlite:///path/to/sessions.db")
+            raise StoreError(
+                f"TURNKEEPER_DATABASE_URL {url!r} names no file; use sqlite:///path/to/sessions.db"
+            )
         return SQLiteStore(Path(path))
     # Name only the scheme: the rest of a server URL may hold a password.
     scheme, sep, rest = url.partition("://")

@@ -5,6 +5,7 @@ idempotency key) because activities that call it may be retried; a retried
 write never adds a row or an event twice. Each method is one transaction: the
 rows and the events that announce them are written together or not at all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,6 @@ from turnkeeper.models import (  # noqa: F401  (the texts are re-exported)
     TurnStatus,
     UserMessage,
 )
-
 
 _INLINE = contextvars.ContextVar("turnkeeper_store_inline", default=False)
 
@@ -90,8 +90,12 @@ class TurnUpdate(LazyModel):
 def recovery_state_payload(turn: int, update: TurnUpdate) -> dict[str, Any]:
     """The `recovery_state` event that announces `update`."""
     payload: dict[str, Any] = {
-        "turn": turn, "status": update.status.value, "reason": update.reason.value if update.reason else None,
-        "recovery_id": update.recovery_id, "can_continue": update.can_continue, "attempts": update.attempts,
+        "turn": turn,
+        "status": update.status.value,
+        "reason": update.reason.value if update.reason else None,
+        "recovery_id": update.recovery_id,
+        "can_continue": update.can_continue,
+        "attempts": update.attempts,
     }
     if update.detail:
         payload["detail"] = update.detail
@@ -100,8 +104,13 @@ def recovery_state_payload(turn: int, update: TurnUpdate) -> dict[str, Any]:
 
 def superseded(record: TurnRecord) -> TurnUpdate:
     """The ending of a turn a newer message closed: its recovery fields kept."""
-    return TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.SUPERSEDED, recovery_id=record.recovery_id,
-                      can_continue=record.can_continue, attempts=record.attempts)
+    return TurnUpdate(
+        status=TurnStatus.RECOVERED,
+        reason=Reason.SUPERSEDED,
+        recovery_id=record.recovery_id,
+        can_continue=record.can_continue,
+        attempts=record.attempts,
+    )
 
 
 class Draft(LazyModel):
@@ -242,8 +251,9 @@ class SessionStore(ABC):
         Returns the ids committed by this call."""
 
     @abstractmethod
-    async def record_assistant(self, chat_id: str, turn: int, step: int, reply: ModelReply,
-                               final: bool) -> None:
+    async def record_assistant(
+        self, chat_id: str, turn: int, step: int, reply: ModelReply, final: bool
+    ) -> None:
         """Write the assistant row of model call `step` (0-based within the turn),
         replacing one already written for the same (turn, step) — a model call
         re-run after an interruption supersedes the lost one. Event
@@ -258,16 +268,22 @@ class SessionStore(ABC):
         before: the call has run already."""
 
     @abstractmethod
-    async def record_tool_result(self, chat_id: str, turn: int, tool_call_id: str, name: str,
-                                 content: str, status: str) -> bool:
+    async def record_tool_result(
+        self, chat_id: str, turn: int, tool_call_id: str, name: str, content: str, status: str
+    ) -> bool:
         """Append the tool row answering `tool_call_id` unless one exists; event
         `tool_finished` (status done/error) or `tool_interrupted` (status
         interrupted). Returns whether a row was written."""
 
     @abstractmethod
-    async def finish_turn(self, chat_id: str, turn: int, update: TurnUpdate,
-                          closing_text: str | None = None,
-                          only_from: frozenset[TurnStatus] | None = None) -> bool:
+    async def finish_turn(
+        self,
+        chat_id: str,
+        turn: int,
+        update: TurnUpdate,
+        closing_text: str | None = None,
+        only_from: frozenset[TurnStatus] | None = None,
+    ) -> bool:
         """Close a turn with a terminal status: optionally append an assistant row
         `closing_text`, then as `update_turn`, then `turn_end`. With `only_from`,
         a turn whose status is not in it is left as it is and False returned: a
@@ -301,8 +317,9 @@ class SessionStore(ABC):
 
     # -- drafts: the answer as it streams ------------------------------------------
     @abstractmethod
-    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
-                          attempt: int | None = None) -> int:
+    async def write_draft(
+        self, chat_id: str, turn: int, step: int, text: str, attempt: int | None = None
+    ) -> int:
         """Set the chat's draft to `text` for model call `step` and return its
         attempt. `attempt=None` starts one: 1, or one more than the draft already
         there for the same (turn, step) (a call that was lost, or retried, even
@@ -331,8 +348,9 @@ class SessionStore(ABC):
 
     # -- what a model call sees --------------------------------------------------
     @abstractmethod
-    async def prepare_model_call(self, chat_id: str, turn: int, messages: list[UserMessage],
-                                 answer_lost_calls: bool = False) -> PreparedCall:
+    async def prepare_model_call(
+        self, chat_id: str, turn: int, messages: list[UserMessage], answer_lost_calls: bool = False
+    ) -> PreparedCall:
         """What a model call writes and reads before it asks the model, in one
         transaction: `close_unanswered_calls` (with `answer_lost_calls`), then
         `commit_user_messages`, then `context_rows`. The writes stand even when a
@@ -354,7 +372,9 @@ class SessionStore(ABC):
 
     # -- events ----------------------------------------------------------------
     @abstractmethod
-    async def append_events(self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None) -> None:
+    async def append_events(
+        self, chat_id: str, events: list[NewEvent], keys: list[str] | None = None
+    ) -> None:
         """Append `events` in order. With `keys` (one per event), each once: an event
         whose key the chat has seen before is not added again."""
 

@@ -2,11 +2,12 @@
 bodies and payloads are compact JSON text, enums their values, and a row that
 does not decode raises `CorruptRowError` naming the row, never a bare
 ValidationError from deep inside a turn."""
+
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -16,8 +17,18 @@ from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, 
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
 
-_TURN_COLUMNS = ("chat_id", "turn", "run_id", "status", "reason", "recovery_id",
-                 "can_continue", "attempts", "started_at", "updated_at")
+_TURN_COLUMNS = (
+    "chat_id",
+    "turn",
+    "run_id",
+    "status",
+    "reason",
+    "recovery_id",
+    "can_continue",
+    "attempts",
+    "started_at",
+    "updated_at",
+)
 
 
 class Row(Protocol):
@@ -54,14 +65,23 @@ def decode_stored_row(chat_id: str, row: Row) -> StoredRow:
 
 def decode_transcript_row(chat_id: str, row: Row) -> TranscriptRow:
     """A message row with its id, turn and keys (columns id, turn, message_id, step, body)."""
-    return TranscriptRow(id=int(row["id"]), turn=int(row["turn"]), message_id=row["message_id"],
-                         step=row["step"], message=decode_message(chat_id, row))
+    return TranscriptRow(
+        id=int(row["id"]),
+        turn=int(row["turn"]),
+        message_id=row["message_id"],
+        step=row["step"],
+        message=decode_message(chat_id, row),
+    )
 
 
 def decode_summary(chat_id: str, row: Row) -> Summary:
     try:
-        return Summary(upto_id=row["upto_id"], text=row["text"], tokens=row["tokens"],
-                       assistant_rows=row["assistant_rows"])
+        return Summary(
+            upto_id=row["upto_id"],
+            text=row["text"],
+            tokens=row["tokens"],
+            assistant_rows=row["assistant_rows"],
+        )
     except (TypeError, ValueError) as exc:
         raise CorruptRowError(
             f"chat {chat_id!r}: summary row upto_id={row['upto_id']} does not decode: {short_error(exc)}"
@@ -94,20 +114,31 @@ def decode_event(row: Row) -> Event:
     """One event row. A row that does not decode stands in the log as a
     `corrupt_event` naming the problem: one bad row never hides the rest."""
     try:
-        return Event.model_validate({
-            "chat_id": row["chat_id"], "seq": row["seq"], "type": row["type"],
-            "payload": json.loads(row["payload"]), "created_at": row["created_at"],
-        })
+        return Event.model_validate(
+            {
+                "chat_id": row["chat_id"],
+                "seq": row["seq"],
+                "type": row["type"],
+                "payload": json.loads(row["payload"]),
+                "created_at": row["created_at"],
+            }
+        )
     except (TypeError, ValueError) as exc:
         error = f"chat {row['chat_id']!r}: event row seq={row['seq']} does not decode: {short_error(exc)}"
     try:
-        created_at = Event.model_validate({"chat_id": "", "seq": 0, "type": "",
-                                           "created_at": row["created_at"]}).created_at
+        created_at = Event.model_validate(
+            {"chat_id": "", "seq": 0, "type": "", "created_at": row["created_at"]}
+        ).created_at
     except (TypeError, ValueError):
-        created_at = datetime.fromtimestamp(0, timezone.utc)
+        created_at = datetime.fromtimestamp(0, UTC)
     try:
-        return Event(chat_id=str(row["chat_id"]), seq=int(row["seq"]), type=CORRUPT_EVENT,
-                     payload={"error": error, "type": str(row["type"])}, created_at=created_at)
+        return Event(
+            chat_id=str(row["chat_id"]),
+            seq=int(row["seq"]),
+            type=CORRUPT_EVENT,
+            payload={"error": error, "type": str(row["type"])},
+            created_at=created_at,
+        )
     except (TypeError, ValueError) as exc:  # not even its seq reads: it cannot be placed
         raise CorruptRowError(error) from exc
 
@@ -135,6 +166,12 @@ def short_error(exc: Exception) -> str:
 
 
 def decode_draft(row: Row) -> Draft:
-    return Draft(chat_id=str(row["chat_id"]), turn=int(row["turn"]), step=int(row["step"]),
-                 attempt=int(row["attempt"]), text=str(row["text"]), version=int(row["version"]),
-                 recorded=bool(row["recorded"]))
+    return Draft(
+        chat_id=str(row["chat_id"]),
+        turn=int(row["turn"]),
+        step=int(row["step"]),
+        attempt=int(row["attempt"]),
+        text=str(row["text"]),
+        version=int(row["version"]),
+        recorded=bool(row["recorded"]),
+    )

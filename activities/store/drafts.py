@@ -1,6 +1,7 @@
 """The drafts table's transactions and reads (the answer as it streams), written
 once for every backend: a part of `SQLStore`, which supplies `_write`, `_rows`
 and `_run_read`."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
@@ -18,8 +19,9 @@ class DraftsSQL:
     _rows: Callable[..., Coroutine[Any, Any, Any]]
     _run_read: Callable[..., Coroutine[Any, Any, Any]]
 
-    async def write_draft(self, chat_id: str, turn: int, step: int, text: str,
-                          attempt: int | None = None) -> int:
+    async def write_draft(
+        self, chat_id: str, turn: int, step: int, text: str, attempt: int | None = None
+    ) -> int:
         return await self._write(chat_id, self._write_draft_tx, turn, step, text, attempt)
 
     @staticmethod
@@ -38,22 +40,36 @@ class DraftsSQL:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (chat_id) DO UPDATE SET turn = excluded.turn,"
             " step = excluded.step, attempt = excluded.attempt, text = excluded.text,"
             " version = excluded.version, recorded = excluded.recorded, updated_at = excluded.updated_at",
-            chat_id, turn, step, attempt, text, version, False, chat.now,
+            chat_id,
+            turn,
+            step,
+            attempt,
+            text,
+            version,
+            False,
+            chat.now,
         )
         return attempt
 
     async def drafts_since(self, version: int, limit: int = 1000) -> list[Draft]:
-        return await self._rows(codec.decode_draft,
-                                "SELECT * FROM drafts WHERE version > ? ORDER BY version LIMIT ?", version, limit)
+        return await self._rows(
+            codec.decode_draft,
+            "SELECT * FROM drafts WHERE version > ? ORDER BY version LIMIT ?",
+            version,
+            limit,
+        )
 
     async def draft(self, chat_id: str) -> Draft | None:
         rows = await self._rows(
             codec.decode_draft,
             f"SELECT d.* FROM drafts d JOIN turns t ON t.chat_id = d.chat_id AND t.turn = d.turn"
-            f" WHERE d.chat_id = ? AND NOT d.recorded AND t.{OPEN_SQL} AND NOT t.ended", chat_id)
+            f" WHERE d.chat_id = ? AND NOT d.recorded AND t.{OPEN_SQL} AND NOT t.ended",
+            chat_id,
+        )
         return rows[0] if rows else None
 
     async def draft_version(self) -> int:
         async def read(tx: Transaction) -> int:
             return int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) FROM drafts"))
+
         return await self._run_read(read, snapshot=False)

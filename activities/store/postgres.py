@@ -34,13 +34,14 @@ once on a new connection, a call that met a cut-off one on the next). How soon
 that call comes is its caller's affair: a waiting turn tries again after 1, 2,
 4 ... up to 30 s. `check_writable` is the web page's health probe.
 """
+
 from __future__ import annotations
 
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
-from functools import lru_cache
+from functools import cache
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -78,10 +79,18 @@ _SCHEMA_LOCK_KEY = 1
 
 _SCHEMA_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
-_SCHEMA = schema({
-    "text": "text", "integer": "integer", "bigint": "bigint", "boolean": "boolean", "true": "true",
-    "false": "false", "timestamp": "timestamptz", "row_id": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
-})
+_SCHEMA = schema(
+    {
+        "text": "text",
+        "integer": "integer",
+        "bigint": "bigint",
+        "boolean": "boolean",
+        "true": "true",
+        "false": "false",
+        "timestamp": "timestamptz",
+        "row_id": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    }
+)
 
 
 def display_url(url: str) -> str:
@@ -109,10 +118,16 @@ def _password(url: str) -> str | None:
 # The server is down, unreachable, read-only, overloaded or shutting down: the same
 # call may work later (StoreUnavailable). Anything else is a bug or a bad row.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.ReadOnlySQLTransactionError,
-    asyncpg.exceptions.LockNotAvailableError, asyncpg.exceptions.QueryCanceledError,
-    asyncpg.exceptions.TooManyConnectionsError, asyncpg.exceptions.OperatorInterventionError,
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
     # The driver's own state after a cut-off connection ("cannot switch to state 15;
     # another operation is in progress"): the next connection works.
@@ -133,7 +148,9 @@ class _Unsent(Exception):
 # What a call meets on a connection the server has cut off, or the driver's state
 # after one ("cannot switch to state 15; another operation is in progress").
 _STALE: tuple[type[BaseException], ...] = (
-    asyncpg.InterfaceError, asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InternalClientError,
 )
 
@@ -155,7 +172,7 @@ class _Discarded(Exception):
     nothing, and the connection has been ended."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _numbered(sql: str) -> str:
     """`sql` with asyncpg's `$1, $2, ...` for its `?`s, worked out once per statement.
     (The store's SQL has no `?` of its own, in a literal or as a jsonb operator.)"""
@@ -204,8 +221,16 @@ class PostgresStore(SQLStore):
     can share one database.
     """
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, schema: str | None = None,
-                 lock_timeout: float = LOCK_TIMEOUT_S, call_timeout: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        schema: str | None = None,
+        lock_timeout: float = LOCK_TIMEOUT_S,
+        call_timeout: float = CALL_TIMEOUT_S,
+    ) -> None:
         if schema is not None and not _SCHEMA_NAME.fullmatch(schema):
             raise ValueError(f"schema must be a plain identifier ([A-Za-z_][A-Za-z0-9_]*), got {schema!r}")
         if min_size < 0 or max_size < 1 or min_size > max_size:
@@ -236,7 +261,10 @@ class PostgresStore(SQLStore):
             # ValueError too: asyncpg's complaint about a malformed URL.
             with self._errors("cannot open", ValueError):
                 pool = await asyncpg.create_pool(
-                    self._url, min_size=self.min_size, max_size=self.max_size, timeout=CONNECT_TIMEOUT_S,
+                    self._url,
+                    min_size=self.min_size,
+                    max_size=self.max_size,
+                    timeout=CONNECT_TIMEOUT_S,
                     server_settings=self._server_settings(),
                 )
             try:
@@ -251,8 +279,9 @@ class PostgresStore(SQLStore):
     async def listen(self, on_change: Callable[[str, str], None]) -> Callable[[], Awaitable[None]] | None:
         # A connection of its own, outside the pool: it stays LISTENing.
         with self._errors("cannot listen on"):
-            conn = await asyncpg.connect(self._url, server_settings=self._server_settings(),
-                                         timeout=CONNECT_TIMEOUT_S)
+            conn = await asyncpg.connect(
+                self._url, server_settings=self._server_settings(), timeout=CONNECT_TIMEOUT_S
+            )
 
         def relay(_conn: object, _pid: int, _channel: str, payload: str) -> None:
             kind, _, chat_id = payload.partition(":")
@@ -264,6 +293,7 @@ class PostgresStore(SQLStore):
 
         async def stop() -> None:
             await conn.close(timeout=CONNECT_TIMEOUT_S)  # then it is cut off: the server may be gone
+
         return stop
 
     async def close(self) -> None:
@@ -275,7 +305,9 @@ class PostgresStore(SQLStore):
         with self._errors("cannot set up the schema of"):
             async with pool.acquire() as conn, conn.transaction():
                 # Several workers starting at once: one migrates, the others wait, then find it done.
-                await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", _SCHEMA_LOCK_SPACE, _SCHEMA_LOCK_KEY)
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock($1, $2)", _SCHEMA_LOCK_SPACE, _SCHEMA_LOCK_KEY
+                )
                 if self.schema:
                     await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 raw: str | None = None
@@ -309,8 +341,14 @@ class PostgresStore(SQLStore):
         """Driver and network errors become StoreError (retryable); the password never shows."""
         try:
             yield
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError, OSError,
-                TimeoutError, *also) as exc:
+        except (
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.exceptions.InternalClientError,
+            OSError,
+            TimeoutError,
+            *also,
+        ) as exc:
             text = f"{type(exc).__name__}: {exc}" if str(exc) else self._silent(exc, doing)
             if self._password:
                 text = text.replace(self._password, "***")
@@ -352,7 +390,7 @@ class PostgresStore(SQLStore):
         finally:
             try:
                 await pool.release(conn)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass  # the driver has dropped the connection; what the call did or met stands
             finally:
                 timer.cancel()
@@ -385,8 +423,9 @@ class PostgresStore(SQLStore):
             return f"no answer within {CONNECT_TIMEOUT_S if doing else self.call_timeout:g} s"
         return type(exc).__name__
 
-    async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
-                         durable: bool) -> T:
+    async def _run_write(
+        self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]], durable: bool
+    ) -> T:
         pool = self._require_pool()
         wrote = False
 
@@ -402,10 +441,13 @@ class PostgresStore(SQLStore):
                     # FROM first: the clock is read once the lock is held.
                     now = await conn.fetchval(
                         "SELECT clock_timestamp() FROM pg_advisory_xact_lock($1, hashtext($2))",
-                        _CHAT_LOCK_SPACE, chat_id,
+                        _CHAT_LOCK_SPACE,
+                        chat_id,
                     )
                     if durable:
-                        await conn.execute("SET LOCAL synchronous_commit TO on")  # whatever the server's default
+                        await conn.execute(
+                            "SET LOCAL synchronous_commit TO on"
+                        )  # whatever the server's default
                     tx = _Transaction(conn, self.channel)
                     result = await work(tx, now)
                 except BaseException as exc:

@@ -1,5 +1,6 @@
 """The store's tables, one definition for SQLite and PostgreSQL: each backend fills
 in its own column types, and both get the same indexes."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping

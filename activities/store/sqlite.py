@@ -29,6 +29,7 @@ made anew (messages written to an empty store would be lost when the file is
 restored); whatever file is at the path again (moved back, or a copy restored)
 is opened, as a restart would. `check_writable` is the web page's health probe.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,15 +68,23 @@ LOCKED_FAIL_FAST_S = 0.5
 # after this many of its writes the store thread checkpoints the WAL instead.
 CHECKPOINT_EVERY_WRITES = 100
 
-_SCHEMA = schema({
-    "text": "TEXT", "integer": "INTEGER", "bigint": "INTEGER", "boolean": "INTEGER", "true": "1", "false": "0",
-    "timestamp": "TEXT", "row_id": "INTEGER PRIMARY KEY AUTOINCREMENT",
-})
+_SCHEMA = schema(
+    {
+        "text": "TEXT",
+        "integer": "INTEGER",
+        "bigint": "INTEGER",
+        "boolean": "INTEGER",
+        "true": "1",
+        "false": "0",
+        "timestamp": "TEXT",
+        "row_id": "INTEGER PRIMARY KEY AUTOINCREMENT",
+    }
+)
 
 
 def _now() -> str:
     # Fixed precision and offset keep the strings sortable as text (list_chats orders by them).
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
@@ -107,8 +116,11 @@ def _probe_write(conn: sqlite3.Connection) -> None:
     """A write that reaches the file: one row of `meta` rewritten. (One rolled back,
     or one that changes nothing, never does: a file that cannot be written now
     would pass.)"""
-    conn.execute("INSERT INTO meta (key, value) VALUES ('write_probe', ?)"
-                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value", (_now(),))
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('write_probe', ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (_now(),),
+    )
 
 
 class _ToThread(Exception):
@@ -127,8 +139,18 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 # opened read-only so for good (it opens read-only, silently, a file it may not
 # write), and after an I/O error, a full disk or a file it could not read, a
 # fresh connection sees the file as it is now.
-_DROP_CODES = frozenset((sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN,
-                         sqlite3.SQLITE_PERM, sqlite3.SQLITE_PROTOCOL, sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT))
+_DROP_CODES = frozenset(
+    (
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PERM,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_CORRUPT,
+    )
+)
 
 
 def _drops_connection(exc: sqlite3.Error) -> bool:
@@ -208,8 +230,10 @@ class SQLiteStore(SQLStore):
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
-                str(self.path) if create else self._uri(), uri=not create,
-                timeout=BUSY_TIMEOUT_S, isolation_level=None,  # we issue BEGIN ourselves
+                str(self.path) if create else self._uri(),
+                uri=not create,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,  # we issue BEGIN ourselves
                 check_same_thread=False,
             )
         except (OSError, sqlite3.Error) as exc:
@@ -235,7 +259,8 @@ class SQLiteStore(SQLStore):
     def _open_failure(self, exc: OSError | sqlite3.Error) -> StoreError:
         # A file or directory that cannot be written or read now, a full disk: may work later.
         unavailable = isinstance(exc, (sqlite3.OperationalError, PermissionError)) or (
-            isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.ENOSPC, errno.ENOENT))
+            isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.ENOSPC, errno.ENOENT)
+        )
         kind = StoreUnavailable if unavailable else StoreError
         return kind(f"cannot open SQLite store {self.path}: {exc}")
 
@@ -260,7 +285,9 @@ class SQLiteStore(SQLStore):
 
     def _loop_connection(self) -> sqlite3.Connection | None:
         try:
-            conn = sqlite3.connect(self._uri(), uri=True, timeout=0, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                self._uri(), uri=True, timeout=0, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             log.debug("SQLite store %s: every call runs on the store thread: %s", self.path, exc)
             return None
@@ -284,7 +311,9 @@ class SQLiteStore(SQLStore):
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif version < SCHEMA_VERSION:
             # The statements above, all IF NOT EXISTS, have added what the older version lacked.
-            log.info("SQLite store %s: schema migrated from version %d to %d", self.path, version, SCHEMA_VERSION)
+            log.info(
+                "SQLite store %s: schema migrated from version %d to %d", self.path, version, SCHEMA_VERSION
+            )
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def _drop(self) -> None:
@@ -314,8 +343,9 @@ class SQLiteStore(SQLStore):
         self._on_thread = [job for job in self._on_thread if not job.done()]
         return not self._on_thread
 
-    async def _run_write(self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]],
-                         durable: bool) -> T:
+    async def _run_write(
+        self, chat_id: str, work: Callable[[Transaction, Any], Coroutine[Any, Any, T]], durable: bool
+    ) -> T:
         changed = False
 
         def transaction(conn: sqlite3.Connection) -> T:
@@ -324,6 +354,7 @@ class SQLiteStore(SQLStore):
             result = _run_to_end(work(_Transaction(conn), _now()))
             changed = conn.total_changes != before
             return result
+
         with self.availability.watch(write=True) as call:
             if durable:
                 result = await self._call(self._tx, True, transaction, True)  # a sync never blocks the loop
@@ -347,8 +378,14 @@ class SQLiteStore(SQLStore):
     async def _transaction(self, write: bool, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn` in one transaction: here on the loop when nothing can make it wait
         (see the module's docstring), else on the store thread."""
-        if (inline_allowed() and self._here is not None and not self._stale and self._executor is not None
-                and self._thread_idle() and not (write and self._locked_at is not None)):
+        if (
+            inline_allowed()
+            and self._here is not None
+            and not self._stale
+            and self._executor is not None
+            and self._thread_idle()
+            and not (write and self._locked_at is not None)
+        ):
             try:
                 result = self._tx_here(write, fn)
             except _ToThread:
@@ -402,7 +439,11 @@ class SQLiteStore(SQLStore):
         that connection), and a transaction that failed so wrote nothing."""
         for last in (False, True):
             conn, fresh = self._ready()
-            if write and self._locked_at is not None and time.monotonic() - self._locked_at < LOCKED_FAIL_FAST_S:
+            if (
+                write
+                and self._locked_at is not None
+                and time.monotonic() - self._locked_at < LOCKED_FAIL_FAST_S
+            ):
                 raise StoreUnavailable(f"SQLite store {self.path}: database is locked (by another process)")
             try:
                 result = self._tx_on(conn, write, fn, synced)
@@ -419,7 +460,9 @@ class SQLiteStore(SQLStore):
         raise AssertionError("unreachable")
 
     @staticmethod
-    def _tx_on(conn: sqlite3.Connection, write: bool, fn: Callable[[sqlite3.Connection], T], synced: bool) -> T:
+    def _tx_on(
+        conn: sqlite3.Connection, write: bool, fn: Callable[[sqlite3.Connection], T], synced: bool
+    ) -> T:
         if not synced:
             return _in_transaction(conn, write, fn)
         conn.execute("PRAGMA synchronous = FULL")
@@ -458,7 +501,8 @@ class SQLiteStore(SQLStore):
         except FileNotFoundError:
             raise StoreUnavailable(
                 f"SQLite store {self.path} is gone (deleted or moved away while in use); calls wait until "
-                "a file is back at that path (moved back, or a copy restored)") from None
+                "a file is back at that path (moved back, or a copy restored)"
+            ) from None
         except OSError as exc:
             raise StoreUnavailable(f"SQLite store {self.path}: {exc}") from None
         if (st.st_dev, st.st_ino) != self._identity:

@@ -1,6 +1,7 @@
 """What a store backend implements (`Transaction`: SQL with `?` placeholders on
 its driver), the pieces of a write that `SQLStore` builds its transactions of,
 and what the backends share about outages (`Availability`)."""
+
 from __future__ import annotations
 
 import logging
@@ -65,11 +66,18 @@ class ChatWrite:
         # Safe without a sequence table: no other writer of the chat runs until commit.
         if self._next_seq is None:
             await self.tx.notify("events", self.chat_id)  # once per transaction
-            self._next_seq = int(await self.tx.fetchval(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = ?", self.chat_id))
+            self._next_seq = int(
+                await self.tx.fetchval(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE chat_id = ?", self.chat_id
+                )
+            )
         await self.tx.execute(
             "INSERT INTO events (chat_id, seq, type, payload, created_at) VALUES (?, ?, ?, ?, ?)",
-            self.chat_id, self._next_seq, type_, codec.json_text(payload), self.now,
+            self.chat_id,
+            self._next_seq,
+            type_,
+            codec.json_text(payload),
+            self.now,
         )
         self._next_seq += 1
 
@@ -79,39 +87,60 @@ class ChatWrite:
             raise StoreError(f"chat {self.chat_id!r} has no turn {turn}")
         return row
 
-    async def insert_message(self, turn: int, message: ChatMessage, *, message_id: str | None = None,
-                             step: int | None = None) -> bool:
+    async def insert_message(
+        self, turn: int, message: ChatMessage, *, message_id: str | None = None, step: int | None = None
+    ) -> bool:
         """Insert a transcript row unless its key (message id, step, tool call id) exists."""
-        return await self.tx.execute(
-            "INSERT INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            self.chat_id, turn, message.role, message_id, step, message.tool_call_id, codec.message_body(message),
-        ) == 1
+        return (
+            await self.tx.execute(
+                "INSERT INTO messages (chat_id, turn, role, message_id, step, tool_call_id, body)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                self.chat_id,
+                turn,
+                message.role,
+                message_id,
+                step,
+                message.tool_call_id,
+                codec.message_body(message),
+            )
+            == 1
+        )
 
     async def end_turn(self, turn: int, payload: dict[str, Any]) -> None:
-        await self.tx.execute("UPDATE turns SET ended = ? WHERE chat_id = ? AND turn = ?", True, self.chat_id, turn)
+        await self.tx.execute(
+            "UPDATE turns SET ended = ? WHERE chat_id = ? AND turn = ?", True, self.chat_id, turn
+        )
         # Emptied, not deleted: the row keeps the highest version, which readers count on.
-        await self.tx.execute("UPDATE drafts SET recorded = ?, text = '' WHERE chat_id = ? AND turn = ?",
-                              True, self.chat_id, turn)
+        await self.tx.execute(
+            "UPDATE drafts SET recorded = ?, text = '' WHERE chat_id = ? AND turn = ?",
+            True,
+            self.chat_id,
+            turn,
+        )
         await self.emit("turn_end", payload)
 
 
-async def held_ids(tx: Transaction, chat_id: str, message_ids: list[str],
-                   except_turn: int | None = None) -> list[str]:
+async def held_ids(
+    tx: Transaction, chat_id: str, message_ids: list[str], except_turn: int | None = None
+) -> list[str]:
     wanted = list(dict.fromkeys(message_ids))  # unique, in the order offered
     if not wanted:
         return []
     rows = await tx.fetchall(
         f"SELECT message_id, turn FROM messages WHERE chat_id = ? AND message_id {tx.IN_TEXTS}",
-        chat_id, tx.texts(wanted),
+        chat_id,
+        tx.texts(wanted),
     )
     turns = {r["message_id"]: r["turn"] for r in rows}
     return [m for m in wanted if m in turns and turns[m] != except_turn]
 
 
 def turn_ref(row: codec.Row) -> TurnRef:
-    return TurnRef(chat_id=str(row["chat_id"]), turn=int(row["turn"]),
-                   run_id=None if row["run_id"] is None else str(row["run_id"]))
+    return TurnRef(
+        chat_id=str(row["chat_id"]),
+        turn=int(row["turn"]),
+        run_id=None if row["run_id"] is None else str(row["run_id"]),
+    )
 
 
 class WatchedCall:

@@ -1,6 +1,10 @@
 """The tool layer: `@tool` functions, their registry, and the built-in tools."""
+
 from __future__ import annotations
 
+# Imported for its side effect: registers the built-ins into the default registry
+# (`default_registry()` counts on it).
+from . import builtin as _builtin  # noqa: F401  (after registry: builtin imports it)
 from .registry import (
     ToolContext,
     ToolLoadError,
@@ -11,10 +15,6 @@ from .registry import (
     tool,
 )
 from .workspace import WorkspaceEscape, resolve_in_workspace
-
-# Imported for its side effect: registers the built-ins into the default registry
-# (`default_registry()` counts on it).
-from . import builtin as _builtin  # noqa: E402,F401  (after registry: builtin imports it)
 
 __all__ = [
     "ToolContext",

@@ -4,6 +4,7 @@ All paths go through `resolve_in_workspace`. Registered into the default
 registry at import; which ones a model may call is the caller's `enabled` list
 (by default read_file, write_file and list_dir; `exec` only when configured).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -127,7 +128,9 @@ async def exec_command(command: str, *, ctx: ToolContext) -> str:
     if dropped:
         text += f"\n[{dropped} more bytes of output were discarded]"
     if code is None:
-        raise TimeoutError(f"command timed out after {ctx.exec_timeout:g}s and was killed; output so far:\n{text}")
+        raise TimeoutError(
+            f"command timed out after {ctx.exec_timeout:g}s and was killed; output so far:\n{text}"
+        )
     return f"exit code {_describe_code(code)}\n{text}"
 
 
@@ -188,7 +191,9 @@ async def _run_shell(
             pending = {t for t in (reader, waiter) if not t.done()}
             # Wakes on EOF or exit; the poll catches a shell that exited while a
             # background child still holds the pipe.
-            await asyncio.wait(pending, timeout=min(POLL_INTERVAL, deadline - now), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                pending, timeout=min(POLL_INTERVAL, deadline - now), return_when=asyncio.FIRST_COMPLETED
+            )
         if timed_out:
             _stop_command(proc.pid)
         await asyncio.wait({reader}, timeout=PIPE_GRACE)

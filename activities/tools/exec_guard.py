@@ -21,8 +21,10 @@ the call, so nothing acts after its result was reported.
 It is started as a script in isolated mode without `site` and uses the standard
 library only, so it starts quickly and never imports the worker's code.
 """
+
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -67,10 +69,8 @@ def _kill_descendants() -> None:
         if not pids:
             break
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _kill_all(signum: int, frame: FrameType | None) -> None:

@@ -6,6 +6,7 @@ turns everything a model can get wrong (unknown name, bad JSON, bad arguments, a
 raising tool) into an error outcome the model can read, so a tool call never
 fails the activity.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -71,7 +72,11 @@ class ToolRegistry:
 
     @overload
     def tool(
-        self, *, name: str | None = None, description: str | None = None, effect: EffectLike = EffectClass.WRITE,
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        effect: EffectLike = EffectClass.WRITE,
         confirm: bool = False,
     ) -> Callable[[F], F]: ...
 
@@ -141,7 +146,10 @@ class ToolRegistry:
             return _error(f"Error: malformed arguments for {name!r}: {e}", max_output_bytes)
         if not isinstance(arguments, dict):
             kind = _JSON_KINDS.get(type(arguments), type(arguments).__name__)
-            return _error(f"Error: malformed arguments for {name!r}: expected a JSON object, got {kind}", max_output_bytes)
+            return _error(
+                f"Error: malformed arguments for {name!r}: expected a JSON object, got {kind}",
+                max_output_bytes,
+            )
 
         try:
             validated = entry.args_model.model_validate(arguments)
@@ -171,7 +179,12 @@ class ToolRegistry:
 _DEFAULT = ToolRegistry()
 
 _JSON_KINDS: dict[type, str] = {
-    list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
 }
 
 
@@ -225,7 +238,9 @@ def load_tool_modules(modules: Iterable[str]) -> list[ModuleType]:
         try:
             loaded.append(importlib.import_module(module))
         except Exception as e:
-            raise ToolLoadError(f"cannot load tool module {module!r}: {type(e).__name__}: {e}", name=module) from e
+            raise ToolLoadError(
+                f"cannot load tool module {module!r}: {type(e).__name__}: {e}", name=module
+            ) from e
     return loaded
 
 

@@ -21,6 +21,7 @@ worker's user with only the working directory set. The worker sets the mode
 at start-up (`configure`) and, with `exec` enabled and `auto`, refuses to start
 without a working bwrap (`check`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,10 +62,10 @@ _ETC_FILES = (
 # bwrap's init exits and the kernel kills whatever is left in the namespace.
 _WRAPPER = (
     '/bin/sh -c "$1"; code=$?; n=0; '
-    'while [ "$n" -lt {rounds} ]; do '
-    'set -- /proc/[0-9]*; [ "$#" -le 2 ] && break; sleep {poll}; n=$((n + 1)); '
+    f'while [ "$n" -lt {round(LEFTOVER_GRACE_S / _LEFTOVER_POLL_S)} ]; do '
+    f'set -- /proc/[0-9]*; [ "$#" -le 2 ] && break; sleep {_LEFTOVER_POLL_S}; n=$((n + 1)); '
     'done; exit "$code"'
-).format(rounds=round(LEFTOVER_GRACE_S / _LEFTOVER_POLL_S), poll=_LEFTOVER_POLL_S)
+)
 
 # bwrap paths that passed `check`.
 _working: set[str] = set()
@@ -89,13 +90,35 @@ def argv(command: str, workspace: Path) -> list[str]:
     """The argv that runs `command` with `/bin/sh -c` in the sandbox, in `workspace`
     (an absolute path without symlinks: it is bound at the same path inside)."""
     ws = str(workspace)
-    return [BWRAP, *_base_args(), "--bind", ws, ws, "--remount-ro", "/", "--chdir", ws,
-            "/bin/sh", "-c", _WRAPPER, "sh", command]
+    return [
+        BWRAP,
+        *_base_args(),
+        "--bind",
+        ws,
+        ws,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        ws,
+        "/bin/sh",
+        "-c",
+        _WRAPPER,
+        "sh",
+        command,
+    ]
 
 
 def _base_args() -> list[str]:
-    args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr"]
+    args = [
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for path in _SYSTEM_DIRS:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -115,19 +138,26 @@ def check() -> None:
     bwrap = BWRAP
     probe = [bwrap, *_base_args(), "--remount-ro", "/", "--chdir", "/", "/bin/sh", "-c", "exit 0"]
     try:
-        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True,
-                              env={"PATH": "/usr/bin:/bin"}, timeout=CHECK_TIMEOUT)
+        done = subprocess.run(
+            probe,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=CHECK_TIMEOUT,
+        )
     except FileNotFoundError:
         raise SandboxUnavailable(
             f"bubblewrap is not installed ({bwrap} not found): install it (Debian, Ubuntu: apt-get "
-            "install bubblewrap), or set TURNKEEPER_EXEC_SANDBOX=off to run commands unconfined") from None
+            "install bubblewrap), or set TURNKEEPER_EXEC_SANDBOX=off to run commands unconfined"
+        ) from None
     except (OSError, subprocess.TimeoutExpired) as err:
         raise SandboxUnavailable(f"{bwrap} could not be run: {err}") from None
     if done.returncode != 0:
         reason = done.stderr.decode("utf-8", errors="replace").strip() or f"exit code {done.returncode}"
         raise SandboxUnavailable(
             f"{bwrap} cannot set up the sandbox here ({reason}); in a container, bwrap needs to be "
-            "allowed to create namespaces. Or set TURNKEEPER_EXEC_SANDBOX=off to run commands unconfined")
+            "allowed to create namespaces. Or set TURNKEEPER_EXEC_SANDBOX=off to run commands unconfined"
+        )
     _working.add(bwrap)
 
 

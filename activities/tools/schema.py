@@ -6,6 +6,7 @@ any parameter name works) whose schema, without pydantic's titles, is what the
 model sees. A parameter annotated `ToolContext` is filled by the registry with
 the call's facts instead, and never shows in the schema.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -77,7 +78,12 @@ class RegisteredTool:
 
     @property
     def spec(self) -> ToolSpec:
-        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters_schema, effect=self.effect)
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters_schema,
+            effect=self.effect,
+        )
 
 
 def _first_paragraph(fn: Callable[..., Any]) -> str:
@@ -86,7 +92,11 @@ def _first_paragraph(fn: Callable[..., Any]) -> str:
 
 
 def build_tool(
-    fn: Callable[..., Any], *, name: str | None, description: str | None, effect: EffectLike,
+    fn: Callable[..., Any],
+    *,
+    name: str | None,
+    description: str | None,
+    effect: EffectLike,
     confirm: bool = False,
 ) -> RegisteredTool:
     """Read `fn`'s signature into a tool; raises for a name or a parameter a model could not call."""

@@ -4,6 +4,7 @@ This is a guard against a model wandering off with `..`, absolute paths or
 symlinks; it is not a sandbox (a check-then-use race remains, and `exec` can
 reach anything the worker can).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,5 +35,7 @@ def resolve_in_workspace(workspace: Path, path: str) -> Path:
     root = Path(workspace).resolve()
     resolved = (root / candidate).resolve()
     if not resolved.is_relative_to(root):
-        raise WorkspaceEscape(f"path {path!r} escapes the workspace: it resolves (through a symlink) to a location outside it")
+        raise WorkspaceEscape(
+            f"path {path!r} escapes the workspace: it resolves (through a symlink) to a location outside it"
+        )
     return resolved

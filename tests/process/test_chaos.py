@@ -10,9 +10,11 @@ The harness starts its own dev server and worker processes. Set TK_CHAOS_SEED
 to replay a seed (timing still varies); a failing run keeps its work directory
 (logs, ledger, store, report.json, evidence/<chat>.json) under the test's
 tmp_path. The other tests check the checker's own rules, without a server."""
+
 from __future__ import annotations
 
 import os
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -28,10 +30,21 @@ from tests.pg import PG_URL, pg_admin
 @pytest.mark.timeout(300)
 async def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     seed = int(os.environ.get("TK_CHAOS_SEED", "20240611"))
-    report = await chaos.run_chaos(chaos.ChaosConfig(
-        turns=30, kills=5, workers=3, chats=8, seed=seed, bursts=1, outages=1,
-        max_chaos_s=120, settle_timeout_s=90, workdir=tmp_path / "chaos",
-        progress=lambda text: print(text, flush=True)))
+    report = await chaos.run_chaos(
+        chaos.ChaosConfig(
+            turns=30,
+            kills=5,
+            workers=3,
+            chats=8,
+            seed=seed,
+            bursts=1,
+            outages=1,
+            max_chaos_s=120,
+            settle_timeout_s=90,
+            workdir=tmp_path / "chaos",
+            progress=lambda text: print(text, flush=True),
+        )
+    )
     print(report.summary())
     assert report.target_reached, report.summary()
     assert report.kills >= 5 and report.turns_closed >= 30
@@ -59,11 +72,25 @@ async def test_short_chaos_run_on_postgresql_keeps_every_invariant(tmp_path: Pat
     cut off again and again, the store read-only, its tables locked against writers."""
     (await pg_admin()).terminate()  # reachable, or the test says why not (or skips when told)
     seed = int(os.environ.get("TK_CHAOS_SEED", "20261203"))
-    report = await chaos.run_chaos(chaos.ChaosConfig(
-        turns=30, kills=4, workers=3, chats=8, seed=seed, bursts=1, outages=3, outage_s=(2.0, 3.0), outage_gap_s=2.0,
-        outage_kinds=("cut", "read_only", "lock"), postgres_url=PG_URL,
-        max_chaos_s=150, settle_timeout_s=90, workdir=tmp_path / "chaos",
-        progress=lambda text: print(text, flush=True)))
+    report = await chaos.run_chaos(
+        chaos.ChaosConfig(
+            turns=30,
+            kills=4,
+            workers=3,
+            chats=8,
+            seed=seed,
+            bursts=1,
+            outages=3,
+            outage_s=(2.0, 3.0),
+            outage_gap_s=2.0,
+            outage_kinds=("cut", "read_only", "lock"),
+            postgres_url=PG_URL,
+            max_chaos_s=150,
+            settle_timeout_s=90,
+            workdir=tmp_path / "chaos",
+            progress=lambda text: print(text, flush=True),
+        )
+    )
     print(report.summary())
     assert report.target_reached, report.summary()
     assert [o["kind"] for o in report.outages] == ["cut", "read_only", "lock"]
@@ -77,17 +104,38 @@ async def test_short_chaos_run_on_postgresql_keeps_every_invariant(tmp_path: Pat
 
 def test_answer_times_count_late_and_unanswered_actions_but_not_bursts() -> None:
     log = ActionLog()
-    log.add(Action(kind="continue/decide", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted"))
-    log.add(Action(kind="dismiss/decide", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"))
-    log.add(Action(kind="stop/signal", chat_id="c", source="user", at_s=3, latency_s=None, outcome="no answer"))
+    log.add(
+        Action(kind="continue/decide", chat_id="c", source="gate", at_s=1, latency_s=0.2, outcome="accepted")
+    )
+    log.add(
+        Action(
+            kind="dismiss/decide", chat_id="c", source="user", at_s=2, latency_s=6.0, outcome="refused: stale"
+        )
+    )
+    log.add(
+        Action(kind="stop/signal", chat_id="c", source="user", at_s=3, latency_s=None, outcome="no answer")
+    )
     log.add(Action(kind="burst", chat_id="c", source="burst", at_s=4, latency_s=0.0, outcome="12 follow-ups"))
     log.add(Action(kind="followup", chat_id="c", source="user", at_s=5, latency_s=0.1, outcome="accepted"))
-    log.add(Action(kind="stop/decide", chat_id="c", source="user", at_s=6, latency_s=0.3,
-                   outcome="refused: not running"))
+    log.add(
+        Action(
+            kind="stop/decide",
+            chat_id="c",
+            source="user",
+            at_s=6,
+            latency_s=0.3,
+            outcome="refused: not running",
+        )
+    )
     late = log.unanswered(chaos.ChaosConfig().answer_bound_s)
     assert [a.kind for a in late] == ["dismiss/decide", "stop/signal"]
-    assert log.counts() == {"continue/decide": 1, "dismiss/decide": 1, "stop/signal": 1, "burst": 1,
-                            "stop/decide": 1}
+    assert log.counts() == {
+        "continue/decide": 1,
+        "dismiss/decide": 1,
+        "stop/signal": 1,
+        "burst": 1,
+        "stop/decide": 1,
+    }
     assert log.latency()["decisions"] == {"n": 3, "max_s": 6.0, "p99_s": 6.0}
 
 
@@ -119,7 +167,8 @@ def test_a_run_looks_idle_when_its_state_shows_nothing_to_do() -> None:
     assert not chaos._looks_idle({"status": "awaiting_user", "reason": "tool_state_unknown"})
     # A state that moves is no wedge: the signature changes with it.
     assert chaos.state_signature({"status": "running", "tool_calls": [tool]}) != chaos.state_signature(
-        {"status": "running", "tool_calls": [{**tool, "status": "done"}]})
+        {"status": "running", "tool_calls": [{**tool, "status": "done"}]}
+    )
 
 
 def test_time_with_no_worker_serving_is_not_counted_against_an_answer(tmp_path: Path) -> None:
@@ -156,14 +205,18 @@ def test_the_time_a_killed_worker_held_a_task_is_read_from_the_history() -> None
     E = EventType
     events = [
         # Started by pid 41, which was killed: held from 100 s until it timed out.
-        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 99.5), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 100.0, "41@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 99.5),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 100.0, "41@h"),
         event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 102.0),
         # Sent to a dead worker's sticky queue: never started, timed out after 1 s.
-        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 110.0), event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 111.0),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 110.0),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 111.0),
         # Started by a live worker (pid 7, never killed) that was slow: not the killer's time.
-        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 120.0), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 120.1, "7@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 120.0),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 120.1, "7@h"),
         event(E.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, 122.1),
-        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 122.1), event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 122.2, "8@h"),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED, 122.1),
+        event(E.EVENT_TYPE_WORKFLOW_TASK_STARTED, 122.2, "8@h"),
         event(E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED, 122.3),
     ]
     spans = held_by_killed_workers([WorkflowHistory("chat-c1", events)], killed_pids={41})
@@ -175,8 +228,10 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
 
     log = tmp_path / "worker.log"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))
-    log.write_text(f"{stamp},250 INFO turnkeeper.worker: registered search attributes []\n"
-                   f"{stamp},500 INFO turnkeeper.worker: worker serving task queue 'q' (model demo)\n")
+    log.write_text(
+        f"{stamp},250 INFO turnkeeper.worker: registered search attributes []\n"
+        f"{stamp},500 INFO turnkeeper.worker: worker serving task queue 'q' (model demo)\n"
+    )
     w = WorkerProc(0, proc=None, log=log, started=time.monotonic() - 6)  # type: ignore[arg-type]
     w.look_for_serving()
     assert w.serving_at is not None
@@ -186,7 +241,7 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
 async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the_history() -> None:
     """The reason is the reconciler's own (activities/run_sweep.py terminate), read back
     from the run's history; an operator's terminate is not counted."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from temporalio.api.enums.v1 import EventType
     from temporalio.api.history.v1 import HistoryEvent
@@ -201,8 +256,12 @@ async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the
             self.reason = reason
 
     handle = Handle()
-    await run_sweep.terminate(handle, wedged_runs.Wedged(  # type: ignore[arg-type]
-        failures=3, since=datetime.now(timezone.utc), cause="nondeterminism"))
+    await run_sweep.terminate(
+        handle,
+        wedged_runs.Wedged(  # type: ignore[arg-type]
+            failures=3, since=datetime.now(UTC), cause="nondeterminism"
+        ),
+    )
 
     def run(run_id: str, terminated_by: str | None) -> WorkflowHistory:
         started = HistoryEvent(event_id=1, event_type=EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED)

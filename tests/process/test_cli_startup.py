@@ -5,6 +5,7 @@ model provider, no PostgreSQL driver, no tools, no worker; and `status`,
 the turn once its message is durable). A test of the modules each command
 imports, run for real against a worker, not of timings (see
 bench/engine_latency.py for those)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,29 +27,63 @@ os._exit(code)
 
 # Never needed by a command that is not `worker` or `web`. (`turnkeeper.workflows.recovery`,
 # the recovery rules as plain functions, is: the CLI decides a failed turn by them.)
-HEAVY = ("openai", "asyncpg", "httpx", "uvloop", "turnkeeper.activities.tools",
-         "turnkeeper.activities.providers", "turnkeeper.activities.model_call",
-         "turnkeeper.activities.tool_call", "turnkeeper.activities.store.postgres", "temporalio.worker",
-         "turnkeeper.workflows.chat_turn", "turnkeeper.workflows.reconcile", "turnkeeper.worker",
-         "turnkeeper.web", "starlette", "uvicorn", "turnkeeper.codec_server",
-         # Payload encryption: only when TURNKEEPER_ENCRYPTION_KEYS is set (it is not here).
-         "cryptography")
+HEAVY = (
+    "openai",
+    "asyncpg",
+    "httpx",
+    "uvloop",
+    "turnkeeper.activities.tools",
+    "turnkeeper.activities.providers",
+    "turnkeeper.activities.model_call",
+    "turnkeeper.activities.tool_call",
+    "turnkeeper.activities.store.postgres",
+    "temporalio.worker",
+    "turnkeeper.workflows.chat_turn",
+    "turnkeeper.workflows.reconcile",
+    "turnkeeper.worker",
+    "turnkeeper.web",
+    "starlette",
+    "uvicorn",
+    "turnkeeper.codec_server",
+    # Payload encryption: only when TURNKEEPER_ENCRYPTION_KEYS is set (it is not here).
+    "cryptography",
+)
 # Not needed by `status`, `history`, `events`, `list` and `send --no-wait` when
 # Temporal's HTTP API and a SQLite store serve them (as here): each of these takes
 # a good part of the 0.2 s the whole command may take (`import temporalio` alone
 # takes more). They ask the HTTP API and read the SQLite file with the standard
 # library (turnkeeper/http_api.py, turnkeeper/cli_reads.py, turnkeeper/cli_views.py).
 PLAIN_COMMANDS = ("status", "history", "events", "list")
-NOT_PLAIN = ("temporalio", "google.protobuf", "pydantic", "pydantic_core", "asyncio", "concurrent.futures",
-             "turnkeeper.models", "turnkeeper.activities", "turnkeeper.workflows", "turnkeeper.failed_turns",
-             "turnkeeper.encryption", "turnkeeper.telemetry")
+NOT_PLAIN = (
+    "temporalio",
+    "google.protobuf",
+    "pydantic",
+    "pydantic_core",
+    "asyncio",
+    "concurrent.futures",
+    "turnkeeper.models",
+    "turnkeeper.activities",
+    "turnkeeper.workflows",
+    "turnkeeper.failed_turns",
+    "turnkeeper.encryption",
+    "turnkeeper.telemetry",
+)
 
 
 async def _imports(stack: Stack, *args: str) -> tuple[int, set[str], str]:
     out = stack.dir / f"modules-{args[0]}.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _RUN, str(out), *args, env=stack.env(), cwd=stack.dir,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sys.executable,
+        "-c",
+        _RUN,
+        str(out),
+        *args,
+        env=stack.env(),
+        cwd=stack.dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, set(json.loads(out.read_text())), err.decode()
@@ -59,8 +94,13 @@ def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
 
 
 async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"text": "wrote a.txt"}, {"text": "again"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"text": "wrote a.txt"},
+            {"text": "again"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     await (await stack.send(chat, "please write a.txt")).result()
@@ -69,11 +109,22 @@ async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
     # the refusal (nothing waits for a decision; no turn is running).
     unknown = stack.chat("never")
     commands = [
-        (("status", chat), 0), (("status", chat, "--json"), 0), (("status", unknown), 1), (("history", chat), 0),
-        (("history", chat, "--json"), 0), (("history", unknown), 1), (("events", chat), 0),
-        (("events", chat, "--json", "--after", "1"), 0), (("events", unknown), 1), (("list",), 0),
-        (("list", "--status", "completed", "--json"), 0), (("continue", chat), 1), (("dismiss", chat), 1),
-        (("stop", chat), 1), (("send", chat, "once more"), 0), (("send", chat, "no wait", "--no-wait"), 0),
+        (("status", chat), 0),
+        (("status", chat, "--json"), 0),
+        (("status", unknown), 1),
+        (("history", chat), 0),
+        (("history", chat, "--json"), 0),
+        (("history", unknown), 1),
+        (("events", chat), 0),
+        (("events", chat, "--json", "--after", "1"), 0),
+        (("events", unknown), 1),
+        (("list",), 0),
+        (("list", "--status", "completed", "--json"), 0),
+        (("continue", chat), 1),
+        (("dismiss", chat), 1),
+        (("stop", chat), 1),
+        (("send", chat, "once more"), 0),
+        (("send", chat, "no wait", "--no-wait"), 0),
     ]
     for args, expected in commands:
         code, modules, err = await _imports(stack, *args)
@@ -82,8 +133,10 @@ async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
         assert not heavy, f"turnkeeper {' '.join(args)} imported {heavy}"
         if args[0] in PLAIN_COMMANDS or args[-1] == "--no-wait":
             cut = _loaded(modules, NOT_PLAIN)
-            assert not cut, f"turnkeeper {' '.join(args)} is served by the HTTP API and the SQLite file, " \
-                            f"yet imported {cut}"
+            assert not cut, (
+                f"turnkeeper {' '.join(args)} is served by the HTTP API and the SQLite file, "
+                f"yet imported {cut}"
+            )
             assert "turnkeeper.cli_reads" in modules  # the test sees what a command imports
         elif args[0] == "send":
             # Following the turn reads the store (pydantic); a turn that ends needs no SDK.

@@ -3,6 +3,7 @@ chromium, driven by playwright), shows encrypted payloads decrypted through
 `turnkeeper codec-server`: the endpoint the worker gave the UI, the codec
 server's CORS for the UI's origin and its preflights, as the page uses them.
 A screenshot goes to tests/artifacts/."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,23 +23,38 @@ from turnkeeper.models import TurnStatus
 from turnkeeper.worker import run_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason=f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)",
+    ),
 ]
 
 
 async def test_the_dev_servers_ui_shows_payloads_decrypted(tmp_path: Path) -> None:
     ui_port, codec_port = free_port(), free_port()
-    env = {"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1, "TURNKEEPER_DATA_DIR": str(tmp_path / "data"),
-           "TURNKEEPER_WORKSPACE": str(tmp_path / "ws"), "TURNKEEPER_DEV_SERVER_PORT": str(free_port()),
-           "TURNKEEPER_DEV_UI_PORT": str(ui_port), "TURNKEEPER_CODEC_ADDRESS": f"127.0.0.1:{codec_port}",
-           "TURNKEEPER_TASK_QUEUE": f"tq-{uuid.uuid4().hex[:8]}", "TURNKEEPER_RECONCILE_EVERY": "3600"}
+    env = {
+        "TURNKEEPER_ENCRYPTION_KEYS": KEYS_1,
+        "TURNKEEPER_DATA_DIR": str(tmp_path / "data"),
+        "TURNKEEPER_WORKSPACE": str(tmp_path / "ws"),
+        "TURNKEEPER_DEV_SERVER_PORT": str(free_port()),
+        "TURNKEEPER_DEV_UI_PORT": str(ui_port),
+        "TURNKEEPER_CODEC_ADDRESS": f"127.0.0.1:{codec_port}",
+        "TURNKEEPER_TASK_QUEUE": f"tq-{uuid.uuid4().hex[:8]}",
+        "TURNKEEPER_RECONCILE_EVERY": "3600",
+    }
     answer = f"CANARY-ui-{uuid.uuid4().hex[:12]}"
     (tmp_path / "script.json").write_text(f'[{{"text": "{answer}"}}]')
     settings = Settings.from_env({**env, "TURNKEEPER_MODEL": f"scripted:{tmp_path / 'script.json'}"})
@@ -66,10 +82,14 @@ async def test_the_dev_servers_ui_shows_payloads_decrypted(tmp_path: Path) -> No
             try:
                 page = await browser.new_page()
                 asked: list[str] = []
-                page.on("request", lambda r: asked.append(f"{r.method} {r.url}")
-                        if r.url.startswith(codec.url) else None)
-                await page.goto(f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}/"
-                                f"{handle.result_run_id}/history")
+                page.on(
+                    "request",
+                    lambda r: asked.append(f"{r.method} {r.url}") if r.url.startswith(codec.url) else None,
+                )
+                await page.goto(
+                    f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}/"
+                    f"{handle.result_run_id}/history"
+                )
                 shown = page.get_by_text(answer).first
                 await shown.wait_for(timeout=30_000)  # visible: the model's answer, decrypted
                 await shown.scroll_into_view_if_needed()
@@ -78,7 +98,9 @@ async def test_the_dev_servers_ui_shows_payloads_decrypted(tmp_path: Path) -> No
             finally:
                 await browser.close()
         # The page asked the codec server itself (cross-origin: CORS and its preflight).
-        assert any(a.startswith("POST ") and urlsplit(a.partition(" ")[2]).path == "/decode" for a in asked), asked
+        assert any(
+            a.startswith("POST ") and urlsplit(a.partition(" ")[2]).path == "/decode" for a in asked
+        ), asked
     finally:
         if codec is not None:
             codec.stop()

@@ -3,6 +3,7 @@ within the turn's workflow task timeout: otherwise every retry of its task would
 time out and the turn would never move again. Between steps and at gates a long
 run hands itself on (tests/workflow/test_no_wedge.py); within one long step the
 server's cap on a run's signals bounds it, and this is that longest history."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,15 +17,22 @@ from turnkeeper.models import TURN_TASK_TIMEOUT, TurnStatus
 
 pytestmark = pytest.mark.crash
 
-SLOW_TOOL = {"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 120}}]}
+SLOW_TOOL = {
+    "tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 120}}]
+}
 # The first message was a signal too: these fill the run up to the server's cap.
 SIGNALS = SIGNALS_PER_RUN - 1
 
 
 async def test_a_long_history_replays_well_within_the_task_timeout(stack: Stack) -> None:
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
     stack.script([SLOW_TOOL, {"text": "done"}])
     first = stack.spawn_worker()
     await stack.wait_serving(first)
@@ -42,7 +50,9 @@ async def test_a_long_history_replays_well_within_the_task_timeout(stack: Stack)
     await asyncio.gather(*(stale(i) for i in range(SIGNALS)))
     # One more message is refused in words, not acknowledged and lost.
     with pytest.raises(tk.TurnTakesNoMoreMessages, match="takes no more messages"):
-        await tk.send_message(stack.client, stack.settings(), chat, tk.new_message("one more", stack.settings()))
+        await tk.send_message(
+            stack.client, stack.settings(), chat, tk.new_message("one more", stack.settings())
+        )
     stack.kill(first)
     second = stack.spawn_worker()
     await stack.wait_serving(second)
@@ -55,13 +65,18 @@ async def test_a_long_history_replays_well_within_the_task_timeout(stack: Stack)
     run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.first_execution_run_id)
     events = list((await run.fetch_history()).events)
     assert len(events) > SIGNALS
-    started = next(i for i, e in enumerate(events)
-                   if e.HasField("workflow_task_started_event_attributes")
-                   and e.workflow_task_started_event_attributes.identity.startswith(f"{second.pid}@"))
+    started = next(
+        i
+        for i, e in enumerate(events)
+        if e.HasField("workflow_task_started_event_attributes")
+        and e.workflow_task_started_event_attributes.identity.startswith(f"{second.pid}@")
+    )
     completed = events[started + 1]
     assert completed.HasField("workflow_task_completed_event_attributes"), completed
     took = (completed.event_time.ToDatetime() - events[started].event_time.ToDatetime()).total_seconds()
     print(f"cold replay of {started} events: {took * 1000:.0f} ms")
     assert took < TURN_TASK_TIMEOUT.total_seconds() / 2, took
-    timed_out = [e.event_id for e in events[started:] if e.HasField("workflow_task_timed_out_event_attributes")]
+    timed_out = [
+        e.event_id for e in events[started:] if e.HasField("workflow_task_timed_out_event_attributes")
+    ]
     assert not timed_out, timed_out

@@ -1,4 +1,5 @@
 """Crash tests: real worker processes, killed with SIGKILL mid-tool."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,13 +33,23 @@ def _slow_write(stack: Stack, path: str, seconds: int, answer: str) -> Path:
     """Workers get `slow_write`, logging to a ledger; the model asks for it once, then
     answers `answer`. Returns the ledger."""
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
-    stack.script([
-        {"tool_calls": [{"name": "slow_write",
-                         "arguments": {"path": path, "content": "x", "seconds": seconds}}]},
-        {"text": answer},
-    ])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": path, "content": "x", "seconds": seconds}}
+                ]
+            },
+            {"text": answer},
+        ]
+    )
     return ledger
 
 
@@ -55,8 +66,12 @@ async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
     assert state.reason.value == "tool_state_unknown" and state.can_continue
     assert [c.status for c in state.tool_calls] == [ToolCallStatus.INTERRUPTED]
     hist = await stack.history(chat)
-    assert hist[-1] == {"role": "tool", "content": INTERRUPTED_TOOL_TEXT,
-                        "tool_call_id": hist[1]["tool_calls"][0]["id"], "name": "slow_write"}
+    assert hist[-1] == {
+        "role": "tool",
+        "content": INTERRUPTED_TOOL_TEXT,
+        "tool_call_id": hist[1]["tool_calls"][0]["id"],
+        "name": "slow_write",
+    }
     await asyncio.sleep(8)  # longer than the tool would have taken: nobody re-ran it
     assert ledger.read_text().split("\n")[:-1] == [f"start {chat}/1/{hist[1]['tool_calls'][0]['id']}"]
 
@@ -76,13 +91,23 @@ async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack, 
     looked for on the host's process list, by a `sleep` argument no other has."""
     stack.env_extra.update({"TURNKEEPER_TOOLS": "exec", "TURNKEEPER_EXEC_SANDBOX": sandbox})
     escaped, waited = sleep_marker(4), sleep_marker(4)
-    stack.script([
-        {"tool_calls": [{"name": "exec", "arguments": {
-            # The setsid'ed part leaves the process group, as a daemon would.
-            "command": f"setsid sh -c 'sleep {escaped}; echo late >> after.txt' </dev/null >/dev/null 2>&1 & "
-                       f"sleep {waited} & wait; echo late >> after.txt"}}]},
-        {"text": "the command was interrupted"},
-    ])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "exec",
+                        "arguments": {
+                            # The setsid'ed part leaves the process group, as a daemon would.
+                            "command": f"setsid sh -c 'sleep {escaped}; echo late >> after.txt' </dev/null >/dev/null 2>&1 & "
+                            f"sleep {waited} & wait; echo late >> after.txt"
+                        },
+                    }
+                ]
+            },
+            {"text": "the command was interrupted"},
+        ]
+    )
     worker = stack.spawn_worker()
     chat = stack.chat("exec-crash")
     await stack.send(chat, "run the slow command")
@@ -91,8 +116,11 @@ async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack, 
     stack.kill(worker)
 
     # What the command started dies with the worker, not when the command would have ended.
-    await until(lambda: not host_sleeps(escaped) and not host_sleeps(waited), timeout=2,
-                what="the command to die with its worker")
+    await until(
+        lambda: not host_sleeps(escaped) and not host_sleeps(waited),
+        timeout=2,
+        what="the command to die with its worker",
+    )
     stack.spawn_worker()
     state = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=45)
     assert state.reason.value == "tool_state_unknown"
@@ -101,7 +129,8 @@ async def test_sigkill_mid_exec_kills_the_command_with_the_worker(stack: Stack, 
 
 
 async def test_every_heartbeat_reaches_the_server_and_a_kill_after_one_is_noticed_within_the_timeout(
-        stack: Stack) -> None:
+    stack: Stack,
+) -> None:
     """A SIGKILL just after a beat is the worst point of the heartbeat cycle: the
     server notices it up to timeout + 1 s - one beat later (it re-arms its timer
     no sooner than 1 s after the last one fired), 2.33 s by default. That needs
@@ -135,7 +164,7 @@ async def test_every_heartbeat_reaches_the_server_and_a_kill_after_one_is_notice
         await asyncio.sleep(0.02)
     killed_at = time.time()
     stack.kill(victim)  # just after a beat: the worst point of the cycle
-    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
     assert len(beats) == 6, f"the server saw {len(beats)} heartbeats in {6 * every + 2:.1f} s"
     assert max(gaps) < 1.6 * every, f"heartbeats reached the server {gaps} s apart; they go every {every} s"
 
@@ -145,8 +174,9 @@ async def test_every_heartbeat_reaches_the_server_and_a_kill_after_one_is_notice
     deadline = time.monotonic() + 30
     while timed_out is None and time.monotonic() < deadline:
         history = await handle.fetch_history()
-        timed_out = next((e for e in history.events
-                          if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT), None)
+        timed_out = next(
+            (e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT), None
+        )
         await asyncio.sleep(0.1)
     assert timed_out is not None, "the killed worker's step never timed out"
     noticed = timed_out.event_time.ToNanoseconds() / 1e9 - killed_at

@@ -2,6 +2,7 @@
 deployment, builds "a" and "b". A turn waiting at a gate when "b" is made current
 stays pinned to "a" and finishes there; the next turn starts on "b"; once "a" is
 stopped, turns go on on "b"."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,15 +30,18 @@ pytestmark = pytest.mark.crash
 
 def test_a_versioned_worker_needs_a_deployment_name_and_a_build_id() -> None:
     assert deployment_config(Settings.from_env({})) is None
-    config = deployment_config(Settings.from_env({"TURNKEEPER_DEPLOYMENT_NAME": "turnkeeper",
-                                                  "TURNKEEPER_BUILD_ID": "0.2.0"}))
+    config = deployment_config(
+        Settings.from_env({"TURNKEEPER_DEPLOYMENT_NAME": "turnkeeper", "TURNKEEPER_BUILD_ID": "0.2.0"})
+    )
     assert config is not None and config.use_worker_versioning
     assert config.version.to_canonical_string() == "turnkeeper.0.2.0"
     assert config.default_versioning_behavior == VersioningBehavior.VERSIONING_BEHAVIOR_PINNED
-    for env, message in (({"TURNKEEPER_BUILD_ID": "0.2.0"}, "TURNKEEPER_BUILD_ID is set but TURNKEEPER_DEPLOYMENT"),
-                         ({"TURNKEEPER_DEPLOYMENT_NAME": "tk"}, "TURNKEEPER_DEPLOYMENT_NAME is set but"),
-                         ({"TURNKEEPER_DEPLOYMENT_NAME": "tk.1"}, "without `.`"),
-                         ({"TURNKEEPER_BUILD_ID": "0.2 rc"}, "without spaces")):
+    for env, message in (
+        ({"TURNKEEPER_BUILD_ID": "0.2.0"}, "TURNKEEPER_BUILD_ID is set but TURNKEEPER_DEPLOYMENT"),
+        ({"TURNKEEPER_DEPLOYMENT_NAME": "tk"}, "TURNKEEPER_DEPLOYMENT_NAME is set but"),
+        ({"TURNKEEPER_DEPLOYMENT_NAME": "tk.1"}, "without `.`"),
+        ({"TURNKEEPER_BUILD_ID": "0.2 rc"}, "without spaces"),
+    ):
         with pytest.raises(ConfigError, match=message):
             deployment_config(Settings.from_env(env))
 
@@ -47,12 +51,24 @@ async def _set_current(stack: Stack, deployment: str, build_id: str, timeout: fl
     set-current-version`. A version exists once its worker polls: until then the
     server answers that it knows no such deployment or version, and we ask again.
     Then until the task queue routes by the new version."""
-    cmd = [temporal_binary(), "worker", "deployment", "set-current-version", "--address", stack.address,
-           "--deployment-name", deployment, "--build-id", build_id, "--yes"]
+    cmd = [
+        temporal_binary(),
+        "worker",
+        "deployment",
+        "set-current-version",
+        "--address",
+        stack.address,
+        "--deployment-name",
+        deployment,
+        "--build-id",
+        build_id,
+        "--yes",
+    ]
     deadline = time.monotonic() + timeout
     while True:
-        proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT)
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
         out, _ = await proc.communicate()
         if proc.returncode == 0:
             break
@@ -61,11 +77,14 @@ async def _set_current(stack: Stack, deployment: str, build_id: str, timeout: fl
         await asyncio.sleep(0.3)
     request = DescribeWorkerDeploymentRequest(namespace=stack.client.namespace, deployment_name=deployment)
     while True:
-        info = (await stack.client.workflow_service.describe_worker_deployment(request)).worker_deployment_info
+        info = (
+            await stack.client.workflow_service.describe_worker_deployment(request)
+        ).worker_deployment_info
         current = info.routing_config.current_deployment_version.build_id
         if current == build_id and info.routing_config_update_state in (
-                RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_COMPLETED,
-                RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_UNSPECIFIED):
+            RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_COMPLETED,
+            RoutingConfigUpdateState.ROUTING_CONFIG_UPDATE_STATE_UNSPECIFIED,
+        ):
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"version {build_id} not current in {timeout} s: {info}")
@@ -75,22 +94,34 @@ async def _set_current(stack: Stack, deployment: str, build_id: str, timeout: fl
 async def _builds(stack: Stack, chat: str, run_id: str) -> tuple[set[str], set[Any]]:
     """The build ids, and the versioning behaviours, of the workflow tasks a run completed."""
     history = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id).fetch_history()
-    done = [e.workflow_task_completed_event_attributes for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
+    done = [
+        e.workflow_task_completed_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    ]
     assert done
     return {a.deployment_version.build_id for a in done}, {a.versioning_behavior for a in done}
 
 
 async def test_a_waiting_turn_finishes_on_its_build_and_the_next_turn_starts_on_the_new_one(
-        stack: Stack) -> None:
+    stack: Stack,
+) -> None:
     deployment = f"deploy-{stack.task_queue}"
-    stack.env_extra.update({"TURNKEEPER_CONFIRM_TOOLS": "write_file", "TURNKEEPER_DEPLOYMENT_NAME": deployment})
-    stack.script([
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "approved.txt", "content": "on a"}}]},
-        {"text": "written"},
-        {"text": "second turn"},
-        {"text": "third turn"},
-    ])
+    stack.env_extra.update(
+        {"TURNKEEPER_CONFIRM_TOOLS": "write_file", "TURNKEEPER_DEPLOYMENT_NAME": deployment}
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "write_file", "arguments": {"path": "approved.txt", "content": "on a"}}
+                ]
+            },
+            {"text": "written"},
+            {"text": "second turn"},
+            {"text": "third turn"},
+        ]
+    )
     a = stack.spawn_worker(TURNKEEPER_BUILD_ID="a")
     await stack.wait_serving(a)
     await _set_current(stack, deployment, "a")
@@ -113,7 +144,10 @@ async def test_a_waiting_turn_finishes_on_its_build_and_the_next_turn_starts_on_
     assert done.status == TurnStatus.COMPLETED
     assert (stack.ws / "approved.txt").read_text() == "on a"
     info = (await gated.describe()).raw_description.workflow_execution_info.versioning_info
-    assert (info.behavior, info.deployment_version.build_id) == (VersioningBehavior.VERSIONING_BEHAVIOR_PINNED, "a")
+    assert (info.behavior, info.deployment_version.build_id) == (
+        VersioningBehavior.VERSIONING_BEHAVIOR_PINNED,
+        "a",
+    )
     assert await _builds(stack, chat, first_run) == ({"a"}, {VersioningBehavior.VERSIONING_BEHAVIOR_PINNED})
 
     # A new message after it is a new run: it starts on the current version.
@@ -129,6 +163,9 @@ async def test_a_waiting_turn_finishes_on_its_build_and_the_next_turn_starts_on_
     third = await stack.send(chat, "once more")
     await stack.wait_turn_done(chat, 3, timeout=30)
     assert await _builds(stack, chat, (await third.describe()).run_id) == (
-        {"b"}, {VersioningBehavior.VERSIONING_BEHAVIOR_PINNED})
-    assert [m["content"] for m in await stack.history(chat) if m["role"] == "assistant" and m.get("content")] == [
-        "written", "second turn", "third turn"]
+        {"b"},
+        {VersioningBehavior.VERSIONING_BEHAVIOR_PINNED},
+    )
+    assert [
+        m["content"] for m in await stack.history(chat) if m["role"] == "assistant" and m.get("content")
+    ] == ["written", "second turn", "third turn"]

@@ -2,6 +2,7 @@
 them mid-tool leaves the other two serving, and the killed worker's turn
 recovers by the rules (tool_state_unknown, the tool never run again, Continue
 completes it)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,14 +31,27 @@ def _responder(request: dict[str, Any]) -> dict[str, Any]:
     last = messages[-1]
     if last["role"] == "user":
         seconds = SLOW_TOOL_S if last["content"].startswith("slow") else QUICK_TOOL_S
-        return {"tool_calls": [{"name": "slow_write", "arguments": {
-            "path": f"f{len(messages)}.txt", "content": last["content"], "seconds": seconds}}]}
+        return {
+            "tool_calls": [
+                {
+                    "name": "slow_write",
+                    "arguments": {
+                        "path": f"f{len(messages)}.txt",
+                        "content": last["content"],
+                        "seconds": seconds,
+                    },
+                }
+            ]
+        }
     return {"text": f"finished: {last.get('content')}"}
 
 
 def _ledger_starts(ledger: Path) -> list[str]:
-    return [line.split()[1] for line in ledger.read_text().splitlines() if line.startswith("start ")] \
-        if ledger.exists() else []
+    return (
+        [line.split()[1] for line in ledger.read_text().splitlines() if line.startswith("start ")]
+        if ledger.exists()
+        else []
+    )
 
 
 async def _identities(stack: Stack, chat: str) -> set[str]:
@@ -66,11 +80,17 @@ async def _run_turns(stack: Stack, chats: list[str], text: str, timeout: float =
 
 async def test_three_workers_share_turns_and_survive_a_sigkill(stack: Stack) -> None:
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
     with FakeChatServer(responder=_responder) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k"})
+        stack.env_extra.update(
+            {"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
+        )
         procs = [stack.spawn_worker() for _ in range(3)]
         await stack.wait_serving(*procs)
         pids = {p.pid for p in procs}
@@ -90,13 +110,19 @@ async def test_three_workers_share_turns_and_survive_a_sigkill(stack: Stack) -> 
         # 2. SIGKILL the worker running a slow tool of one chat.
         victim_chat = stack.chat("victim")
         await stack.send(victim_chat, "slow write, please")
-        await until(lambda: any(k.startswith(f"{victim_chat}/") for k in _ledger_starts(ledger)), 30,
-                     "the slow tool started")
+        await until(
+            lambda: any(k.startswith(f"{victim_chat}/") for k in _ledger_starts(ledger)),
+            30,
+            "the slow tool started",
+        )
         [key] = [k for k in _ledger_starts(ledger) if k.startswith(f"{victim_chat}/")]
         handle = stack.client.get_workflow_handle(tk.workflow_id(victim_chat))
         desc = await handle.describe()
-        [pending] = [a for a in desc.raw_description.pending_activities
-                     if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED]
+        [pending] = [
+            a
+            for a in desc.raw_description.pending_activities
+            if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        ]
         victim_pid = _pid(pending.last_worker_identity)
         [victim] = [p for p in procs if p.pid == victim_pid]
         stack.kill(victim)

@@ -1,6 +1,7 @@
 """turnkeeper installs as one package, `turnkeeper`: nothing of ours takes a generic
 top-level name (`activities`, `workflows`, `worker`) that a user's own project may
 hold, and a user's tool module in the current directory loads."""
+
 from __future__ import annotations
 
 import shutil
@@ -14,7 +15,11 @@ import pytest
 from tests.support import ROOT, Stack
 
 # The repository's directories that install inside `turnkeeper` (pyproject.toml, package-dir).
-MAPPED = {"turnkeeper": "turnkeeper", "workflows": "turnkeeper/workflows", "activities": "turnkeeper/activities"}
+MAPPED = {
+    "turnkeeper": "turnkeeper",
+    "workflows": "turnkeeper/workflows",
+    "activities": "turnkeeper/activities",
+}
 
 USER_TOOLS = '''
 from turnkeeper.activities.tools import tool
@@ -27,8 +32,9 @@ def shout(text: str) -> str:
 
 
 def _tracked(*paths: str) -> list[str]:
-    return subprocess.run(["git", "ls-files", *paths], cwd=ROOT, check=True, capture_output=True,
-                          text=True).stdout.split()
+    return subprocess.run(
+        ["git", "ls-files", *paths], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
 
 
 def test_a_wheel_holds_only_the_turnkeeper_package(tmp_path: Path) -> None:
@@ -36,8 +42,12 @@ def test_a_wheel_holds_only_the_turnkeeper_package(tmp_path: Path) -> None:
     for name in _tracked("pyproject.toml", "README.md", *MAPPED):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "-w", str(tmp_path / "out"),
-                            "--no-deps", "-q"], capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "-w", str(tmp_path / "out"), "--no-deps", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     [wheel] = (tmp_path / "out").glob("turnkeeper-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -61,16 +71,21 @@ def _user_project(stack: Stack) -> Path:
     return project
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param((sys.executable, "-m", "turnkeeper.worker"), id="python -m turnkeeper.worker"),
-    pytest.param((str(Path(sys.executable).parent / "turnkeeper"), "worker"), id="turnkeeper worker"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param((sys.executable, "-m", "turnkeeper.worker"), id="python -m turnkeeper.worker"),
+        pytest.param((str(Path(sys.executable).parent / "turnkeeper"), "worker"), id="turnkeeper worker"),
+    ],
+)
 async def test_the_worker_runs_beside_a_users_modules_and_loads_their_tools(
-        stack: Stack, command: tuple[str, ...]) -> None:
+    stack: Stack, command: tuple[str, ...]
+) -> None:
     project = _user_project(stack)
     stack.script([{"tool_calls": [{"name": "shout", "arguments": {"text": "hello"}}]}, {"text": "said it"}])
-    worker = stack.spawn_worker(command, cwd=project, TURNKEEPER_TOOL_MODULES="mytools",
-                                TURNKEEPER_TOOLS="read_file,shout")
+    worker = stack.spawn_worker(
+        command, cwd=project, TURNKEEPER_TOOL_MODULES="mytools", TURNKEEPER_TOOLS="read_file,shout"
+    )
     await stack.wait_serving(worker)
     chat = stack.chat()
     assert (await (await stack.send(chat, "say hello")).result()).status.value == "completed"

@@ -1,5 +1,6 @@
 """Turns end to end with the PostgreSQL session store shared by two workers
 (one in this process, one a real `python worker.py` process) on one task queue."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,11 +26,13 @@ async def pg_url() -> AsyncIterator[str]:
 
 async def test_two_workers_share_the_postgres_store(pg_url: str, stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_DATABASE_URL"] = pg_url
-    stack.script([
-        {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]},
-        {"text": "listed"},
-        {"text": "second answer"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]},
+            {"text": "listed"},
+            {"text": "second answer"},
+        ]
+    )
     proc = stack.spawn_worker()
     await stack.start_worker()
     store = await stack.store()

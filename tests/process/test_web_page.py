@@ -1,6 +1,7 @@
 """The chat page in a real browser (Debian's chromium, driven by playwright),
 against `turnkeeper web`, the dev server and real workers. A screenshot of each
 state goes to tests/artifacts/."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,15 +16,24 @@ from tests.support import ROOT, Stack
 from tests.web_support import serving
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 INJECTED = '<img src=x onerror="window.__injected = 1"><script>window.__injected = 2</script>'
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(),
-                       reason=f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason=f"{CHROMIUM} is not installed (apt-get install chromium; .ci/run does it)",
+    ),
 ]
 
 
@@ -93,12 +103,23 @@ async def test_send_see_the_answer_and_markup_stays_text(stack: Stack, browser: 
 @pytest.mark.crash
 async def test_continue_after_a_killed_worker_and_a_stale_tab(stack: Stack, browser: Browser) -> None:
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
-    stack.script([
-        {"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 8}}]},
-        {"text": "I could not confirm the write; please check k.txt"},
-    ])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 8}}
+                ]
+            },
+            {"text": "I could not confirm the write; please check k.txt"},
+        ]
+    )
     first = stack.spawn_worker()
     second_worker = stack.spawn_worker()  # the one left when the first is killed
     await stack.wait_serving(first, second_worker)
@@ -164,7 +185,8 @@ async def test_a_tool_that_asks_first_is_approved_or_denied(stack: Stack, browse
         status = page.get_by_role("status")
         await expect(status).to_contain_text("awaiting_user (approval_required)")
         await expect(page.get_by_role("list", name="Waiting for your approval")).to_contain_text(
-            'write_file({"path": "p.txt", "content": "yes"})')
+            'write_file({"path": "p.txt", "content": "yes"})'
+        )
         await expect(page.get_by_role("button", name="Continue")).to_be_hidden()
         await snap(page, "page-approval")
         await page.get_by_role("button", name="Approve").click()
@@ -186,10 +208,22 @@ async def test_a_tool_that_asks_first_is_approved_or_denied(stack: Stack, browse
 
 
 async def test_stop_while_a_tool_runs(stack: Stack, browser: Browser) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 30}}]}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(stack.dir / "ledger.txt"),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "x", "seconds": 30}}
+                ]
+            }
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("stop")
     with serving(stack.settings()) as web:
@@ -236,8 +270,13 @@ async def test_the_answer_streams_in(stack: Stack, browser: Browser) -> None:
 
     words = f"first second third {INJECTED} fourth fifth sixth seventh"
     with FakeChatServer([{"text": words, "chunk_delay": 0.25}]) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "test-key"})
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "test-key",
+            }
+        )
         await stack.start_worker()
         chat = stack.chat("streaming")
         with serving(stack.settings()) as web:

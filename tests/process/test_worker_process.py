@@ -1,5 +1,6 @@
 """`python worker.py` as a user runs it: with TEMPORAL_ADDRESS unset it starts
 the embedded dev server, a later worker reuses it, SIGTERM exits cleanly."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,12 @@ async def _wait_healthy(address: str, timeout: float = 60) -> None:
 
 async def test_embedded_dev_server_outlives_a_killed_worker(stack: Stack) -> None:
     port, ui = _free_port(), _free_port()
-    embedded = {"TEMPORAL_ADDRESS": "", "TURNKEEPER_DEV_SERVER_PORT": str(port),
-                "TURNKEEPER_DEV_UI_PORT": str(ui), "TURNKEEPER_TASK_QUEUE": "turnkeeper"}
+    embedded = {
+        "TEMPORAL_ADDRESS": "",
+        "TURNKEEPER_DEV_SERVER_PORT": str(port),
+        "TURNKEEPER_DEV_UI_PORT": str(ui),
+        "TURNKEEPER_TASK_QUEUE": "turnkeeper",
+    }
     stack.script([{"text": "one"}, {"text": "two"}])
     settings = Settings.from_env(stack.env(**embedded))
     address = f"127.0.0.1:{port}"
@@ -88,8 +93,10 @@ async def test_bad_configuration_is_a_clear_error(stack: Stack) -> None:
     assert "Traceback" not in log
     proc = stack.spawn_worker(TURNKEEPER_EVENT_LOOP="trio")
     assert proc.wait(timeout=60) == 2
-    assert "TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'" in \
-        (stack.dir / "worker3.log").read_text()
+    assert (
+        "TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'"
+        in (stack.dir / "worker3.log").read_text()
+    )
 
 
 async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:
@@ -98,9 +105,12 @@ async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        proc = stack.spawn_worker(TEMPORAL_ADDRESS="", TURNKEEPER_DATA_DIR=str(stack.dir / "own"),
-                                  TURNKEEPER_DEV_SERVER_PORT=str(_free_port()),
-                                  TURNKEEPER_DEV_UI_PORT=str(taken.getsockname()[1]))
+        proc = stack.spawn_worker(
+            TEMPORAL_ADDRESS="",
+            TURNKEEPER_DATA_DIR=str(stack.dir / "own"),
+            TURNKEEPER_DEV_SERVER_PORT=str(_free_port()),
+            TURNKEEPER_DEV_UI_PORT=str(taken.getsockname()[1]),
+        )
         assert proc.wait(timeout=60) == 1
     log = (stack.dir / "worker0.log").read_text()
     assert "address already in use" in log and "TURNKEEPER_DEV_UI_PORT" in log

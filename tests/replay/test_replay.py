@@ -1,6 +1,7 @@
 """Replay the recorded histories in tests/histories/ against today's workflow code:
 a change that would break turns already running fails here, not in production.
 Record them with `TK_RECORD_HISTORIES=1 .venv/bin/pytest <test files>` (tests/README.md)."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -30,8 +31,9 @@ async def replay_failures(paths: list[Path]) -> tuple[int, list[str]]:
     # the same code in the sandbox. Watched: a failure in the task after a history's
     # last completed one is named too.
     watch = FailureWatch(UnsandboxedWorkflowRunner())
-    replayer = Replayer(workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter,
-                        workflow_runner=watch)
+    replayer = Replayer(
+        workflows=[ChatTurn, Reconcile], data_converter=pydantic_data_converter, workflow_runner=watch
+    )
     failures: list[str] = []
     replayed = 0
     async with replayer.workflow_replay_iterator(_replayed(paths)) as results:
@@ -44,8 +46,11 @@ async def replay_failures(paths: list[Path]) -> tuple[int, list[str]]:
     return replayed, failures
 
 
-@pytest.mark.skipif(not HISTORIES, reason="no recorded histories in tests/histories/ yet: "
-                    "record them with TK_RECORD_HISTORIES=1 (tests/README.md)")
+@pytest.mark.skipif(
+    not HISTORIES,
+    reason="no recorded histories in tests/histories/ yet: "
+    "record them with TK_RECORD_HISTORIES=1 (tests/README.md)",
+)
 async def test_recorded_histories_replay() -> None:
     """Every kept history, through one replayer (one worker for all of them: half the
     time of a replayer each); every history that does not replay is named."""

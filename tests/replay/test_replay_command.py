@@ -1,12 +1,13 @@
 """`turnkeeper replay`, the deploy gate (docs/operations.md, "Before a deploy"): the
 histories of real turns replay on this code, and fail on an incompatible one."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tests.incompatible_workflows import MessageFailingChatTurn
@@ -29,8 +30,14 @@ os._exit(cli.run(sys.argv[1:]))
 
 
 async def run(stack: Stack, *command: str) -> subprocess.CompletedProcess[str]:
-    proc = await asyncio.create_subprocess_exec(*command, env=stack.env(), cwd=ROOT, stdin=subprocess.DEVNULL,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        *command,
+        env=stack.env(),
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return subprocess.CompletedProcess(command, proc.returncode, out.decode(), err.decode())
@@ -38,8 +45,12 @@ async def run(stack: Stack, *command: str) -> subprocess.CompletedProcess[str]:
 
 async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_gate(stack: Stack) -> None:
     # Each chat: a tool call, then a model call that fails: the turn waits at a gate.
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"error": "the provider refused"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"error": "the provider refused"},
+        ]
+    )
     await stack.start_worker()
     closed, waiting = stack.chat("closed"), stack.chat("waiting")
     for chat in (closed, waiting):
@@ -49,8 +60,9 @@ async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_ga
     await stack.decide(closed, "dismiss", state.recovery_id)
     await stack.wait_turn_done(closed, 1)
 
-    query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue,
-                                    datetime.now(timezone.utc) - timedelta(hours=1))
+    query = replay.visibility_query(
+        replay.WORKFLOW_TYPES, stack.task_queue, datetime.now(UTC) - timedelta(hours=1)
+    )
 
     async def listed() -> bool:  # visibility is eventually consistent
         runs = {(w.id, w.status.name) async for w in stack.client.list_workflows(query)}
@@ -61,7 +73,9 @@ async def test_recent_histories_replay_and_an_incompatible_workflow_fails_the_ga
     passed = await run(stack, TURNKEEPER, "replay", "--since", "1h", "--json")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     summary = json.loads(passed.stdout)
-    assert summary["ok"] and summary["failures"] == [] and summary["replayed"] >= 2 and summary["running"] >= 1
+    assert (
+        summary["ok"] and summary["failures"] == [] and summary["replayed"] >= 2 and summary["running"] >= 1
+    )
     text = await run(stack, TURNKEEPER, "replay", "--limit", "5")
     assert text.returncode == 0 and "all replay on this code" in text.stdout, text.stdout + text.stderr
 
@@ -89,7 +103,7 @@ async def test_a_running_turn_whose_next_task_fails_on_this_code_fails_the_gate(
     await stack.stop_workers()
     await stack.send(chat, "are you there?")  # acknowledged; its workflow task waits for a worker
     settings, since = stack.settings(), timedelta(hours=1)
-    query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue, datetime.now(timezone.utc) - since)
+    query = replay.visibility_query(replay.WORKFLOW_TYPES, stack.task_queue, datetime.now(UTC) - since)
 
     async def listed() -> bool:  # visibility is eventually consistent
         runs = {(w.id, w.status.name) async for w in stack.client.list_workflows(query)}
@@ -98,8 +112,9 @@ async def test_a_running_turn_whose_next_task_fails_on_this_code_fails_the_gate(
     await until_async(listed, what="the waiting run is listed")
     ok = await replay.replay_recent(stack.client, settings, limit=20, since=since)
     assert ok.ok, ok.failures
-    failed = await replay.replay_recent(stack.client, settings, limit=20, since=since,
-                                        workflows=[MessageFailingChatTurn, Reconcile])
+    failed = await replay.replay_recent(
+        stack.client, settings, limit=20, since=since, workflows=[MessageFailingChatTurn, Reconcile]
+    )
     [failure] = failed.failures
     assert (failure.workflow_id, failure.running) == (tk.workflow_id(chat), True)
     assert failure.error == "its next workflow task fails: this code cannot take the message", failure.error

@@ -1,6 +1,7 @@
 """A lost step and a user's input handled in one workflow task, after the worker
 that held the turn died: the run must replay as it ran, whichever order the
 SDK applies the two in."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,13 +21,20 @@ from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
 
-SLOW_TOOL = {"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]}
+SLOW_TOOL = {
+    "tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]
+}
 
 
 def _slow_tool(stack: Stack, script: list[dict]) -> Path:
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write", "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
     stack.script(script)
     return ledger
 
@@ -54,6 +62,7 @@ async def _turn_1_is(stack: Stack, chat: str, status: TurnStatus, reason: Reason
     async def reached() -> bool:
         record = await store.get_turn(chat, 1)
         return record is not None and (record.status, record.reason) == (status, reason)
+
     await until_async(reached, timeout=60, what=f"turn 1 {status.value}/{reason.value}")
 
 
@@ -121,7 +130,9 @@ async def test_input_and_lost_continuation_in_one_task_replay(stack: Stack, acti
     else:
         await stack.send(chat, "a newer message")
     stack.spawn_worker()
-    await _turn_1_is(stack, chat, TurnStatus.RECOVERED, Reason.DISMISSED if action == "dismiss" else Reason.SUPERSEDED)
+    await _turn_1_is(
+        stack, chat, TurnStatus.RECOVERED, Reason.DISMISSED if action == "dismiss" else Reason.SUPERSEDED
+    )
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
 
@@ -131,6 +142,7 @@ async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -
     """A signal reaches the server while the run's first model call waits on the store
     (which numbers the turn there). Whatever it did, every message is answered once."""
     import sqlite3
+
     stack.script([{"text": "hello"}, {"text": "again"}])
     await stack.start_worker()
     warm = stack.chat("warm")
@@ -153,10 +165,14 @@ async def test_a_signal_during_a_store_call_replays(stack: Stack, signal: str) -
 
     async def answered() -> bool:
         rows = await stack.history(chat)
-        return [r["role"] for r in rows] == ["user", "assistant"] * len(sent) and \
-            [r["content"] for r in rows if r["role"] == "user"] == sent
+        return [r["role"] for r in rows] == ["user", "assistant"] * len(sent) and [
+            r["content"] for r in rows if r["role"] == "user"
+        ] == sent
+
     await until_async(answered, what="every message answered once")
-    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await stack.wait_state(
+        chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60
+    )
     if signal == "dismiss":  # nothing waited for a decision: refused, in words
         assert "recovery_action_rejected" in await stack.event_types(chat)
     await asyncio.sleep(2)
@@ -174,7 +190,9 @@ async def _until_event(handle, attribute: str, timeout: float = 30.0) -> None:
 
 
 @pytest.mark.parametrize("action", ["stop", "message", "dismiss-stale"])
-async def test_a_signal_while_the_lost_steps_task_waits_for_a_dead_worker_replays(stack: Stack, action: str) -> None:
+async def test_a_signal_while_the_lost_steps_task_waits_for_a_dead_worker_replays(
+    stack: Stack, action: str
+) -> None:
     """The step is lost, its workflow task goes to the dead worker's sticky queue, and
     the signal lands before that task times out there: one task takes both."""
     ledger = _slow_tool(stack, [SLOW_TOOL, {"text": "done"}, {"text": "done again"}])
@@ -193,13 +211,17 @@ async def test_a_signal_while_the_lost_steps_task_waits_for_a_dead_worker_replay
         await handle.signal("dismiss", RecoveryAction(recovery_id="made-up"))
     await asyncio.sleep(1.5)  # past the sticky queue's timeout: the task goes to the shared queue
     stack.spawn_worker()
-    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await stack.wait_state(
+        chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60
+    )
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
 
 
 @pytest.mark.parametrize("action", ["stop", "message"])
-async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(stack: Stack, action: str) -> None:
+async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(
+    stack: Stack, action: str
+) -> None:
     """As above, and the next worker has the run in its cache from a `state` query it
     answered before the step was lost: it applies the new events from there."""
     chat, handle = await _kill_the_worker_running_the_tool(stack, "cached")
@@ -210,7 +232,9 @@ async def test_a_signal_after_a_query_cached_the_run_on_the_next_worker_replays(
         await handle.signal("stop", {})
     else:
         await stack.send(chat, "a newer message")
-    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await stack.wait_state(
+        chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60
+    )
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []
 
@@ -222,9 +246,11 @@ async def test_a_decision_on_the_gate_a_query_showed_before_its_task_ran_replays
     await _until_event(handle, "activity_task_timed_out_event_attributes")
     try:
         shown = await stack.state(chat)
-    except Exception:  # noqa: BLE001 — the query may time out on the dead worker's queue
+    except Exception:
         shown = None
     await handle.signal("dismiss", RecoveryAction(recovery_id=(shown and shown.recovery_id) or "none"))
-    await stack.wait_state(chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60)
+    await stack.wait_state(
+        chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING), timeout=60
+    )
     await asyncio.sleep(1)
     assert await _replays(stack, chat) == []

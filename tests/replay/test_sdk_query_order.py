@@ -3,6 +3,7 @@ and applies the timer to answer it; a signal then joins the same workflow task. 
 reacts to the timer, then to the signal (two activations); replay applies both in one activation,
 signal first: the run does not replay. Failing the activation that applies events of a workflow
 task not started yet (the query fails, the run is evicted) keeps live and replay alike."""
+
 from __future__ import annotations
 
 import asyncio
@@ -53,14 +54,21 @@ class TimerAndSignal:
         while len(self.taken) < 2:
             await workflow.wait_condition(lambda: bool(self.inputs))
             info = workflow.info()
-            TAKES.append((self.inputs[0], workflow.unsafe.is_replaying(), info.get_current_history_length(),
-                          info.get_current_history_size()))
+            TAKES.append(
+                (
+                    self.inputs[0],
+                    workflow.unsafe.is_replaying(),
+                    info.get_current_history_length(),
+                    info.get_current_history_size(),
+                )
+            )
             if self._catching_up() and guard:
                 raise RuntimeError("events of a workflow task not started yet")
             entry = self.inputs.popleft()
             self.taken.append(entry)
-            workflow.start_activity(on_timer if entry == "timer" else on_signal,
-                                    start_to_close_timeout=timedelta(seconds=10))
+            workflow.start_activity(
+                on_timer if entry == "timer" else on_signal, start_to_close_timeout=timedelta(seconds=10)
+            )
         return self.taken
 
     def _catching_up(self) -> bool:
@@ -81,23 +89,32 @@ class TimerAndSignal:
 
 async def _first_task_done(handle: WorkflowHandle) -> None:
     while EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED not in [
-            e.event_type for e in (await handle.fetch_history()).events]:
+        e.event_type for e in (await handle.fetch_history()).events
+    ]:
         await asyncio.sleep(0.02)
 
 
-async def _query_while_a_is_dead(client: Client, order: str, guard: bool
-                                 ) -> tuple[object, list[str], WorkflowHandle]:
+async def _query_while_a_is_dead(
+    client: Client, order: str, guard: bool
+) -> tuple[object, list[str], WorkflowHandle]:
     """Worker A (another process) takes the first task and is SIGKILLed; the run is queried and
     worker B started at once: the query waits STICKY_S for A, then B answers it. `timer_first`: the timer
     fires during that wait and the signal comes after the answer; `signal_first`: the signal comes
     during the wait and the timer fires after the answer, both before A's pending task times out."""
     queue = f"sdk-query-order-{uuid.uuid4()}"
     worker_a = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.replay.test_sdk_query_order", client.service_client.config.target_host, queue,
-        cwd=ROOT)
+        sys.executable,
+        "-m",
+        "tests.replay.test_sdk_query_order",
+        client.service_client.config.target_host,
+        queue,
+        cwd=ROOT,
+    )
     timer_s = STICKY_S - 1 if order == "timer_first" else STICKY_S + 0.8
     try:
-        handle = await client.start_workflow(TimerAndSignal.run, args=[timer_s, guard], id=queue, task_queue=queue)
+        handle = await client.start_workflow(
+            TimerAndSignal.run, args=[timer_s, guard], id=queue, task_queue=queue
+        )
         await asyncio.wait_for(_first_task_done(handle), 30)
         os.kill(worker_a.pid, signal.SIGKILL)
     finally:
@@ -142,7 +159,9 @@ async def test_a_signal_applied_by_a_query_replays(client: Client) -> None:
 
 
 @pytest.mark.parametrize("order", ["timer_first", "signal_first"])
-async def test_failing_the_activation_of_an_unstarted_task_keeps_replay_alike(client: Client, order: str) -> None:
+async def test_failing_the_activation_of_an_unstarted_task_keeps_replay_alike(
+    client: Client, order: str
+) -> None:
     answer, result, handle = await _query_while_a_is_dead(client, order, guard=True)
     assert isinstance(answer, WorkflowQueryFailedError) and "not started yet" in str(answer)
     assert result == ["signal", "timer"]
@@ -153,8 +172,12 @@ async def test_failing_the_activation_of_an_unstarted_task_keeps_replay_alike(cl
 
 async def _worker_a(target: str, queue: str) -> None:
     client = await Client.connect(target)
-    async with Worker(client, task_queue=queue, workflows=[TimerAndSignal],
-                      sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S)):
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[TimerAndSignal],
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S),
+    ):
         await asyncio.Event().wait()
 
 

@@ -2,6 +2,7 @@
 an activity completion that history shows was already applied, while replay of the history it
 records handles it after that completion (temporalio/sdk-python #848, #673): the run does not
 replay. A signal sent at the same point replays exactly as it ran."""
+
 from __future__ import annotations
 
 import asyncio
@@ -74,8 +75,9 @@ async def _applied(handle: WorkflowHandle[Any, Any], event_type: int) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _after_a_restart(client: Client, send: Callable[[WorkflowHandle[Any, Any]], Awaitable[Any]]
-                           ) -> tuple[str, WorkflowHistory]:
+async def _after_a_restart(
+    client: Client, send: Callable[[WorkflowHandle[Any, Any]], Awaitable[Any]]
+) -> tuple[str, WorkflowHistory]:
     """Worker A applies the step's completion in a task with no command, after another such task
     (a signal); A stops; `send` reaches the run, which worker B must replay cold."""
     queue = f"sdk-update-order-{uuid.uuid4()}"

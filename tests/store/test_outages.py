@@ -13,6 +13,7 @@ no wait of the store's own. These tests make each outage for real:
   standby would; sessions cut off (`pg_terminate_backend`).
 - /healthz reports the store as not ok while it cannot be written.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,13 @@ import pytest
 from starlette.requests import Request
 
 from tests.pg import PG_URL, pg_admin, pg_schema
-from turnkeeper.activities.store import PostgresStore, SessionStore, SQLiteStore, StoreUnavailable, inline_calls
+from turnkeeper.activities.store import (
+    PostgresStore,
+    SessionStore,
+    SQLiteStore,
+    StoreUnavailable,
+    inline_calls,
+)
 from turnkeeper.models import NewEvent
 from turnkeeper.web.app import healthz
 from turnkeeper.web.backends import ApiError
@@ -59,8 +66,13 @@ async def seqs(store: SessionStore, chat_id: str = CHAT) -> list[int]:
 def store_log(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What the store logged of its outages: "down" and "up"."""
     said = {"does not answer": "down", "answers again": "up"}
-    return [word for r in caplog.records if r.name == "turnkeeper.store"
-            for text, word in said.items() if text in r.getMessage()]
+    return [
+        word
+        for r in caplog.records
+        if r.name == "turnkeeper.store"
+        for text, word in said.items()
+        if text in r.getMessage()
+    ]
 
 
 async def first_write_after(store: SessionStore, chat_id: str = CHAT) -> float:
@@ -88,7 +100,9 @@ class Unwritable:
         if self.how == "chattr +i":
             done = subprocess.run(["chattr", "+i", *map(str, files)], capture_output=True, text=True)
             if done.returncode != 0:
-                pytest.skip(f"chattr +i does not work here ({done.stderr.strip()}), and root ignores file modes")
+                pytest.skip(
+                    f"chattr +i does not work here ({done.stderr.strip()}), and root ignores file modes"
+                )
             self._immutable.extend(files)
             return
         for path in (*files, files[0].parent):
@@ -125,7 +139,8 @@ async def sqlite_store(db: Path) -> SQLiteStore:
 
 @pytest.mark.parametrize("with_wal", [True, False], ids=["with-its-wal", "file-alone"])
 async def test_sqlite_a_store_read_only_when_opened_takes_writes_once_it_is_writable(
-        tmp_path: Path, unwritable: Unwritable, with_wal: bool, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, unwritable: Unwritable, with_wal: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """The file (and its WAL, when another process keeps one) cannot be written when
     the store opens it (a worker started then): SQLite opens it read-only, silently.
     The store opens all the same; writes fail as unavailable, reads work; once the
@@ -166,7 +181,8 @@ async def test_sqlite_a_store_read_only_when_opened_takes_writes_once_it_is_writ
 
 
 async def test_sqlite_a_store_made_unwritable_while_open_takes_writes_once_it_is_writable(
-        tmp_path: Path, unwritable: Unwritable) -> None:
+    tmp_path: Path, unwritable: Unwritable
+) -> None:
     """The same while the store has the files open: its writes meet an I/O error
     (chattr) or a read-only file; the connections opened again meanwhile are read-only."""
     db = tmp_path / "sessions.db"
@@ -186,7 +202,9 @@ async def test_sqlite_a_store_made_unwritable_while_open_takes_writes_once_it_is
         await store.close()
 
 
-async def test_sqlite_a_deleted_store_file_is_waited_for_and_a_restored_copy_is_opened(tmp_path: Path) -> None:
+async def test_sqlite_a_deleted_store_file_is_waited_for_and_a_restored_copy_is_opened(
+    tmp_path: Path,
+) -> None:
     """Deleted under the running store: calls fail as unavailable (no empty store
     is made in its place: what it took would be lost when the file is restored).
     A copy put back at the path (another file) is opened, as a restart would."""
@@ -234,8 +252,11 @@ async def test_sqlite_a_store_file_moved_away_and_back_is_used_again(tmp_path: P
 @contextmanager
 def small_tmpfs(where: Path, size_kb: int) -> Iterator[Path]:
     where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         where.rmdir()
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
@@ -286,14 +307,19 @@ async def own_database() -> AsyncIterator[tuple[str, asyncpg.Connection]]:
 
 
 async def end_sessions(admin: asyncpg.Connection, database: str) -> int:
-    return int(await admin.fetchval(
-        "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-        " WHERE datname = $1 AND pid <> pg_backend_pid()) AS ended", database))
+    return int(
+        await admin.fetchval(
+            "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND pid <> pg_backend_pid()) AS ended",
+            database,
+        )
+    )
 
 
 @pytest.mark.postgres
 async def test_pg_writes_go_through_once_a_read_only_database_is_writable_again(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """As during a failover: the database turns read-only and its sessions end. The
     pool opens new sessions, read-only ones; writes fail as unavailable, reads
     work. Once it is writable again the next write goes through, though the pool
@@ -330,19 +356,27 @@ async def test_pg_calls_go_through_after_the_servers_sessions_are_cut() -> None:
     calls go through, each at its first try."""
     app = f"tk_cut_{uuid.uuid4().hex[:8]}"
     async with pg_schema() as schema:
-        store = PostgresStore(f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app}", schema=schema,
-                              min_size=4, max_size=4)
+        store = PostgresStore(
+            f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app}",
+            schema=schema,
+            min_size=4,
+            max_size=4,
+        )
         await store.open()
         admin = await pg_admin()
         try:
             await asyncio.gather(*(store.append_events(f"c{i}", event()) for i in range(8)))
             for _ in range(3):
                 cut = await admin.fetchval(
-                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app)
+                    "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                    app,
+                )
                 assert cut >= 1
                 assert await first_write_after(store) < BOUND_S
-                await asyncio.gather(*(store.append_events(f"c{i}", event()) for i in range(8)),
-                                     *(store.events(f"c{i}") for i in range(8)))
+                await asyncio.gather(
+                    *(store.append_events(f"c{i}", event()) for i in range(8)),
+                    *(store.events(f"c{i}") for i in range(8)),
+                )
             assert await seqs(store) == [1, 2, 3]
         finally:
             await admin.close()
@@ -375,7 +409,8 @@ async def health_of_store(store: SessionStore) -> str:
 
 
 async def test_healthz_reports_a_read_only_sqlite_store_until_it_is_writable(
-        tmp_path: Path, unwritable: Unwritable) -> None:
+    tmp_path: Path, unwritable: Unwritable
+) -> None:
     db = tmp_path / "sessions.db"
     store = await sqlite_store(db)
     try:

@@ -3,6 +3,7 @@
 Every contract test runs on SQLite and on PostgreSQL (`backend` fixture); the
 PostgreSQL server and how to skip it: tests/pg.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,15 +29,16 @@ from turnkeeper.activities.store import (
     PostgresStore,
     SessionStore,
     SQLiteStore,
+    StoredRow,
     StoreError,
     StoreUnavailable,
+    Summary,
     TurnUpdate,
     inline_calls,
     open_store,
 )
-from turnkeeper.activities.store import StoredRow, Summary
-from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
 from turnkeeper.activities.store import sqlite as sqlite_store
+from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
 from turnkeeper.activities.store.schema import SCHEMA_VERSION
 from turnkeeper.config import Settings
 from turnkeeper.models import (
@@ -143,7 +145,9 @@ class PostgresBackend(Backend):
         conn = await self.connect()
         try:
             async with conn.transaction():  # the chat's advisory lock, as a store's write takes it
-                await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _CHAT_LOCK_SPACE, chat_id)
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock($1, hashtext($2))", _CHAT_LOCK_SPACE, chat_id
+                )
                 yield
         finally:
             await conn.close()
@@ -212,7 +216,9 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
     await s.close()
     await s.close()  # closing twice is harmless
 
-    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
+    assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(
+        SCHEMA_VERSION
+    )
     if isinstance(backend, SQLiteBackend):
         assert await backend.fetchval("PRAGMA journal_mode") == "wal"
 
@@ -226,11 +232,17 @@ async def test_open_is_idempotent_and_records_schema_version(backend: Backend) -
 
 async def _has_index(backend: Backend, name: str) -> bool:
     if isinstance(backend, SQLiteBackend):
-        return bool(await backend.fetchval("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?",
-                                           name))
+        return bool(
+            await backend.fetchval(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?", name
+            )
+        )
     assert isinstance(backend, PostgresBackend)
-    return bool(await backend.fetchval("SELECT count(*) FROM pg_indexes WHERE schemaname = ? AND indexname = ?",
-                                       backend.schema, name))
+    return bool(
+        await backend.fetchval(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = ? AND indexname = ?", backend.schema, name
+        )
+    )
 
 
 async def test_both_schemas_index_the_open_turns(store: SessionStore, backend: Backend) -> None:
@@ -271,7 +283,9 @@ async def test_a_version_1_store_is_migrated_and_keeps_its_rows(backend: Backend
     store = backend.new_store()
     await store.open()
     try:
-        assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(SCHEMA_VERSION)
+        assert await backend.fetchval("SELECT value FROM meta WHERE key = 'schema_version'") == str(
+            SCHEMA_VERSION
+        )
         assert await _has_index(backend, "messages_chat_row")
         assert [m.content for m in await store.history(CHAT)] == ["text of m1"]
         kept = await store.add_summary(CHAT, Summary(upto_id=1, text="s", tokens=1, assistant_rows=0))
@@ -288,7 +302,10 @@ async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: 
     loaded = await store.context_rows(CHAT)
     assert loaded.summary is None
     assert [(r.turn, r.message.role, r.message.content) for r in loaded.rows] == [
-        (1, "user", "text of m1"), (1, "user", "text of m2"), (1, "assistant", "answer")]
+        (1, "user", "text of m1"),
+        (1, "user", "text of m2"),
+        (1, "assistant", "answer"),
+    ]
     ids = [r.id for r in loaded.rows]
     assert ids == sorted(ids)
 
@@ -300,7 +317,9 @@ async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: 
     await store.add_summary(CHAT, second)
     loaded = await store.context_rows(CHAT)
     assert loaded.summary == second
-    assert loaded.rows == [StoredRow(id=ids[2], turn=1, message=ChatMessage(role="assistant", content="answer"))]
+    assert loaded.rows == [
+        StoredRow(id=ids[2], turn=1, message=ChatMessage(role="assistant", content="answer"))
+    ]
     # The transcript itself is never shortened, and other chats see nothing of it.
     assert [m.content for m in await store.history(CHAT)] == ["text of m1", "text of m2", "answer"]
     assert (await store.context_rows("other")).summary is None
@@ -308,12 +327,18 @@ async def test_context_rows_are_the_latest_summary_and_the_rows_after_it(store: 
 
 async def test_prepare_model_call_answers_lost_calls_commits_and_reads_in_one_go(store: SessionStore) -> None:
     turn = await start_turn(store, "run-1", "m1")
-    await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t")]), final=False)
+    await store.record_assistant(
+        CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t")]), final=False
+    )
     prepared = await store.prepare_model_call(CHAT, turn, [user("m1"), user("m2")], answer_lost_calls=True)
     assert prepared.committed == ["m2"]  # m1 was committed before: one row
     assert not isinstance(prepared.context, CorruptRowError)
     assert [(r.message.role, r.message.content) for r in prepared.context.rows] == [
-        ("user", "text of m1"), ("assistant", None), ("tool", INTERRUPTED_TOOL_TEXT), ("user", "text of m2")]
+        ("user", "text of m1"),
+        ("assistant", None),
+        ("tool", INTERRUPTED_TOOL_TEXT),
+        ("user", "text of m2"),
+    ]
     assert prepared.context == await store.context_rows(CHAT)
     # Again (the same call made again after a loss): nothing new, the same context.
     again = await store.prepare_model_call(CHAT, turn, [user("m2")], answer_lost_calls=True)
@@ -323,7 +348,8 @@ async def test_prepare_model_call_answers_lost_calls_commits_and_reads_in_one_go
 
 
 async def test_prepare_model_call_keeps_its_commits_when_a_row_cannot_be_read(
-        store: SessionStore, backend: Backend) -> None:
+    store: SessionStore, backend: Backend
+) -> None:
     turn = await start_turn(store, "run-1", "m1")
     ids = [r.id for r in (await store.context_rows(CHAT)).rows]
     await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[0])
@@ -336,22 +362,32 @@ async def test_prepare_model_call_keeps_its_commits_when_a_row_cannot_be_read(
 
 async def test_answered_call_ids_are_those_with_a_tool_row(store: SessionStore) -> None:
     turn = await start_turn(store, "run-1", "m1")
-    await store.record_assistant(CHAT, turn, 0, ModelReply(tool_calls=[ToolCall(id="a", name="t"),
-                                                                       ToolCall(id="b", name="t")]), final=False)
+    await store.record_assistant(
+        CHAT,
+        turn,
+        0,
+        ModelReply(tool_calls=[ToolCall(id="a", name="t"), ToolCall(id="b", name="t")]),
+        final=False,
+    )
     await store.record_tool_result(CHAT, turn, "b", "t", "ok", "done")
     assert await store.answered_call_ids(CHAT, ["x", "b", "a", "b"]) == ["b"]
-    assert await store.answered_call_ids("other", ["b"]) == [] and await store.answered_call_ids(CHAT, []) == []
+    assert (
+        await store.answered_call_ids("other", ["b"]) == [] and await store.answered_call_ids(CHAT, []) == []
+    )
 
 
 async def test_a_corrupt_row_after_the_summary_is_named_one_before_it_is_not_read(
-        store: SessionStore, backend: Backend) -> None:
+    store: SessionStore, backend: Backend
+) -> None:
     turn = await start_turn(store, "run-1", "m1", "m2")
     ids = [r.id for r in (await store.context_rows(CHAT)).rows]
     await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[1])
     with pytest.raises(CorruptRowError, match=f"message row id={ids[1]}"):
         await store.context_rows(CHAT)
     await backend.execute("UPDATE messages SET body = 'not json' WHERE id = ?", ids[0])
-    await backend.execute("UPDATE messages SET body = ? WHERE id = ?", '{"role":"user","content":"fixed"}', ids[1])
+    await backend.execute(
+        "UPDATE messages SET body = ? WHERE id = ?", '{"role":"user","content":"fixed"}', ids[1]
+    )
     await store.add_summary(CHAT, Summary(upto_id=ids[0], text="s", tokens=1, assistant_rows=0))
     assert [r.message.content for r in (await store.context_rows(CHAT)).rows] == ["fixed"]
     assert turn == 1
@@ -400,22 +436,26 @@ async def _sqlite_store(tmp_path: Path) -> SQLiteStore:
     return store
 
 
-def _spy_threads(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch, names: dict[str, str],
-                 hold_s: float = 0.0) -> list[tuple[str, str]]:
+def _spy_threads(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch, names: dict[str, str], hold_s: float = 0.0
+) -> list[tuple[str, str]]:
     """Record, per transaction, its name and whether it ran on the event loop's thread."""
     seen: list[tuple[str, str]] = []
     loop_thread = threading.get_ident()
     for attr, label in names.items():
+
         async def spy(chat: Any, *args: Any, inner: Any = getattr(store, attr), label: str = label) -> Any:
             seen.append((label, "loop" if threading.get_ident() == loop_thread else "store thread"))
             time.sleep(hold_s)  # a slow disk: the store thread is busy meanwhile
             return await inner(chat, *args)
+
         monkeypatch.setattr(store, attr, spy)
     return seen
 
 
 async def test_sqlite_runs_an_inline_call_that_cannot_wait_on_the_loop_and_a_synced_one_on_its_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = await _sqlite_store(tmp_path)
     try:
         seen = _spy_threads(store, monkeypatch, {"_tool_started_tx": "started", "_tool_result_tx": "result"})
@@ -428,7 +468,8 @@ async def test_sqlite_runs_an_inline_call_that_cannot_wait_on_the_loop_and_a_syn
 
 
 async def test_sqlite_runs_every_call_on_its_thread_unless_the_caller_allows_it_inline(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Local activities, the web process and the CLI call the store outside
     `inline_calls`: their calls keep to the store thread, as a local activity's
     timing must (activities/store/base.py)."""
@@ -439,6 +480,7 @@ async def test_sqlite_runs_every_call_on_its_thread_unless_the_caller_allows_it_
 
         async def in_a_task_started_inline() -> None:  # as the draft writer's task
             await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+
         with inline_calls():
             task = asyncio.create_task(in_a_task_started_inline())
         await task
@@ -449,16 +491,19 @@ async def test_sqlite_runs_every_call_on_its_thread_unless_the_caller_allows_it_
 
 
 async def test_sqlite_calls_keep_their_order_while_the_store_thread_works(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A call made while an earlier one still runs on the store thread (a synced
     write, or one whose caller was cancelled) queues behind it, never overtakes it:
     a draft written after the reply that removed it would show a stale answer."""
     store = await _sqlite_store(tmp_path)
     try:
-        seen = _spy_threads(store, monkeypatch, {"_tool_started_tx": "started", "_tool_result_tx": "result"},
-                            hold_s=0.3)
+        seen = _spy_threads(
+            store, monkeypatch, {"_tool_started_tx": "started", "_tool_result_tx": "result"}, hold_s=0.3
+        )
         first = asyncio.create_task(
-            store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1"))
+            store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
+        )
         await asyncio.sleep(0.05)  # the synced write is on the store thread now
         first.cancel()  # its caller gives up; the write itself goes on
         with inline_calls():
@@ -467,21 +512,26 @@ async def test_sqlite_calls_keep_their_order_while_the_store_thread_works(
         assert first.cancelled()
         seen.clear()
         with inline_calls():
-            await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")  # the thread is idle again
+            await store.record_tool_result(
+                CHAT, 1, "c1", "write_file", "ok", "done"
+            )  # the thread is idle again
         assert seen == [("result", "loop")]
     finally:
         await store.close()
 
 
 async def test_sqlite_a_write_that_meets_another_writers_lock_waits_on_the_store_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = await _sqlite_store(tmp_path)
     backend = SQLiteBackend(tmp_path / "sessions.db")
     try:
         seen = _spy_threads(store, monkeypatch, {"_tool_result_tx": "result"})
         async with backend.hold_write_lock(CHAT):
             with inline_calls():
-                write = asyncio.create_task(store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done"))
+                write = asyncio.create_task(
+                    store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
+                )
             await asyncio.sleep(0.2)
             assert not write.done()
         await asyncio.wait_for(write, timeout=5)
@@ -492,7 +542,8 @@ async def test_sqlite_a_write_that_meets_another_writers_lock_waits_on_the_store
 
 
 async def test_sqlite_checkpoints_the_loops_writes_on_its_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sqlite_store, "CHECKPOINT_EVERY_WRITES", 3)
     store = await _sqlite_store(tmp_path)
     try:
@@ -503,6 +554,7 @@ async def test_sqlite_checkpoints_the_loops_writes_on_its_thread(
         def spy() -> None:
             checkpoints.append(threading.get_ident() != loop_thread)
             real()
+
         monkeypatch.setattr(store, "_checkpoint_sync", spy)
         with inline_calls():
             for _ in range(6):  # six writes on the loop
@@ -560,13 +612,19 @@ async def test_begin_turn_reports_duplicates_and_writes_nothing_when_all_are(sto
 
 async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
-    calls = [ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}'),
-             ToolCall(id="call-b", name="write_file", arguments='{"path": "b"}')]
+    calls = [
+        ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}'),
+        ToolCall(id="call-b", name="write_file", arguments='{"path": "b"}'),
+    ]
     await store.record_assistant(CHAT, 1, 0, ModelReply(text=None, tool_calls=calls), final=False)
     assert await store.record_tool_result(CHAT, 1, "call-a", "read_file", "contents", "done")
-    await store.update_turn(CHAT, 1, TurnUpdate(status=TurnStatus.AWAITING_USER,
-                                                reason=Reason.TOOL_STATE_UNKNOWN,
-                                                recovery_id="rec-1", attempts=2))
+    await store.update_turn(
+        CHAT,
+        1,
+        TurnUpdate(
+            status=TurnStatus.AWAITING_USER, reason=Reason.TOOL_STATE_UNKNOWN, recovery_id="rec-1", attempts=2
+        ),
+    )
     seq = await last_seq(store)
 
     began = await store.begin_turn(CHAT, "run-2", ["m2"])
@@ -574,8 +632,9 @@ async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: Sess
 
     history = await store.history(CHAT)
     interrupted = [m for m in history if m.role == "tool" and m.content == INTERRUPTED_TOOL_TEXT]
-    assert interrupted == [ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT,
-                                       tool_call_id="call-b", name="write_file")]
+    assert interrupted == [
+        ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call-b", name="write_file")
+    ]
     assert [m.content for m in history].count(SUPERSEDED_TEXT) == 1
     assert history[-1] == ChatMessage(role="assistant", content=SUPERSEDED_TEXT)
     assert [m.role for m in history] == ["user", "assistant", "tool", "tool", "assistant"]
@@ -586,11 +645,22 @@ async def test_begin_turn_closes_open_turn_with_unanswered_tool_call(store: Sess
     assert (closed.recovery_id, closed.attempts) == ("rec-1", 2)  # kept, none minted
 
     new = await store.events(CHAT, after_seq=seq)
-    assert [e.type for e in new] == ["tool_interrupted", "recovery_state", "session_updated", "turn_end",
-                                     "turn_started"]
+    assert [e.type for e in new] == [
+        "tool_interrupted",
+        "recovery_state",
+        "session_updated",
+        "turn_end",
+        "turn_started",
+    ]
     assert new[0].payload == {"turn": 1, "tool_call_id": "call-b", "name": "write_file"}
-    assert new[1].payload == {"turn": 1, "status": "recovered", "reason": "superseded",
-                              "recovery_id": "rec-1", "can_continue": True, "attempts": 2}
+    assert new[1].payload == {
+        "turn": 1,
+        "status": "recovered",
+        "reason": "superseded",
+        "recovery_id": "rec-1",
+        "can_continue": True,
+        "attempts": 2,
+    }
     assert new[2].payload == {"scope": "thread"}
     # The old turn ends in the log, so whoever waits on it (`send`, a UI) stops waiting.
     assert new[3].payload == {"turn": 1, "status": "recovered", "reason": "superseded"}
@@ -606,8 +676,10 @@ async def test_begin_turn_closes_turn_that_has_only_a_user_row(store: SessionSto
     began = await store.begin_turn(CHAT, "run-2", ["m2"])
     assert began.closed_turn == 1
     history = await store.history(CHAT)
-    assert history == [ChatMessage(role="user", content="text of m1"),
-                       ChatMessage(role="assistant", content=SUPERSEDED_TEXT)]
+    assert history == [
+        ChatMessage(role="user", content="text of m1"),
+        ChatMessage(role="assistant", content=SUPERSEDED_TEXT),
+    ]
 
 
 async def test_begin_turn_closes_a_turn_whose_recovery_failed(store: SessionStore) -> None:
@@ -616,19 +688,29 @@ async def test_begin_turn_closes_a_turn_whose_recovery_failed(store: SessionStor
     await start_turn(store, "run-1", "m1")
     call = ToolCall(id="call-a", name="write_file", arguments='{"path": "a"}')
     await store.record_assistant(CHAT, 1, 0, ModelReply(text=None, tool_calls=[call]), final=False)
-    await store.update_turn(CHAT, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
-                                                recovery_id="rec-f", can_continue=False))
+    await store.update_turn(
+        CHAT,
+        1,
+        TurnUpdate(
+            status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, recovery_id="rec-f", can_continue=False
+        ),
+    )
 
     began = await store.begin_turn(CHAT, "run-2", ["m2"])
     assert began.turn == 2 and began.closed_turn == 1
     history = await store.history(CHAT)
     assert [m.role for m in history] == ["user", "assistant", "tool", "assistant"]
-    assert history[2] == ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT,
-                                     tool_call_id="call-a", name="write_file")
+    assert history[2] == ChatMessage(
+        role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call-a", name="write_file"
+    )
     assert history[3] == ChatMessage(role="assistant", content=SUPERSEDED_TEXT)
     closed = await store.get_turn(CHAT, 1)
     assert closed is not None
-    assert (closed.status, closed.reason, closed.recovery_id) == (TurnStatus.RECOVERED, Reason.SUPERSEDED, "rec-f")
+    assert (closed.status, closed.reason, closed.recovery_id) == (
+        TurnStatus.RECOVERED,
+        Reason.SUPERSEDED,
+        "rec-f",
+    )
     assert closed.can_continue is False
 
 
@@ -647,8 +729,13 @@ async def test_begin_turn_leaves_finished_turns_alone(store: SessionStore) -> No
 
 async def test_update_turn_announces_changes_only(store: SessionStore) -> None:
     await start_turn(store, "run-1", "m1")
-    update = TurnUpdate(status=TurnStatus.AWAITING_USER, reason=Reason.MODEL_FAILED,
-                        recovery_id="rec-1", can_continue=False, attempts=1)
+    update = TurnUpdate(
+        status=TurnStatus.AWAITING_USER,
+        reason=Reason.MODEL_FAILED,
+        recovery_id="rec-1",
+        can_continue=False,
+        attempts=1,
+    )
     seq = await last_seq(store)
     await store.update_turn(CHAT, 1, update)
     await store.update_turn(CHAT, 1, update)  # retry: no-op
@@ -656,7 +743,12 @@ async def test_update_turn_announces_changes_only(store: SessionStore) -> None:
     record = await store.get_turn(CHAT, 1)
     assert record is not None
     assert (record.status, record.reason, record.recovery_id, record.can_continue, record.attempts) == (
-        TurnStatus.AWAITING_USER, Reason.MODEL_FAILED, "rec-1", False, 1)
+        TurnStatus.AWAITING_USER,
+        Reason.MODEL_FAILED,
+        "rec-1",
+        False,
+        1,
+    )
     assert record.updated_at >= record.started_at and record.updated_at.tzinfo is not None
 
     await store.update_turn(CHAT, 1, update.model_copy(update={"attempts": 2}))
@@ -711,21 +803,30 @@ async def test_dismiss_racing_a_new_message_closes_the_turn_once(backend: Backen
         chats = [f"race-{i}" for i in range(12)]
         for chat in chats:
             await worker.begin_turn(chat, "run-1", ["m1"])
-            await worker.update_turn(chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED))
+            await worker.update_turn(
+                chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED)
+            )
         dismiss = TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED)
-        outcomes = await asyncio.gather(*(
-            asyncio.gather(
-                cli.finish_turn(chat, 1, dismiss, closing_text="dismissed",
-                                only_from=frozenset({TurnStatus.FAILED})),
-                worker.begin_turn(chat, "run-2", ["m2"]))
-            for chat in chats))
-        for chat, (dismissed, begun) in zip(chats, outcomes):
+        outcomes = await asyncio.gather(
+            *(
+                asyncio.gather(
+                    cli.finish_turn(
+                        chat, 1, dismiss, closing_text="dismissed", only_from=frozenset({TurnStatus.FAILED})
+                    ),
+                    worker.begin_turn(chat, "run-2", ["m2"]),
+                )
+                for chat in chats
+            )
+        )
+        for chat, (dismissed, begun) in zip(chats, outcomes, strict=False):
             assert begun.turn == 2
             record = await worker.get_turn(chat, 1)
             assert record is not None and record.status == TurnStatus.RECOVERED
             assert record.reason == (Reason.DISMISSED if dismissed else Reason.SUPERSEDED), chat
             assert (begun.closed_turn is None) == dismissed, chat
-            endings = [e for e in await worker.events(chat) if e.type == "turn_end" and e.payload["turn"] == 1]
+            endings = [
+                e for e in await worker.events(chat) if e.type == "turn_end" and e.payload["turn"] == 1
+            ]
             assert len(endings) == 1, chat
             closing = [m for m in await worker.turn_messages(chat, 1) if m.role == "assistant"]
             assert len(closing) == 1, chat
@@ -769,20 +870,28 @@ async def test_unknown_turn_status_raises_corrupt_row(store: SessionStore, backe
     assert await store.open_turns() == []  # filtered by status in SQL: the bad row is not open
 
 
-
-async def test_closing_a_turn_works_with_an_unreadable_assistant_row(store: SessionStore, backend: Backend) -> None:
+async def test_closing_a_turn_works_with_an_unreadable_assistant_row(
+    store: SessionStore, backend: Backend
+) -> None:
     """Dismiss is always possible, whatever the store holds: an assistant row that does
     not decode is left as it is (its calls cannot be known) and the rest is answered."""
     await start_turn(store, "run-1", "m1")
     calls = [ToolCall(id="call-a", name="read_file", arguments='{"path": "a"}')]
     await store.record_assistant(CHAT, 1, 0, ModelReply(tool_calls=calls), final=False)
-    await store.record_assistant(CHAT, 1, 1, ModelReply(tool_calls=[
-        ToolCall(id="call-b", name="read_file", arguments='{"path": "b"}')]), final=False)
-    await backend.execute("UPDATE messages SET body = '{broken' WHERE chat_id = ? AND step = 0 AND role = 'assistant'",
-                          CHAT)
+    await store.record_assistant(
+        CHAT,
+        1,
+        1,
+        ModelReply(tool_calls=[ToolCall(id="call-b", name="read_file", arguments='{"path": "b"}')]),
+        final=False,
+    )
+    await backend.execute(
+        "UPDATE messages SET body = '{broken' WHERE chat_id = ? AND step = 0 AND role = 'assistant'", CHAT
+    )
     assert await store.close_unanswered_calls(CHAT, 1) == ["call-b"]
-    assert await store.finish_turn(CHAT, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED),
-                                   closing_text="dismissed")
+    assert await store.finish_turn(
+        CHAT, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED), closing_text="dismissed"
+    )
     record = await store.get_turn(CHAT, 1)
     assert record is not None and record.reason == Reason.DISMISSED
     with pytest.raises(CorruptRowError, match=r"message row id=\d+ does not decode"):
@@ -815,7 +924,9 @@ async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(s
     await store.record_assistant(CHAT, 1, 1, ModelReply(text="draft"), final=False)
 
     seq = await last_seq(store)
-    rerun = ModelReply(text="looking again", tool_calls=[ToolCall(id="c1", name="list_dir", arguments='{"p": 1}')])
+    rerun = ModelReply(
+        text="looking again", tool_calls=[ToolCall(id="c1", name="list_dir", arguments='{"p": 1}')]
+    )
     await store.record_assistant(CHAT, 1, 0, rerun, final=False)
     history = await store.history(CHAT)
     assert [m.content for m in history] == ["text of m1", "looking again", "a.txt", "draft"]
@@ -823,8 +934,12 @@ async def test_record_assistant_replaces_in_place_and_skips_same_content_retry(s
 
     new = await store.events(CHAT, after_seq=seq)
     assert [e.type for e in new] == ["assistant_message"]
-    assert new[0].payload == {"turn": 1, "step": 0, "text": "looking again",
-                              "tool_calls": [{"id": "c1", "name": "list_dir", "arguments": '{"p": 1}'}]}
+    assert new[0].payload == {
+        "turn": 1,
+        "step": 0,
+        "text": "looking again",
+        "tool_calls": [{"id": "c1", "name": "list_dir", "arguments": '{"p": 1}'}],
+    }
 
     await store.record_assistant(CHAT, 1, 0, rerun, final=False)  # pure retry
     assert await last_seq(store) == new[-1].seq
@@ -856,7 +971,12 @@ async def test_tool_started_reports_a_repeat(store: SessionStore) -> None:
     assert await store.tool_started(CHAT, 1, call, "key-1") is False
     new = await store.events(CHAT, after_seq=seq)
     assert [e.type for e in new] == ["tool_started"]
-    assert new[0].payload == {"turn": 1, "tool_call_id": "c1", "name": "write_file", "idempotency_key": "key-1"}
+    assert new[0].payload == {
+        "turn": 1,
+        "tool_call_id": "c1",
+        "name": "write_file",
+        "idempotency_key": "key-1",
+    }
 
 
 async def test_tool_started_is_synced_to_disk(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -877,9 +997,11 @@ async def test_tool_started_is_synced_to_disk(backend: Backend, monkeypatch: pyt
         await start_turn(store, "run-1", "m1")
         seen: list[str] = []
         for name in ("_tool_started_tx", "_tool_result_tx"):
+
             async def spy(chat: Any, *args: Any, inner: Any = getattr(store, name)) -> Any:
                 seen.append(str(await chat.tx.fetchval(level_sql)))
                 return await inner(chat, *args)
+
             monkeypatch.setattr(store, name, spy)
         await store.tool_started(CHAT, 1, ToolCall(id="c1", name="write_file", arguments="{}"), "key-1")
         await store.record_tool_result(CHAT, 1, "c1", "write_file", "ok", "done")
@@ -893,8 +1015,10 @@ async def test_record_tool_result_writes_once(store: SessionStore) -> None:
     seq = await last_seq(store)
     assert await store.record_tool_result(CHAT, 1, "c1", "read_file", "data", "done") is True
     assert await store.record_tool_result(CHAT, 1, "c1", "read_file", "other", "error") is False
-    assert await store.record_tool_result(CHAT, 1, "c2", "write_file", INTERRUPTED_TOOL_TEXT,
-                                          "interrupted") is True
+    assert (
+        await store.record_tool_result(CHAT, 1, "c2", "write_file", INTERRUPTED_TOOL_TEXT, "interrupted")
+        is True
+    )
 
     tools = [m for m in await store.history(CHAT) if m.role == "tool"]
     assert tools == [
@@ -921,15 +1045,23 @@ async def test_history_names_the_corrupt_row(store: SessionStore, backend: Backe
     assert f"id={row_id}" in str(info.value)
 
 
-async def test_transcript_rows_are_the_history_with_each_rows_keys(store: SessionStore, backend: Backend) -> None:
+async def test_transcript_rows_are_the_history_with_each_rows_keys(
+    store: SessionStore, backend: Backend
+) -> None:
     await start_turn(store, "run-1", "m1")
-    await store.record_assistant(CHAT, 1, 0, ModelReply(tool_calls=[ToolCall(id="c1", name="t")]), final=False)
+    await store.record_assistant(
+        CHAT, 1, 0, ModelReply(tool_calls=[ToolCall(id="c1", name="t")]), final=False
+    )
     await store.record_tool_result(CHAT, 1, "c1", "t", "ok", "done")
     await start_turn(store, "run-2", "m2")  # closes turn 1 with a row of no step
     rows = await store.transcript_rows(CHAT)
     assert [(r.turn, r.message.role, r.message_id, r.step, r.message.tool_call_id) for r in rows] == [
-        (1, "user", "m1", None, None), (1, "assistant", None, 0, None), (1, "tool", None, None, "c1"),
-        (1, "assistant", None, None, None), (2, "user", "m2", None, None)]
+        (1, "user", "m1", None, None),
+        (1, "assistant", None, 0, None),
+        (1, "tool", None, None, "c1"),
+        (1, "assistant", None, None, None),
+        (2, "user", "m2", None, None),
+    ]
     assert rows[3].message.content == SUPERSEDED_TEXT
     assert [r.message for r in rows] == await store.history(CHAT)
     assert [r.id for r in rows] == sorted(r.id for r in rows)
@@ -954,18 +1086,23 @@ async def test_events_paging(store: SessionStore) -> None:
     assert [e.seq for e in await store.events("other")] == [1]  # seq is per chat
 
 
-async def test_follow_from_a_new_message_a_retry_and_a_new_chat(store: SessionStore, backend: Backend) -> None:
+async def test_follow_from_a_new_message_a_retry_and_a_new_chat(
+    store: SessionStore, backend: Backend
+) -> None:
     assert await store.follow_from(CHAT, "m1") == 0  # no chat yet
     await start_turn(store, "run-1", "m1")
     await store.append_events(CHAT, [NewEvent(type="session_updated")])
     await start_turn(store, "run-2", "m2")
-    seq_of_m2 = next(e.seq for e in await store.events(CHAT)
-                     if e.type == "user_message" and e.payload["message_id"] == "m2")
+    seq_of_m2 = next(
+        e.seq
+        for e in await store.events(CHAT)
+        if e.type == "user_message" and e.payload["message_id"] == "m2"
+    )
     latest = await last_seq(store)
     assert await store.follow_from(CHAT) == latest
-    assert await store.follow_from(CHAT, "m3") == latest      # not held: what comes next
+    assert await store.follow_from(CHAT, "m3") == latest  # not held: what comes next
     assert await store.follow_from(CHAT, "m2") == seq_of_m2 - 1  # held: the turn that took it
-    assert await store.follow_from("other", "m2") == 0         # message ids are per chat
+    assert await store.follow_from("other", "m2") == 0  # message ids are per chat
     # An unreadable event payload is passed over, not raised: the CLI must still follow.
     await backend.execute("UPDATE events SET payload = '{not json' WHERE chat_id = ? AND seq = 1", CHAT)
     assert await store.follow_from(CHAT, "m2") == seq_of_m2 - 1
@@ -987,9 +1124,9 @@ async def test_two_stores_on_one_database_see_each_others_writes(backend: Backen
         assert events[-1].payload == {"from": "cli"}
 
         # Concurrent writers from both: no lost or duplicated seq.
-        await asyncio.gather(*(
-            s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in (worker, cli) * 5
-        ))
+        await asyncio.gather(
+            *(s.append_events(CHAT, [NewEvent(type="session_updated")]) for s in (worker, cli) * 5)
+        )
         assert [e.seq for e in await cli.events(CHAT)] == list(range(1, 14))
     finally:
         await worker.close()
@@ -1011,7 +1148,9 @@ async def test_adopt_turn_records_the_run_and_returns_the_next_step(store: Sessi
         await store.adopt_turn("c", 5, "run-4")
 
 
-async def test_open_turn_refs_list_open_turns_without_decoding_them(store: SessionStore, backend: Backend) -> None:
+async def test_open_turn_refs_list_open_turns_without_decoding_them(
+    store: SessionStore, backend: Backend
+) -> None:
     await store.begin_turn("a", "run-a1", ["m"])
     await store.record_assistant("a", 1, 0, ModelReply(text="ok"), final=True)
     await store.begin_turn("b", "run-b1", ["m"])
@@ -1045,8 +1184,9 @@ async def test_pg_concurrent_writers_keep_seq_gap_free_and_rows_once(pg: Postgre
         assert began.turn == 1
         ids = [f"m{i}" for i in range(10)]
         appends = [
-            (a, b)[i % 2].append_events(CHAT, [NewEvent(type="session_updated", payload={"call": i, "n": n})
-                                               for n in range(3)])
+            (a, b)[i % 2].append_events(
+                CHAT, [NewEvent(type="session_updated", payload={"call": i, "n": n}) for n in range(3)]
+            )
             for i in range(20)
         ]
         # Every message offered twice, by different stores: committed once.
@@ -1083,11 +1223,15 @@ async def test_pg_racing_begin_turn_numbers_turns_1_and_2(pg: PostgresBackend) -
     await asyncio.gather(a.open(), b.open())
     try:
         chats = [f"race-{i}" for i in range(10)]
-        results = await asyncio.gather(*(
-            call for c in chats for call in (a.begin_turn(c, "run-a", ["ma"]), b.begin_turn(c, "run-b", ["mb"]))
-        ))
+        results = await asyncio.gather(
+            *(
+                call
+                for c in chats
+                for call in (a.begin_turn(c, "run-a", ["ma"]), b.begin_turn(c, "run-b", ["mb"]))
+            )
+        )
         for i, chat in enumerate(chats):
-            first, second = sorted(results[2 * i: 2 * i + 2], key=lambda r: r.turn or 0)
+            first, second = sorted(results[2 * i : 2 * i + 2], key=lambda r: r.turn or 0)
             assert (first.turn, second.turn) == (1, 2)  # never both 1
             assert (first.closed_turn, second.closed_turn) == (None, 1)  # the later closed the earlier
             closed, running = await a.get_turn(chat, 1), await a.get_turn(chat, 2)
@@ -1115,8 +1259,19 @@ async def test_pg_several_stores_create_the_schema_at_once(pg: PostgresBackend) 
         assert [e.seq for e in await stores[0].events(CHAT)] == [1, 2, 3, 4, 5]
         tables = await pg.fetchval(
             "SELECT array_agg(table_name::text ORDER BY table_name) FROM information_schema.tables"
-            " WHERE table_schema = ?", pg.schema)
-        assert tables == ["drafts", "event_keys", "events", "messages", "meta", "summaries", "tool_runs", "turns"]
+            " WHERE table_schema = ?",
+            pg.schema,
+        )
+        assert tables == [
+            "drafts",
+            "event_keys",
+            "events",
+            "messages",
+            "meta",
+            "summaries",
+            "tool_runs",
+            "turns",
+        ]
     finally:
         await asyncio.gather(*(s.close() for s in stores))
 
@@ -1169,8 +1324,12 @@ async def test_pg_sessions_cut_off_mid_call_fail_only_as_unavailable_and_the_sto
     and the store works once the cutting stops. Calls are also cancelled half way,
     as a Stop cancels a model call in the middle of its store write."""
     app = f"tk_cut_{uuid.uuid4().hex[:8]}"
-    store = PostgresStore(f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app}", schema=pg.schema,
-                          max_size=4, call_timeout=5)
+    store = PostgresStore(
+        f"{PG_URL}{'&' if '?' in PG_URL else '?'}application_name={app}",
+        schema=pg.schema,
+        max_size=4,
+        call_timeout=5,
+    )
     await store.open()
     admin = await pg.connect()
     outcomes: dict[str, int] = {}
@@ -1179,8 +1338,9 @@ async def test_pg_sessions_cut_off_mid_call_fail_only_as_unavailable_and_the_sto
     async def cut_off() -> None:
         while not stop.is_set():
             await asyncio.sleep(0.05)
-            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-                                app)
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", app
+            )
 
     async def chat(i: int) -> None:
         chat_id = f"cut-{i}"
@@ -1275,7 +1435,9 @@ def test_open_store_sqlite_url(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+asyncpg"])
 def test_open_store_postgres_urls_without_showing_the_password(scheme: str) -> None:
-    store = open_store(Settings(database_url=f"{scheme}://user:s3cret@db.example:6543/turnkeeper?sslmode=require"))
+    store = open_store(
+        Settings(database_url=f"{scheme}://user:s3cret@db.example:6543/turnkeeper?sslmode=require")
+    )
     assert isinstance(store, PostgresStore)
     assert store.display_url == "postgresql://db.example:6543/turnkeeper"
     assert "s3cret" not in repr(store) and "user" not in repr(store)
@@ -1303,7 +1465,10 @@ def test_open_store_rejects_other_urls(url: str) -> None:
 
 async def test_events_with_keys_are_appended_once(store: SessionStore) -> None:
     """A workflow task retried after a failure appends its events again, keyed."""
-    first = [NewEvent(type="session_updated", payload={"n": 1}), NewEvent(type="session_updated", payload={"n": 2})]
+    first = [
+        NewEvent(type="session_updated", payload={"n": 1}),
+        NewEvent(type="session_updated", payload={"n": 2}),
+    ]
     await store.append_events(CHAT, first, keys=["run/0", "run/1"])
     again = first + [NewEvent(type="session_updated", payload={"n": 3})]
     await store.append_events(CHAT, again, keys=["run/0", "run/1", "run/2"])
@@ -1320,7 +1485,12 @@ async def test_a_draft_grows_and_is_emptied_when_recorded_and_when_its_turn_ends
     assert attempt == 1
     assert await store.write_draft(CHAT, turn, 0, "Hello wor", attempt) == 1
     draft = await store.draft(CHAT)
-    assert draft is not None and (draft.turn, draft.step, draft.attempt, draft.text) == (turn, 0, 1, "Hello wor")
+    assert draft is not None and (draft.turn, draft.step, draft.attempt, draft.text) == (
+        turn,
+        0,
+        1,
+        "Hello wor",
+    )
     since = await store.drafts_since(before)
     assert [d.text for d in since] == ["Hello wor"] and since[0].version == await store.draft_version()
     assert await store.drafts_since(since[0].version) == []
@@ -1362,7 +1532,7 @@ async def test_drafts_of_many_chats_come_in_write_order(store: SessionStore) -> 
 async def test_any_text_a_client_may_send_is_stored_and_read_back(store: SessionStore) -> None:
     """Clients refuse ids with NUL and lone surrogates (turnkeeper.client.check_message_id);
     whatever else a message says, control characters included, both stores keep."""
-    text = "nul \x00, bell \x07, é ✓ 😀, quote \" and backslash \\"
+    text = 'nul \x00, bell \x07, é ✓ 😀, quote " and backslash \\'
     turn = await start_turn(store, "run-1", "m\x07é✓")
     prepared = await store.prepare_model_call(CHAT, turn, [user("m2", text)])
     assert prepared.committed == ["m2"]

@@ -1,4 +1,5 @@
 """Fixtures the tool tests share: a workspace, and a directory beside it holding a secret."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The interval the benchmarks put around a median round ratio (bench/_common.py):
 it decides whether a throughput goal is reported as told apart from noise."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from bench._common import median_interval
 
 def _coverage(n: int, k: int) -> float:
     """Chance that [k-th lowest, k-th highest] of n draws holds the median."""
-    return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+    return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
 
 
 @pytest.mark.parametrize(("n", "k"), [(6, 1), (12, 3), (20, 6)])

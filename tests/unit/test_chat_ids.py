@@ -2,6 +2,7 @@
 refuses what the page's API refuses, as bad usage and before any request, and
 so does `send_message`. An empty id used to start a run that failed at once
 while `send` waited for it; an over-long one ended in the server's traceback."""
+
 from __future__ import annotations
 
 import re
@@ -23,7 +24,9 @@ def test_ids_of_the_rule_pass(chat_id: str) -> None:
     assert check_chat_id(chat_id) == chat_id
 
 
-@pytest.mark.parametrize("chat_id", ["", " ", "a b", "../x", "a/b", "é", "x" * 129, "tab\t", "new\nline", "chat\x00"])
+@pytest.mark.parametrize(
+    "chat_id", ["", " ", "a b", "../x", "a/b", "é", "x" * 129, "tab\t", "new\nline", "chat\x00"]
+)
 def test_others_are_refused_with_the_rule(chat_id: str) -> None:
     with pytest.raises(InvalidChatId, match=re.escape(CHAT_ID_RULE)):
         check_chat_id(chat_id)
@@ -39,7 +42,9 @@ def test_the_workflow_id_stays_under_temporals_limit() -> None:
 
 
 @pytest.mark.parametrize("chat_id", ["", "a b", "x" * 1200])
-def test_send_refuses_it_as_bad_usage_before_sending(chat_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_send_refuses_it_as_bad_usage_before_sending(
+    chat_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.run(["send", chat_id, "hello"])  # no server is asked: argparse refuses first
     assert exit_.value.code == cli.EXIT_USAGE

@@ -4,13 +4,14 @@ what they stand in for: the models, the session store, the SDK. Whatever a
 view decodes, it decodes as the model does, and prints the same; whatever it
 does not, it leaves to the model (`NotPlain`). What `send` sends is what the
 SDK sends."""
+
 from __future__ import annotations
 
 import asyncio
 import json
 import sqlite3
 import typing
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,6 @@ from turnkeeper.cli_reads import Reads
 from turnkeeper.cli_views import NotPlain, StateView
 from turnkeeper.config import Settings
 from turnkeeper.failed_turns import state_of
-from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (
     TURN_TASK_TIMEOUT,
     ApprovalRequest,
@@ -50,6 +50,7 @@ from turnkeeper.models import (
     TurnStatus,
     UserMessage,
 )
+from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
 # The strategies below are composed deeply: Hypothesis warns that their repr is long.
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
@@ -58,12 +59,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 
 
 def test_the_views_have_the_models_fields_and_the_stores_constants() -> None:
-    assert cli_views.STATE_FIELDS == tuple(TurnState.model_fields)
-    assert cli_views.TOOL_CALL_VIEW_FIELDS == tuple(ToolCallView.model_fields)
-    assert cli_views.APPROVAL_FIELDS == tuple(ApprovalRequest.model_fields)
-    assert cli_views.MESSAGE_FIELDS == tuple(ChatMessage.model_fields)
-    assert cli_views.TOOL_CALL_FIELDS == tuple(ToolCall.model_fields)
-    assert cli_views.ROLES == typing.get_args(ChatMessage.model_fields["role"].annotation)
+    assert tuple(TurnState.model_fields) == cli_views.STATE_FIELDS
+    assert tuple(ToolCallView.model_fields) == cli_views.TOOL_CALL_VIEW_FIELDS
+    assert tuple(ApprovalRequest.model_fields) == cli_views.APPROVAL_FIELDS
+    assert tuple(ChatMessage.model_fields) == cli_views.MESSAGE_FIELDS
+    assert tuple(ToolCall.model_fields) == cli_views.TOOL_CALL_FIELDS
+    assert typing.get_args(ChatMessage.model_fields["role"].annotation) == cli_views.ROLES
     assert cli_reads.TURN_COLUMNS == codec._TURN_COLUMNS
     assert cli_reads.STORE_SCHEMA_VERSION == schema.SCHEMA_VERSION
     assert cli_reads.BUSY_TIMEOUT_S == sqlite.BUSY_TIMEOUT_S
@@ -71,8 +72,15 @@ def test_the_views_have_the_models_fields_and_the_stores_constants() -> None:
 
 
 # JSON values of every kind, and the right ones more often than not.
-_ANY = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.floats(allow_nan=False, width=16),
-                 st.text(max_size=3), st.lists(st.integers(0, 2), max_size=2), st.just({}))
+_ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.floats(allow_nan=False, width=16),
+    st.text(max_size=3),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.just({}),
+)
 
 
 def _maybe(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -80,27 +88,52 @@ def _maybe(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.integers(0, 15).flatmap(lambda n: _ANY if n == 0 else good)
 
 
-def _object(fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...] = ()) -> st.SearchStrategy[Any]:
+def _object(
+    fields: dict[str, st.SearchStrategy[Any]], required: tuple[str, ...] = ()
+) -> st.SearchStrategy[Any]:
     """Dicts of some of `fields` (always `required`, but now and then not), and now and then an unknown key."""
-    keys = st.fixed_dictionaries({k: _maybe(v) for k, v in fields.items() if k in required},
-                                 optional={k: _maybe(v) for k, v in fields.items() if k not in required})
+    keys = st.fixed_dictionaries(
+        {k: _maybe(v) for k, v in fields.items() if k in required},
+        optional={k: _maybe(v) for k, v in fields.items() if k not in required},
+    )
     extra = st.dictionaries(st.sampled_from(["extra", *fields]), _ANY, max_size=1)
     return st.one_of(keys, keys, keys, st.tuples(keys, extra).map(lambda kv: {**kv[0], **kv[1]}), _ANY)
 
 
 _TEXT = st.text(max_size=4)
-_STATE = _object({
-    "chat_id": _TEXT, "turn": st.integers(0, 3), "status": st.sampled_from([s.value for s in TurnStatus]),
-    "reason": st.one_of(st.none(), st.sampled_from([r.value for r in Reason])),
-    "recovery_id": st.one_of(st.none(), _TEXT), "can_continue": st.booleans(), "attempts": st.integers(0, 3),
-    "pending_followups": st.lists(_TEXT, max_size=2),
-    "tool_calls": st.lists(_object({"id": _TEXT, "name": _TEXT,
-                                    "status": st.sampled_from(["pending", "done", "error", "bogus"])},
-                                   ("id", "name", "status")), max_size=2),
-    "detail": st.one_of(st.none(), _TEXT), "store_unavailable": st.booleans(),
-    "approvals": st.lists(_object({"id": _TEXT, "name": _TEXT, "arguments": _TEXT, "idempotency_key": _TEXT},
-                                  ("id", "name", "arguments", "idempotency_key")), max_size=2),
-}, ("chat_id",))
+_STATE = _object(
+    {
+        "chat_id": _TEXT,
+        "turn": st.integers(0, 3),
+        "status": st.sampled_from([s.value for s in TurnStatus]),
+        "reason": st.one_of(st.none(), st.sampled_from([r.value for r in Reason])),
+        "recovery_id": st.one_of(st.none(), _TEXT),
+        "can_continue": st.booleans(),
+        "attempts": st.integers(0, 3),
+        "pending_followups": st.lists(_TEXT, max_size=2),
+        "tool_calls": st.lists(
+            _object(
+                {
+                    "id": _TEXT,
+                    "name": _TEXT,
+                    "status": st.sampled_from(["pending", "done", "error", "bogus"]),
+                },
+                ("id", "name", "status"),
+            ),
+            max_size=2,
+        ),
+        "detail": st.one_of(st.none(), _TEXT),
+        "store_unavailable": st.booleans(),
+        "approvals": st.lists(
+            _object(
+                {"id": _TEXT, "name": _TEXT, "arguments": _TEXT, "idempotency_key": _TEXT},
+                ("id", "name", "arguments", "idempotency_key"),
+            ),
+            max_size=2,
+        ),
+    },
+    ("chat_id",),
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -133,9 +166,16 @@ def test_a_state_the_view_does_not_read_is_the_models() -> None:
 
 
 _CALL = _object({"id": _TEXT, "name": _TEXT, "arguments": _TEXT}, ("id", "name"))
-_MESSAGE = _object({"role": st.sampled_from(["user", "assistant", "tool", "system", "robot"]),
-                    "content": st.one_of(st.none(), _TEXT), "tool_calls": st.one_of(st.none(), st.lists(_CALL)),
-                    "tool_call_id": st.one_of(st.none(), _TEXT), "name": st.one_of(st.none(), _TEXT)}, ("role",))
+_MESSAGE = _object(
+    {
+        "role": st.sampled_from(["user", "assistant", "tool", "system", "robot"]),
+        "content": st.one_of(st.none(), _TEXT),
+        "tool_calls": st.one_of(st.none(), st.lists(_CALL)),
+        "tool_call_id": st.one_of(st.none(), _TEXT),
+        "name": st.one_of(st.none(), _TEXT),
+    },
+    ("role",),
+)
 
 
 @settings(max_examples=500, deadline=None)
@@ -151,17 +191,25 @@ def test_a_transcript_row_the_view_reads_is_printed_as_the_models(body: str) -> 
 
 
 def test_every_message_the_store_writes_is_read_by_the_view() -> None:
-    for message in (ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content=""),
-                    ChatMessage(role="assistant", tool_calls=[ToolCall(id="1", name="w", arguments='{"a": 1}')]),
-                    ChatMessage(role="tool", content="ok", tool_call_id="1", name="w")):
+    for message in (
+        ChatMessage(role="user", content="hi"),
+        ChatMessage(role="assistant", content=""),
+        ChatMessage(role="assistant", tool_calls=[ToolCall(id="1", name="w", arguments='{"a": 1}')]),
+        ChatMessage(role="tool", content="ok", tool_call_id="1", name="w"),
+    ):
         view = cli_views.message_view(codec.message_body(message))
         assert json.dumps(view.public()) == json.dumps(message.public())
 
 
-_STORE_TIME = st.datetimes(timezones=st.just(timezone.utc)).map(lambda d: d.isoformat(timespec="microseconds"))
-_TIME = st.one_of(_STORE_TIME, _STORE_TIME.map(lambda t: t.replace("T", " ")),
-                  _STORE_TIME.map(lambda t: t.replace("+00:00", "Z")), st.just("2026-13-01T00:00:00.000000+00:00"),
-                  st.just("yesterday"), st.integers(0, 10**9))
+_STORE_TIME = st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat(timespec="microseconds"))
+_TIME = st.one_of(
+    _STORE_TIME,
+    _STORE_TIME.map(lambda t: t.replace("T", " ")),
+    _STORE_TIME.map(lambda t: t.replace("+00:00", "Z")),
+    st.just("2026-13-01T00:00:00.000000+00:00"),
+    st.just("yesterday"),
+    st.integers(0, 10**9),
+)
 
 
 def _row(**columns: Any) -> sqlite3.Row:
@@ -172,10 +220,16 @@ def _row(**columns: Any) -> sqlite3.Row:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=3), st.one_of(st.integers(1, 5), st.just("7")), st.sampled_from(["turn_end", "x"]),
-       st.one_of(st.dictionaries(_TEXT, _ANY, max_size=2).map(json.dumps), st.just("[1]"), st.just("{nope")), _TIME)
-def test_an_event_row_the_view_reads_is_printed_as_the_models(chat: str, seq: Any, type_: str, payload: str,
-                                                              created_at: Any) -> None:
+@given(
+    st.text(max_size=3),
+    st.one_of(st.integers(1, 5), st.just("7")),
+    st.sampled_from(["turn_end", "x"]),
+    st.one_of(st.dictionaries(_TEXT, _ANY, max_size=2).map(json.dumps), st.just("[1]"), st.just("{nope")),
+    _TIME,
+)
+def test_an_event_row_the_view_reads_is_printed_as_the_models(
+    chat: str, seq: Any, type_: str, payload: str, created_at: Any
+) -> None:
     row = _row(chat_id=chat, seq=seq, type=type_, payload=payload, created_at=created_at)
     try:
         view = cli_views.event_view(row)
@@ -187,14 +241,29 @@ def test_an_event_row_the_view_reads_is_printed_as_the_models(chat: str, seq: An
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([s.value for s in TurnStatus] + ["bogus"]),
-       st.one_of(st.none(), st.sampled_from([r.value for r in Reason] + ["bogus"])),
-       st.one_of(st.sampled_from([0, 1]), st.integers(2, 3), st.just("1")), st.one_of(st.integers(0, 3), st.just("2")),
-       _TIME, _TIME)
-def test_a_turn_row_the_view_reads_is_the_state_the_model_shows(status: str, reason: str | None, can_continue: Any,
-                                                                attempts: Any, started: Any, updated: Any) -> None:
-    row = _row(chat_id="c", turn=2, run_id="r", status=status, reason=reason, recovery_id="g",
-               can_continue=can_continue, attempts=attempts, started_at=started, updated_at=updated)
+@given(
+    st.sampled_from([s.value for s in TurnStatus] + ["bogus"]),
+    st.one_of(st.none(), st.sampled_from([r.value for r in Reason] + ["bogus"])),
+    st.one_of(st.sampled_from([0, 1]), st.integers(2, 3), st.just("1")),
+    st.one_of(st.integers(0, 3), st.just("2")),
+    _TIME,
+    _TIME,
+)
+def test_a_turn_row_the_view_reads_is_the_state_the_model_shows(
+    status: str, reason: str | None, can_continue: Any, attempts: Any, started: Any, updated: Any
+) -> None:
+    row = _row(
+        chat_id="c",
+        turn=2,
+        run_id="r",
+        status=status,
+        reason=reason,
+        recovery_id="g",
+        can_continue=can_continue,
+        attempts=attempts,
+        started_at=started,
+        updated_at=updated,
+    )
     try:
         view = cli_views.turn_row_state(row)
     except NotPlain:
@@ -224,8 +293,13 @@ async def _a_chat(store: SQLiteStore) -> None:
     await store.record_assistant("c", 1, 0, ModelReply(text="on it", tool_calls=[call]), final=False)
     await store.record_tool_result("c", 1, "call-1", "write_file", "ok", status="done")
     await store.record_assistant("c", 1, 1, ModelReply(text="done"), final=True)
-    await store.update_turn("c", 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
-                                               recovery_id="rec-1", can_continue=False))
+    await store.update_turn(
+        "c",
+        1,
+        TurnUpdate(
+            status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, recovery_id="rec-1", can_continue=False
+        ),
+    )
 
 
 async def _store_reads(path: Path) -> tuple[list[ChatMessage], list[Event], TurnState | None]:
@@ -233,8 +307,11 @@ async def _store_reads(path: Path) -> tuple[list[ChatMessage], list[Event], Turn
     await store.open()
     try:
         record = await store.get_turn("c")
-        return (await store.history("c"), await store.events("c", after_seq=1, limit=3),
-                None if record is None else state_of(record))
+        return (
+            await store.history("c"),
+            await store.events("c", after_seq=1, limit=3),
+            None if record is None else state_of(record),
+        )
     finally:
         await store.close()
 
@@ -249,7 +326,11 @@ def test_reads_of_the_sqlite_file_are_the_stores(tmp_path: Path) -> None:
     reads = Reads(settings_)
     try:
         assert reads._db is not None  # read with the views, not through the store
-        history, events, state = reads.history("c"), reads.events("c", after_seq=1, limit=3), reads.turn_state("c")
+        history, events, state = (
+            reads.history("c"),
+            reads.events("c", after_seq=1, limit=3),
+            reads.turn_state("c"),
+        )
         assert (reads.history("none"), reads.events("none"), reads.turn_state("none")) == ([], [], None)
         assert reads._store is None
     finally:
@@ -268,7 +349,9 @@ def test_a_row_the_views_do_not_read_goes_through_the_store(tmp_path: Path) -> N
     asyncio.run(_write_a_chat(settings_.sqlite_path))
     with sqlite3.connect(settings_.sqlite_path) as db:
         db.execute("UPDATE events SET payload = '[1]' WHERE seq = 2")  # a corrupt_event, in the store's words
-        db.execute("UPDATE turns SET started_at = '2026-01-02 03:04:05'")  # the model reads it; the view does not
+        db.execute(
+            "UPDATE turns SET started_at = '2026-01-02 03:04:05'"
+        )  # the model reads it; the view does not
     reads = Reads(settings_)
     try:
         events = reads.events("c")
@@ -277,7 +360,10 @@ def test_a_row_the_views_do_not_read_goes_through_the_store(tmp_path: Path) -> N
         assert events[1].payload["type"] == "user_message"
         assert isinstance(events[0], Event)
         state = reads.turn_state("c")
-        assert isinstance(state, TurnState) and (state.status, state.recovery_id) == (TurnStatus.FAILED, "rec-1")
+        assert isinstance(state, TurnState) and (state.status, state.recovery_id) == (
+            TurnStatus.FAILED,
+            "rec-1",
+        )
     finally:
         reads.close()
     with sqlite3.connect(settings_.sqlite_path) as db:
@@ -317,15 +403,20 @@ def _keyword(value: Any) -> Payload:
 
 
 @pytest.mark.parametrize("nanos", [0, 1_000, 123_456_000, 123_456_789, 999_999_999, 500_000_000])
-@pytest.mark.parametrize("attributes", [
-    {"ChatId": _keyword("c1"), "TurnStatus": _keyword("completed")},
-    {"ChatId": _keyword(["c1"]), "RecoveryReason": _keyword([]), "TurnStatus": _keyword("awaiting_user")},
-    {},
-])
+@pytest.mark.parametrize(
+    "attributes",
+    [
+        {"ChatId": _keyword("c1"), "TurnStatus": _keyword("completed")},
+        {"ChatId": _keyword(["c1"]), "RecoveryReason": _keyword([]), "TurnStatus": _keyword("awaiting_user")},
+        {},
+    ],
+)
 def test_a_listed_run_over_http_is_the_sdks(nanos: int, attributes: dict[str, Payload]) -> None:
-    info = WorkflowExecutionInfo(execution=WorkflowExecution(workflow_id="chat-c1", run_id="r-1"),
-                                 search_attributes=SearchAttributes(indexed_fields=attributes))
-    info.start_time.FromDatetime(datetime(2026, 12, 2, 0, 50, 11, tzinfo=timezone.utc))
+    info = WorkflowExecutionInfo(
+        execution=WorkflowExecution(workflow_id="chat-c1", run_id="r-1"),
+        search_attributes=SearchAttributes(indexed_fields=attributes),
+    )
+    info.start_time.FromDatetime(datetime(2026, 12, 2, 0, 50, 11, tzinfo=UTC))
     info.start_time.nanos = nanos
     sdk = SdkExecution._from_raw_info(info, "default", DataConverter.default)
     names = ("ChatId", "TurnStatus", "RecoveryReason")
@@ -338,9 +429,15 @@ def test_a_listed_run_over_http_is_the_sdks(nanos: int, attributes: dict[str, Pa
 
 def test_a_listed_run_the_http_way_cannot_read_goes_the_grpc_way() -> None:
     good = {"execution": {"workflowId": "w", "runId": "r"}, "startTime": "2026-12-02T00:50:11Z"}
-    assert http_api._execution(good, ()).start_time == datetime(2026, 12, 2, 0, 50, 11, tzinfo=timezone.utc)
-    for bad in ({**good, "startTime": "2026-12-02T00:50:11+01:00"}, {"execution": {}},
-                {**good, "searchAttributes": {"indexedFields": {"ChatId": {"metadata": {"encoding": "YmluYXJ5L251bGw="}}}}}):
+    assert http_api._execution(good, ()).start_time == datetime(2026, 12, 2, 0, 50, 11, tzinfo=UTC)
+    for bad in (
+        {**good, "startTime": "2026-12-02T00:50:11+01:00"},
+        {"execution": {}},
+        {
+            **good,
+            "searchAttributes": {"indexedFields": {"ChatId": {"metadata": {"encoding": "YmluYXJ5L251bGw="}}}},
+        },
+    ):
         with pytest.raises(http_api.Unavailable):
             http_api._execution(bad, ("ChatId",))
 
@@ -361,21 +458,39 @@ def test_send_over_http_sends_the_bytes_the_sdk_sends(chat_id: str, message_id: 
     converter = tk.data_converter(settings_).payload_converter
     assert list(request.input.payloads) == converter.to_payloads([ChatTurnInput(chat_id=chat_id)])
     assert list(request.signal_input.payloads) == converter.to_payloads(
-        [UserMessage(message_id=message_id, text=text)])
+        [UserMessage(message_id=message_id, text=text)]
+    )
     expected = SearchAttributes()
-    encode_search_attributes(TypedSearchAttributes([SearchAttributePair(CHAT_ID_ATTR, chat_id),
-                                                    SearchAttributePair(TURN_STATUS_ATTR, "running")]), expected)
+    encode_search_attributes(
+        TypedSearchAttributes(
+            [SearchAttributePair(CHAT_ID_ATTR, chat_id), SearchAttributePair(TURN_STATUS_ATTR, "running")]
+        ),
+        expected,
+    )
     assert request.search_attributes == expected
     assert (request.workflow_type.name, request.task_queue.name) == (tk.WORKFLOW_TYPE, "q")
     assert request.workflow_task_timeout.ToTimedelta() == TURN_TASK_TIMEOUT
     assert request.workflow_id_reuse_policy == WorkflowIdReusePolicy.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE
-    assert request.workflow_id_conflict_policy == WorkflowIdConflictPolicy.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING
+    assert (
+        request.workflow_id_conflict_policy
+        == WorkflowIdConflictPolicy.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING
+    )
     assert request.identity and request.request_id
     # What only the SDK's client fills (a header, a memo, a delay...) stays empty, as without
     # interceptors; namespace, workflow id and signal name travel in the URL.
     assert not request.HasField("header") and not request.HasField("memo")
-    assert set(raw) == {"workflowType", "taskQueue", "input", "workflowTaskTimeout", "identity", "requestId",
-                        "workflowIdReusePolicy", "workflowIdConflictPolicy", "searchAttributes", "signalInput"}
+    assert set(raw) == {
+        "workflowType",
+        "taskQueue",
+        "input",
+        "workflowTaskTimeout",
+        "identity",
+        "requestId",
+        "workflowIdReusePolicy",
+        "workflowIdConflictPolicy",
+        "searchAttributes",
+        "signalInput",
+    }
 
 
 def test_the_message_ids_send_sends_plainly_are_those_the_model_takes() -> None:

@@ -1,4 +1,5 @@
 """docker-compose.yml and the Dockerfile stay consistent with the code (no Docker needed)."""
+
 from __future__ import annotations
 
 import ast
@@ -99,7 +100,9 @@ def test_the_stack_has_its_services(services: dict[str, dict[str, Any]]) -> None
     for name, service in services.items():
         image = _image(service)
         if image:
-            assert ":" in image and not image.endswith(":latest"), f"{name}: pin the image version ({image!r})"
+            assert ":" in image and not image.endswith(":latest"), (
+                f"{name}: pin the image version ({image!r})"
+            )
 
 
 def test_temporal_persists_in_its_own_postgresql(services: dict[str, dict[str, Any]]) -> None:
@@ -107,10 +110,15 @@ def test_temporal_persists_in_its_own_postgresql(services: dict[str, dict[str, A
     assert env["DB"].startswith("postgres")
     assert env["POSTGRES_SEEDS"] == "temporal-postgresql"
     db_env = environment(services["temporal-postgresql"])
-    assert (env["POSTGRES_USER"], env["POSTGRES_PWD"]) == (db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"])
+    assert (env["POSTGRES_USER"], env["POSTGRES_PWD"]) == (
+        db_env["POSTGRES_USER"],
+        db_env["POSTGRES_PASSWORD"],
+    )
 
 
-def test_temporal_and_its_ui_are_published_on_the_dev_server_ports(services: dict[str, dict[str, Any]]) -> None:
+def test_temporal_and_its_ui_are_published_on_the_dev_server_ports(
+    services: dict[str, dict[str, Any]],
+) -> None:
     assert ("7233", "7233") in _port_pairs(services["temporal"])
     assert ("7243", "7243") in _port_pairs(services["temporal"])  # the HTTP API `status` asks
     assert ("8233", "8080") in _port_pairs(services["temporal-ui"])
@@ -178,8 +186,9 @@ def test_temporal_runs_with_the_projects_dynamic_config(services: dict[str, dict
     assert int(env["NUM_HISTORY_SHARDS"]) >= 1
 
 
-def test_temporal_healthcheck_waits_for_the_namespace(services: dict[str, dict[str, Any]],
-                                                     worker_env: dict[str, str]) -> None:
+def test_temporal_healthcheck_waits_for_the_namespace(
+    services: dict[str, dict[str, Any]], worker_env: dict[str, str]
+) -> None:
     test = services["temporal"]["healthcheck"]["test"]
     command = " ".join(test[1:]) if isinstance(test, list) else str(test)
     assert "namespace describe" in command and "temporal:7233" in command
@@ -193,8 +202,9 @@ def test_temporal_healthcheck_waits_for_the_namespace(services: dict[str, dict[s
 def test_config_env_vars_are_what_from_env_reads() -> None:
     """`config.ENV_VARS` lists exactly the names `Settings.from_env` asks for."""
     tree = ast.parse(Path(config.__file__).read_text())
-    from_env = next(node for node in ast.walk(tree)
-                    if isinstance(node, ast.FunctionDef) and node.name == "from_env")
+    from_env = next(
+        node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "from_env"
+    )
     read: dict[str, str] = {}  # name -> how it is parsed
     for node in ast.walk(from_env):
         if not isinstance(node, ast.Call):
@@ -202,8 +212,11 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "get" and node.args:
             arg, kind = node.args[0], "str"  # env.get("NAME")
-        elif isinstance(func, ast.Name) and func.id in ("_int", "_list", "_bool", "_pollers", "_address", "_keys", "_choice") \
-                and len(node.args) > 1:
+        elif (
+            isinstance(func, ast.Name)
+            and func.id in ("_int", "_list", "_bool", "_pollers", "_address", "_keys", "_choice")
+            and len(node.args) > 1
+        ):
             arg, kind = node.args[1], func.id  # _int(env, "NAME", ...)
         else:
             continue
@@ -212,8 +225,16 @@ def test_config_env_vars_are_what_from_env_reads() -> None:
     assert set(read) == set(config.ENV_VARS)
     assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
     # And each one matters: set alone, it changes the settings.
-    value = {"str": "value-x", "_int": "4242", "_list": "a_tool", "_bool": "on", "_pollers": "12",
-             "_address": "127.0.0.1:4242", "_keys": "k1:" + "A" * 43 + "=", "_choice": "off"}
+    value = {
+        "str": "value-x",
+        "_int": "4242",
+        "_list": "a_tool",
+        "_bool": "on",
+        "_pollers": "12",
+        "_address": "127.0.0.1:4242",
+        "_keys": "k1:" + "A" * 43 + "=",
+        "_choice": "off",
+    }
     defaults = Settings.from_env({})
     for name, kind in read.items():
         # A switch matters if either setting of it does (it is on by default, or off).
@@ -232,7 +253,9 @@ def test_worker_environment_is_exactly_what_the_worker_reads(worker_env: dict[st
     assert not set(config.DEV_SERVER_ENV_VARS) & set(worker_env)
 
 
-def test_worker_settings_with_the_defaults(services: dict[str, dict[str, Any]], worker_env: dict[str, str]) -> None:
+def test_worker_settings_with_the_defaults(
+    services: dict[str, dict[str, Any]], worker_env: dict[str, str]
+) -> None:
     settings = Settings.from_env(worker_env)  # ConfigError if a default does not parse
     assert settings.temporal_address == "temporal:7233"
     assert settings.tools == config.DEFAULT_TOOLS and settings.tool_modules == ()
@@ -242,7 +265,8 @@ def test_worker_settings_with_the_defaults(services: dict[str, dict[str, Any]], 
     for field in dataclasses.fields(Settings):
         if field.name not in own:
             assert getattr(settings, field.name) == getattr(defaults, field.name), (
-                f"{field.name}: compose default differs")
+                f"{field.name}: compose default differs"
+            )
 
     # The session store: PostgreSQL, on a service of the stack whose credentials match.
     store = open_store(settings)
@@ -251,11 +275,15 @@ def test_worker_settings_with_the_defaults(services: dict[str, dict[str, Any]], 
     assert url.hostname in services and url.hostname != "temporal-postgresql"
     db_env = environment(services[url.hostname])
     assert (url.username, url.password, url.path.lstrip("/")) == (
-        db_env["POSTGRES_USER"], db_env["POSTGRES_PASSWORD"], db_env["POSTGRES_DB"])
+        db_env["POSTGRES_USER"],
+        db_env["POSTGRES_PASSWORD"],
+        db_env["POSTGRES_DB"],
+    )
 
 
-def test_worker_scales_and_shuts_down_gracefully(services: dict[str, dict[str, Any]],
-                                                 worker_env: dict[str, str]) -> None:
+def test_worker_scales_and_shuts_down_gracefully(
+    services: dict[str, dict[str, Any]], worker_env: dict[str, str]
+) -> None:
     worker = services["worker"]
     assert "container_name" not in worker and "ports" not in worker  # or replicas would collide
     assert int(worker.get("deploy", {}).get("replicas", 1)) >= 2
@@ -266,8 +294,11 @@ def test_worker_scales_and_shuts_down_gracefully(services: dict[str, dict[str, A
 
 def test_worker_is_built_from_the_dockerfile(services: dict[str, dict[str, Any]]) -> None:
     build = services["worker"]["build"]
-    context, dockerfile = (build, "Dockerfile") if isinstance(build, str) else (
-        build.get("context", "."), build.get("dockerfile", "Dockerfile"))
+    context, dockerfile = (
+        (build, "Dockerfile")
+        if isinstance(build, str)
+        else (build.get("context", "."), build.get("dockerfile", "Dockerfile"))
+    )
     assert (ROOT / context).resolve() == ROOT
     assert (ROOT / context / dockerfile).resolve() == DOCKERFILE
 
@@ -311,13 +342,20 @@ def test_every_file_the_dockerfile_copies_exists() -> None:
     for rest in copies:
         args = [a for a in shlex.split(rest) if not a.startswith("--")]
         for source in args[:-1]:
-            assert (ROOT / source).exists(), f"the Dockerfile copies {source!r}, which is not in the repository"
+            assert (ROOT / source).exists(), (
+                f"the Dockerfile copies {source!r}, which is not in the repository"
+            )
 
 
 def test_the_image_holds_every_package_the_project_installs() -> None:
     """`pip install .` in the image finds every directory setuptools maps into `turnkeeper`."""
-    copied = {name for keyword, rest in _instructions() if keyword == "COPY"
-              for name in shlex.split(rest)[:-1] if not name.startswith("--")}
+    copied = {
+        name
+        for keyword, rest in _instructions()
+        if keyword == "COPY"
+        for name in shlex.split(rest)[:-1]
+        if not name.startswith("--")
+    }
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     for package, directory in setuptools["package-dir"].items():
         assert directory in copied, f"{directory}/ ({package}) is not copied into the image"

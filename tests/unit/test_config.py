@@ -1,4 +1,5 @@
 """Settings from the environment: defaults, parsing, clear errors."""
+
 from __future__ import annotations
 
 import sys
@@ -18,10 +19,20 @@ def test_defaults_without_any_variable() -> None:
     assert settings.heartbeat_timeout == 2
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("on", True), ("1", True), ("TRUE", True), (" yes ", True),
-    ("off", False), ("0", False), ("false", False), ("No", False), ("", False),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("on", True),
+        ("1", True),
+        ("TRUE", True),
+        (" yes ", True),
+        ("off", False),
+        ("0", False),
+        ("false", False),
+        ("No", False),
+        ("", False),
+    ],
+)
 def test_workflow_sandbox_switch(raw: str, expected: bool) -> None:
     assert Settings.from_env({"TURNKEEPER_WORKFLOW_SANDBOX": raw}).workflow_sandbox is expected
 
@@ -31,16 +42,21 @@ def test_a_switch_that_is_neither_on_nor_off_is_refused() -> None:
         Settings.from_env({"TURNKEEPER_WORKFLOW_SANDBOX": "maybe"})
 
 
-@pytest.mark.parametrize("raw, message", [
-    ("soon", "must be a whole number, got 'soon'"),
-    ("0", "must be at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("soon", "must be a whole number, got 'soon'"),
+        ("0", "must be at least 1, got 0"),
+    ],
+)
 def test_a_bad_number_is_refused_with_its_name(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_HEARTBEAT_TIMEOUT {message}"):
         Settings.from_env({"TURNKEEPER_HEARTBEAT_TIMEOUT": raw})
 
 
-@pytest.mark.parametrize("raw, expected", [("", None), ("auto", None), (" AUTO ", None), ("2", 2), ("20", 20)])
+@pytest.mark.parametrize(
+    "raw, expected", [("", None), ("auto", None), (" AUTO ", None), ("2", 2), ("20", 20)]
+)
 def test_pollers_default_or_a_fixed_maximum(raw: str, expected: int | None) -> None:
     settings = Settings.from_env({"TURNKEEPER_POLLERS": raw})
     assert settings.max_pollers == expected
@@ -53,26 +69,37 @@ def test_pollers_default_or_a_fixed_maximum(raw: str, expected: int | None) -> N
         assert pollers.workflow_tasks == pollers.activity_tasks == PollerBehaviorSimpleMaximum(expected)
 
 
-@pytest.mark.parametrize("raw, message", [
-    ("many", "must be `auto` or a whole number, got 'many'"),
-    ("1", "must be at least 2, got 1"),
-    ("-3", "must be `auto` or a whole number, got '-3'"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("many", "must be `auto` or a whole number, got 'many'"),
+        ("1", "must be at least 2, got 1"),
+        ("-3", "must be `auto` or a whole number, got '-3'"),
+    ],
+)
 def test_a_bad_poller_setting_is_refused_with_its_name(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_POLLERS {message}"):
         Settings.from_env({"TURNKEEPER_POLLERS": raw})
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("", "auto"), ("auto", "auto"), (" UVLOOP ", "uvloop"), ("asyncio", "asyncio"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("", "auto"),
+        ("auto", "auto"),
+        (" UVLOOP ", "uvloop"),
+        ("asyncio", "asyncio"),
+    ],
+)
 def test_event_loop_choice(raw: str, expected: str) -> None:
     assert event_loop_choice({"TURNKEEPER_EVENT_LOOP": raw}) == expected
     assert event_loop_choice({}) == "auto"
 
 
 def test_an_unknown_event_loop_is_refused() -> None:
-    with pytest.raises(ConfigError, match="TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'"):
+    with pytest.raises(
+        ConfigError, match="TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'"
+    ):
         event_loop_choice({"TURNKEEPER_EVENT_LOOP": "trio"})
 
 

@@ -2,6 +2,7 @@
 within the token budget, a tool call and its result are never split, the latest
 turns go whole, and a summary is made once and reused. On a real SQLite store,
 with a provider that records the summaries it is asked for."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from turnkeeper.activities.context import (
-    ContextBuilder,
     SUMMARY_HEADING,
+    ContextBuilder,
     cuts,
     fold_chunks,
     fold_point,
@@ -37,8 +38,14 @@ class Summariser(ModelProvider):
     def __init__(self) -> None:
         self.requests: list[SummaryRequest] = []
 
-    async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *, call_index: int,
-                       on_text: TextSink | None = None) -> ModelReply:
+    async def complete(
+        self,
+        history: list[ChatMessage],
+        tools: list[ToolSpec],
+        *,
+        call_index: int,
+        on_text: TextSink | None = None,
+    ) -> ModelReply:
         raise AssertionError("the builder never asks for an answer")
 
     async def summarise(self, request: SummaryRequest) -> str:
@@ -56,16 +63,21 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
         await s.close()
 
 
-async def add_turn(store: SQLiteStore, n: int, text_bytes: int = 200, tool_results: int = 0,
-                   answer: bool = True) -> None:
+async def add_turn(
+    store: SQLiteStore, n: int, text_bytes: int = 200, tool_results: int = 0, answer: bool = True
+) -> None:
     """Turn n: a user message, optionally an assistant row with calls and their results, an answer."""
     began = await store.begin_turn(CHAT, f"run-{n}", [f"m{n}"])
     turn = began.turn
     assert turn is not None
-    await store.commit_user_messages(CHAT, turn, [UserMessage(message_id=f"m{n}", text=f"{n} " + "u" * text_bytes)])
+    await store.commit_user_messages(
+        CHAT, turn, [UserMessage(message_id=f"m{n}", text=f"{n} " + "u" * text_bytes)]
+    )
     step = 0
     if tool_results:
-        calls = [ToolCall(id=f"t{n}-{i}", name="read_file", arguments='{"path": "x"}') for i in range(tool_results)]
+        calls = [
+            ToolCall(id=f"t{n}-{i}", name="read_file", arguments='{"path": "x"}') for i in range(tool_results)
+        ]
         await store.record_assistant(CHAT, turn, step, ModelReply(tool_calls=calls), final=False)
         for c in calls:
             await store.record_tool_result(CHAT, turn, c.id, c.name, "r" * 300, "done")
@@ -141,8 +153,13 @@ async def test_a_step_loads_the_summary_and_the_rows_after_it_only(store: SQLite
 
 
 async def test_the_tools_count_and_a_row_larger_than_the_budget_still_goes(store: SQLiteStore) -> None:
-    tools = [ToolSpec(name="read_file", description="Read a file.", parameters={"type": "object",
-                                                                                "properties": {"p": {"type": "string"}}})]
+    tools = [
+        ToolSpec(
+            name="read_file",
+            description="Read a file.",
+            parameters={"type": "object", "properties": {"p": {"type": "string"}}},
+        )
+    ]
     builder = ContextBuilder(store, Summariser(), 600)
     await add_turn(store, 1)
     plain = await builder.build(CHAT, [])
@@ -157,23 +174,42 @@ async def test_the_tools_count_and_a_row_larger_than_the_budget_still_goes(store
 
 # -- the pure rules, on random transcripts ------------------------------------------------
 
+
 @st.composite
 def transcripts(draw: st.DrawFn) -> list[StoredRow]:
     rows: list[StoredRow] = []
     for turn in range(1, draw(st.integers(1, 8)) + 1):
-        rows.append(StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="user", content="u" * draw(
-            st.integers(1, 400)))))
+        rows.append(
+            StoredRow(
+                id=len(rows) + 1,
+                turn=turn,
+                message=ChatMessage(role="user", content="u" * draw(st.integers(1, 400))),
+            )
+        )
         for step in range(draw(st.integers(0, 3))):
             calls = [ToolCall(id=f"{turn}-{step}-{i}", name="t") for i in range(draw(st.integers(1, 3)))]
-            rows.append(StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="assistant",
-                                                                                   tool_calls=calls)))
+            rows.append(
+                StoredRow(
+                    id=len(rows) + 1, turn=turn, message=ChatMessage(role="assistant", tool_calls=calls)
+                )
+            )
             for c in draw(st.permutations(calls)):
                 if draw(st.booleans()):  # a follow-up committed between the results
-                    rows.append(StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="user",
-                                                                                           content="f")))
-                rows.append(StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(
-                    role="tool", tool_call_id=c.id, name="t", content="r" * draw(st.integers(1, 300)))))
-        rows.append(StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="assistant", content="a")))
+                    rows.append(
+                        StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="user", content="f"))
+                    )
+                rows.append(
+                    StoredRow(
+                        id=len(rows) + 1,
+                        turn=turn,
+                        message=ChatMessage(
+                            role="tool", tool_call_id=c.id, name="t", content="r" * draw(st.integers(1, 300))
+                        ),
+                    )
+                )
+        rows.append(
+            StoredRow(id=len(rows) + 1, turn=turn, message=ChatMessage(role="assistant", content="a"))
+        )
     return rows
 
 
@@ -190,8 +226,12 @@ def test_a_fold_never_splits_a_call_from_its_result(rows: list[StoredRow], keep:
     cut = fold_point(rows, keep)
     assert 0 <= cut < len(rows) and not _split_pair(rows, cut)
     kept = sum(row_tokens(r.message) for r in rows[cut:])
-    whole_turn_fits = any(allowed[i] and rows[i].turn != rows[i - 1].turn
-                          and sum(row_tokens(r.message) for r in rows[i:]) <= keep for i in range(1, len(rows)))
+    whole_turn_fits = any(
+        allowed[i]
+        and rows[i].turn != rows[i - 1].turn
+        and sum(row_tokens(r.message) for r in rows[i:]) <= keep
+        for i in range(1, len(rows))
+    )
     if whole_turn_fits:  # the latest turns go whole
         assert rows[cut].turn != rows[cut - 1].turn and kept <= keep
     for chunk in fold_chunks(rows[:cut], 500):
@@ -211,17 +251,31 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
     from turnkeeper.config import Settings
 
     class Reuser(Summariser):
-        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
-                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
+        async def complete(
+            self,
+            history: list[ChatMessage],
+            tools: list[ToolSpec],
+            *,
+            call_index: int,
+            on_text: TextSink | None = None,
+        ) -> ModelReply:
             return ModelReply(tool_calls=[ToolCall(id="t1-0", name="read_file", arguments="{}")])
 
     for n in range(1, 15):
         await add_turn(store, n, tool_results=1 if n == 1 else 0)
-    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path, context_tokens=800), store,
-                              Reuser(), default_registry())
+    model = ModelCallActivity(
+        Settings(tools=("read_file",), workspace=tmp_path, context_tokens=800),
+        store,
+        Reuser(),
+        default_registry(),
+    )
     await store.begin_turn(CHAT, "run-15", ["m15"])
-    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
-        chat_id=CHAT, turn=15, step=0, new_messages=[UserMessage(message_id="m15", text="again")]))
+    result = await ActivityEnvironment().run(
+        model.model_call,
+        activity_io.ModelCallInput(
+            chat_id=CHAT, turn=15, step=0, new_messages=[UserMessage(message_id="m15", text="again")]
+        ),
+    )
     assert (await store.context_rows(CHAT)).summary is not None  # turn 1 was folded
     (call,) = result.reply.tool_calls
     assert call.id != "t1-0" and call.id.startswith("call_")
@@ -230,7 +284,8 @@ async def test_a_reply_reusing_a_folded_call_id_gets_a_fresh_one(store: SQLiteSt
 
 
 async def test_a_reply_reusing_a_call_id_it_was_sent_gets_a_fresh_one_without_a_read(
-        store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Nothing folded: every row went to the model, so the ids it was sent are all
     the chat has, and the check needs no store read."""
     from temporalio.testing import ActivityEnvironment
@@ -241,21 +296,36 @@ async def test_a_reply_reusing_a_call_id_it_was_sent_gets_a_fresh_one_without_a_
     from turnkeeper.config import Settings
 
     class Reuser(Summariser):
-        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
-                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
-            return ModelReply(tool_calls=[ToolCall(id="t1-0", name="read_file", arguments="{}"),
-                                          ToolCall(id="new", name="read_file", arguments="{}")])
+        async def complete(
+            self,
+            history: list[ChatMessage],
+            tools: list[ToolSpec],
+            *,
+            call_index: int,
+            on_text: TextSink | None = None,
+        ) -> ModelReply:
+            return ModelReply(
+                tool_calls=[
+                    ToolCall(id="t1-0", name="read_file", arguments="{}"),
+                    ToolCall(id="new", name="read_file", arguments="{}"),
+                ]
+            )
 
     async def no_read(*args: object) -> list[str]:
         raise AssertionError("answered_call_ids read although every row was sent")
 
     await add_turn(store, 1, tool_results=1)
     monkeypatch.setattr(store, "answered_call_ids", no_read)
-    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path), store, Reuser(),
-                              default_registry())
+    model = ModelCallActivity(
+        Settings(tools=("read_file",), workspace=tmp_path), store, Reuser(), default_registry()
+    )
     await store.begin_turn(CHAT, "run-2", ["m2"])
-    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
-        chat_id=CHAT, turn=2, step=0, new_messages=[UserMessage(message_id="m2", text="again")]))
+    result = await ActivityEnvironment().run(
+        model.model_call,
+        activity_io.ModelCallInput(
+            chat_id=CHAT, turn=2, step=0, new_messages=[UserMessage(message_id="m2", text="again")]
+        ),
+    )
     assert (await store.context_rows(CHAT)).summary is None
     reused, kept = result.reply.tool_calls
     assert reused.id not in ("t1-0", "new") and reused.id.startswith("call_") and kept.id == "new"
@@ -264,7 +334,10 @@ async def test_a_reply_reusing_a_call_id_it_was_sent_gets_a_fresh_one_without_a_
 
 def test_rows_cost_their_json(tmp_path: Path) -> None:
     m = ChatMessage(role="user", content="x" * 400)
-    assert row_tokens(m) == -(-len(json.dumps({"role": "user", "content": "x" * 400}, separators=(",", ":"))) // 4) + 4
+    assert (
+        row_tokens(m)
+        == -(-len(json.dumps({"role": "user", "content": "x" * 400}, separators=(",", ":"))) // 4) + 4
+    )
 
 
 async def test_a_malformed_reply_is_recorded_mended(store: SQLiteStore, tmp_path: Path) -> None:
@@ -280,18 +353,33 @@ async def test_a_malformed_reply_is_recorded_mended(store: SQLiteStore, tmp_path
     from turnkeeper.config import Settings
 
     class Malformed(Summariser):
-        async def complete(self, history: list[ChatMessage], tools: list[ToolSpec], *,
-                           call_index: int, on_text: TextSink | None = None) -> ModelReply:
-            return ModelReply(text="half \ud83d a smile", tool_calls=[
-                ToolCall(id="a\x00b", name="read_file", arguments='{"path": "\udc00"}'),
-                ToolCall(id="x" * 500, name="read_file", arguments="{}"),
-                ToolCall(id="ok-id", name="read_\ud800file", arguments="{}")])
+        async def complete(
+            self,
+            history: list[ChatMessage],
+            tools: list[ToolSpec],
+            *,
+            call_index: int,
+            on_text: TextSink | None = None,
+        ) -> ModelReply:
+            return ModelReply(
+                text="half \ud83d a smile",
+                tool_calls=[
+                    ToolCall(id="a\x00b", name="read_file", arguments='{"path": "\udc00"}'),
+                    ToolCall(id="x" * 500, name="read_file", arguments="{}"),
+                    ToolCall(id="ok-id", name="read_\ud800file", arguments="{}"),
+                ],
+            )
 
-    model = ModelCallActivity(Settings(tools=("read_file",), workspace=tmp_path), store, Malformed(),
-                              default_registry())
+    model = ModelCallActivity(
+        Settings(tools=("read_file",), workspace=tmp_path), store, Malformed(), default_registry()
+    )
     await store.begin_turn(CHAT, "run-1", ["m1"])
-    result = await ActivityEnvironment().run(model.model_call, activity_io.ModelCallInput(
-        chat_id=CHAT, turn=1, step=0, new_messages=[UserMessage(message_id="m1", text="go")]))
+    result = await ActivityEnvironment().run(
+        model.model_call,
+        activity_io.ModelCallInput(
+            chat_id=CHAT, turn=1, step=0, new_messages=[UserMessage(message_id="m1", text="go")]
+        ),
+    )
     result.model_dump_json()  # a payload at last
     reply = result.reply
     assert reply.text == "half \ufffd a smile"

@@ -1,14 +1,14 @@
 """The documentation keeps one home per fact: every variable the code reads has its
 row in docs/configuration.md and nowhere else, and the recovery table is shown on
 docs/recovery.md alone (tests/unit/test_recovery_machine.py checks it is current)."""
+
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from turnkeeper import config, recovery_table
-
 from tests.support import ROOT
+from turnkeeper import config, recovery_table
 
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 # Where the code that reads the environment lives (the tests and benches have their own).
@@ -48,10 +48,15 @@ def test_no_other_page_copies_the_variables_table() -> None:
     for page in _pages():
         if page != CONFIGURATION:
             copied = sorted(_rows(page.read_text()) & _read_by_the_code())
-            assert not copied, f"{page.relative_to(ROOT)} has table rows for {copied}: link docs/configuration.md"
+            assert not copied, (
+                f"{page.relative_to(ROOT)} has table rows for {copied}: link docs/configuration.md"
+            )
 
 
 def test_the_recovery_table_has_one_home() -> None:
-    shown = [page.relative_to(ROOT).as_posix() for page in _pages()
-             if recovery_table.table().splitlines()[2] in page.read_text()]
+    shown = [
+        page.relative_to(ROOT).as_posix()
+        for page in _pages()
+        if recovery_table.table().splitlines()[2] in page.read_text()
+    ]
     assert shown == ["docs/recovery.md"]

@@ -1,5 +1,6 @@
 """The draft writer: a write under way when the reply comes is let finish, and a
 cancelled activity stays cancelled (activities/drafts.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,9 @@ class SlowDraftStore:
         self.writes: list[str] = []
         self.outcomes: list[str] = []
 
-    async def write_draft(self, chat_id: str, turn: int, step: int, text: str, attempt: int | None = None) -> int:
+    async def write_draft(
+        self, chat_id: str, turn: int, step: int, text: str, attempt: int | None = None
+    ) -> int:
         self.writes.append(text)
         self.started.set()
         try:

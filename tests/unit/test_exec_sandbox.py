@@ -2,6 +2,7 @@
 host's files a command can write, and all it can read besides the system's programs
 and libraries; what it starts dies with it; `TURNKEEPER_EXEC_SANDBOX=off` runs it
 as before; without a working bwrap, exec and the worker refuse."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,17 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from turnkeeper.activities.tools import (
     ToolContext,
     ToolOutcome,
     default_registry,
     sandbox,
 )
-
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.worker import check_tools
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is bubblewrap's, Linux only")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the sandbox is bubblewrap's, Linux only"
+)
 
 CAP = 16 * 1024
 # A python3 the sandbox can run: under /usr, which it binds (the worker's own may live elsewhere).
@@ -54,8 +57,12 @@ def host_sleeps(marker: str) -> list[int]:
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue  # exited meanwhile
-        if len(argv) == 2 and os.path.basename(argv[0]) == b"sleep" and argv[1] == marker.encode() \
-                and state not in ("Z", "X"):
+        if (
+            len(argv) == 2
+            and os.path.basename(argv[0]) == b"sleep"
+            and argv[1] == marker.encode()
+            and state not in ("Z", "X")
+        ):
             found.append(int(entry))
     return found
 
@@ -84,8 +91,6 @@ class SeenSleeping:
 # --- fixtures ---------------------------------------------------------------------------------------
 
 
-
-
 @pytest.fixture
 def sandboxed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox, "MODE", "auto")
@@ -106,15 +111,20 @@ def no_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 async def run_exec(ws: Path, command: str, exec_timeout: float = 10) -> ToolOutcome:
-    ctx = ToolContext.for_call(workspace=ws, chat_id="chat-1", turn=1, tool_call_id="call_1", exec_timeout=exec_timeout)
-    return await default_registry().run("exec", json.dumps({"command": command}), ctx, enabled=["exec"],
-                                        max_output_bytes=CAP)
+    ctx = ToolContext.for_call(
+        workspace=ws, chat_id="chat-1", turn=1, tool_call_id="call_1", exec_timeout=exec_timeout
+    )
+    return await default_registry().run(
+        "exec", json.dumps({"command": command}), ctx, enabled=["exec"], max_output_bytes=CAP
+    )
 
 
 # --- confinement ------------------------------------------------------------------------------------
 
 
-async def test_exec_cannot_read_a_file_outside_the_workspace(workspace: Path, outside: Path, sandboxed: None) -> None:
+async def test_exec_cannot_read_a_file_outside_the_workspace(
+    workspace: Path, outside: Path, sandboxed: None
+) -> None:
     out = await run_exec(workspace, f"pwd; cat ../outside/secret.txt; cat {outside}/secret.txt; ls {outside}")
     assert out.status == "done"
     assert out.content.startswith(f"exit code 2\n{workspace}\n")  # ran, in the workspace (ls failed last)
@@ -122,12 +132,15 @@ async def test_exec_cannot_read_a_file_outside_the_workspace(workspace: Path, ou
     assert out.content.count("No such file or directory") == 3
 
 
-async def test_exec_cannot_write_outside_the_workspace(workspace: Path, tmp_path: Path, outside: Path,
-                                                      sandboxed: None) -> None:
+async def test_exec_cannot_write_outside_the_workspace(
+    workspace: Path, tmp_path: Path, outside: Path, sandboxed: None
+) -> None:
     host_tmp = Path("/tmp") / f"tk-exec-sandbox-{uuid.uuid4().hex}"
     targets = [host_tmp, tmp_path / "escaped.txt", outside / "new.txt"]
     try:
-        out = await run_exec(workspace, "; ".join(f"echo x > {t}" for t in targets) + "; echo y > /usr/tk-escaped")
+        out = await run_exec(
+            workspace, "; ".join(f"echo x > {t}" for t in targets) + "; echo y > /usr/tk-escaped"
+        )
         assert out.status == "done"
         for target in targets:
             assert not target.exists(), target
@@ -138,8 +151,9 @@ async def test_exec_cannot_write_outside_the_workspace(workspace: Path, tmp_path
             target.unlink(missing_ok=True)
 
 
-async def test_exec_cannot_read_through_a_symlink_pointing_out(workspace: Path, outside: Path,
-                                                              sandboxed: None) -> None:
+async def test_exec_cannot_read_through_a_symlink_pointing_out(
+    workspace: Path, outside: Path, sandboxed: None
+) -> None:
     (workspace / "link").symlink_to(outside / "secret.txt")
     (workspace / "linkdir").symlink_to(outside)
     out = await run_exec(workspace, "cat link; cat linkdir/secret.txt; ls linkdir/")
@@ -147,7 +161,9 @@ async def test_exec_cannot_read_through_a_symlink_pointing_out(workspace: Path, 
     assert "top secret" not in out.content and "secret.txt\n" not in out.content
 
 
-async def test_exec_proc_root_does_not_reach_the_host(workspace: Path, outside: Path, sandboxed: None) -> None:
+async def test_exec_proc_root_does_not_reach_the_host(
+    workspace: Path, outside: Path, sandboxed: None
+) -> None:
     command = "; ".join(f"cat /proc/{who}/root{outside}/secret.txt" for who in ("self", "1", "$$", "$PPID"))
     out = await run_exec(workspace, command + "; ls /proc/1/root/")
     assert out.status == "done"
@@ -169,9 +185,11 @@ async def test_exec_has_no_network(workspace: Path, sandboxed: None) -> None:
         assert out == ToolOutcome(status="done", content="exit code 0\nlo\n")
         if SYSTEM_PYTHON:
             # The host's loopback is not the command's: a port listening there is not reachable.
-            probe = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), timeout=2)\n"
-                     "    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)\n") % port
-            out = await run_exec(workspace, f"python3 -c \"{probe}\"")
+            probe = (
+                f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+                "    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)\n"
+            )
+            out = await run_exec(workspace, f'python3 -c "{probe}"')
             assert out.status == "done" and "refused" in out.content and "connected" not in out.content
     finally:
         listener.close()
@@ -179,10 +197,12 @@ async def test_exec_has_no_network(workspace: Path, sandboxed: None) -> None:
 
 async def test_a_background_child_does_not_outlive_the_command(workspace: Path, sandboxed: None) -> None:
     plain, nohup, daemon = sleep_marker(30), sleep_marker(30), sleep_marker(30)
-    command = (f"sleep {plain} >/dev/null 2>&1 & "
-               f"nohup sleep {nohup} >/dev/null 2>&1 & "
-               f"setsid sh -c 'sleep {daemon}' </dev/null >/dev/null 2>&1 & "
-               "sleep 0.3; echo done")
+    command = (
+        f"sleep {plain} >/dev/null 2>&1 & "
+        f"nohup sleep {nohup} >/dev/null 2>&1 & "
+        f"setsid sh -c 'sleep {daemon}' </dev/null >/dev/null 2>&1 & "
+        "sleep 0.3; echo done"
+    )
     async with SeenSleeping(plain, nohup, daemon) as watch:
         out = await run_exec(workspace, command)
     assert out == ToolOutcome(status="done", content="exit code 0\ndone\n")
@@ -206,9 +226,14 @@ async def test_a_timeout_kills_the_sandboxed_command(workspace: Path, sandboxed:
 
 async def test_ordinary_commands_work_in_the_sandbox(workspace: Path, sandboxed: None) -> None:
     (workspace / "here.txt").write_text("x")
-    out = await run_exec(workspace, "echo hello; ls; echo made > made.txt; mkdir -p sub/dir && echo deep > sub/dir/f; "
-                                    "echo scratch > /tmp/scratch && cat /tmp/scratch; date +%Y >/dev/null && id -u")
-    assert out == ToolOutcome(status="done", content=f"exit code 0\nhello\nhere.txt\nscratch\n{os.getuid()}\n")
+    out = await run_exec(
+        workspace,
+        "echo hello; ls; echo made > made.txt; mkdir -p sub/dir && echo deep > sub/dir/f; "
+        "echo scratch > /tmp/scratch && cat /tmp/scratch; date +%Y >/dev/null && id -u",
+    )
+    assert out == ToolOutcome(
+        status="done", content=f"exit code 0\nhello\nhere.txt\nscratch\n{os.getuid()}\n"
+    )
     assert (workspace / "made.txt").read_text() == "made\n"  # the host sees what it wrote in the workspace
     assert (workspace / "sub" / "dir" / "f").read_text() == "deep\n"
     assert (workspace / "made.txt").stat().st_uid == os.getuid()
@@ -216,8 +241,11 @@ async def test_ordinary_commands_work_in_the_sandbox(workspace: Path, sandboxed:
 
 @pytest.mark.skipif(SYSTEM_PYTHON is None, reason="no python3 under /usr on this machine")
 async def test_python_runs_in_the_sandbox(workspace: Path, sandboxed: None) -> None:
-    out = await run_exec(workspace, "python3 -c 'import json, pathlib; "
-                                    "pathlib.Path(\"py.json\").write_text(json.dumps([1, 2])); print(6 * 7)'")
+    out = await run_exec(
+        workspace,
+        "python3 -c 'import json, pathlib; "
+        'pathlib.Path("py.json").write_text(json.dumps([1, 2])); print(6 * 7)\'',
+    )
     assert out == ToolOutcome(status="done", content="exit code 0\n42\n")
     assert json.loads((workspace / "py.json").read_text()) == [1, 2]
 
@@ -239,8 +267,9 @@ async def test_exec_refuses_without_a_sandbox(workspace: Path, no_bwrap: Path) -
     assert not (workspace / "ran").exists()
 
 
-async def test_exec_refuses_when_bwrap_cannot_make_its_sandbox(workspace: Path, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_exec_refuses_when_bwrap_cannot_make_its_sandbox(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)

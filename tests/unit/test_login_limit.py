@@ -1,5 +1,6 @@
 """`POST /login` limits failed logins per client address: the token cannot be
 guessed at speed. The ASGI app called directly (no server, no Temporal)."""
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,24 @@ TOKEN = "s3cret"
 
 async def post_login(app: Any, token: str, address: str) -> tuple[int, dict[str, str]]:
     body = json.dumps({"token": token}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/login", "raw_path": b"/login", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"turnkeeper.example:8000"), (b"content-type", b"application/json"),
-                         (b"content-length", str(len(body)).encode())],
-             "client": (address, 50000), "server": ("turnkeeper.example", 8000)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/login",
+        "raw_path": b"/login",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"turnkeeper.example:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": (address, 50000),
+        "server": ("turnkeeper.example", 8000),
+    }
     incoming = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict[str, Any]] = []
 

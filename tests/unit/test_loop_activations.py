@@ -1,5 +1,6 @@
 """The executor that runs workflow activations on the worker's event loop
 (turnkeeper/loop_activations.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +29,7 @@ async def test_a_call_runs_on_the_loop_thread_outside_the_task_that_submitted_it
 async def test_the_loop_stays_registered_as_running_after_a_call_that_cleared_it() -> None:
     """A workflow's own loop registers itself while it steps and clears the
     registration when done, as `_WorkflowInstanceImpl` does."""
+
     def activate() -> None:
         asyncio._set_running_loop(None)
 
@@ -52,7 +54,9 @@ async def test_a_cancelled_call_never_runs() -> None:
     assert ran == [] and future.cancelled()
 
 
-async def test_a_slow_activation_is_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_slow_activation_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(loop_activations, "SLOW_ACTIVATION_S", 0.01)
     caplog.set_level(logging.WARNING, logger="turnkeeper.worker")
     await asyncio.get_running_loop().run_in_executor(LoopActivations(), __import__("time").sleep, 0.05)
@@ -70,6 +74,7 @@ async def test_calls_take_turns_with_the_loops_other_callbacks() -> None:
         loop.call_soon(order.append, "between")
 
     executor = LoopActivations()
-    await asyncio.gather(loop.run_in_executor(executor, first),
-                         loop.run_in_executor(executor, order.append, "second"))
+    await asyncio.gather(
+        loop.run_in_executor(executor, first), loop.run_in_executor(executor, order.append, "second")
+    )
     assert order == ["first", "between", "second"]

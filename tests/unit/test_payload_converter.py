@@ -1,5 +1,6 @@
 """The shared payload converter: one instance per process behind every data converter
 of ours, converting as pydantic's does."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,14 +26,20 @@ def test_every_data_converter_the_sdk_builds_from_ours_shares_one_payload_conver
     converter = data_converter(keys)
     # What the SDK does for each workflow activation: a fresh data converter.
     rebuilt = dataclasses.replace(converter)
-    assert _inner(rebuilt.payload_converter) is _inner(converter.payload_converter) is SharedPayloadConverter()
+    assert (
+        _inner(rebuilt.payload_converter) is _inner(converter.payload_converter) is SharedPayloadConverter()
+    )
     context = WorkflowSerializationContext(namespace="default", workflow_id="chat-a")
     assert _inner(converter.with_context(context).payload_converter) is SharedPayloadConverter()
 
 
 def test_it_converts_as_pydantics_converter_does() -> None:
-    values = [ChatTurnInput(chat_id="a", pending=[UserMessage(message_id="m1", text="hi")]),
-              TurnState(chat_id="a", turn=3, status=TurnStatus.AWAITING_USER), {"plain": [1, 2]}, None]
+    values = [
+        ChatTurnInput(chat_id="a", pending=[UserMessage(message_id="m1", text="hi")]),
+        TurnState(chat_id="a", turn=3, status=TurnStatus.AWAITING_USER),
+        {"plain": [1, 2]},
+        None,
+    ]
     ours = data_converter(()).payload_converter.to_payloads(values)
     assert ours == pydantic_data_converter.payload_converter.to_payloads(values)
     hints = [ChatTurnInput, TurnState, dict, type(None)]

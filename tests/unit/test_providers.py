@@ -1,4 +1,5 @@
 """Model providers: scripted, demo, OpenAI (against FakeChatServer), load_provider."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,7 +38,9 @@ TOOLS = [
         },
     ),
     ToolSpec(name="read_file", description="Read a file.", parameters=PATH_PARAMS, effect=EffectClass.READ),
-    ToolSpec(name="list_dir", description="List a directory.", parameters=PATH_PARAMS, effect=EffectClass.READ),
+    ToolSpec(
+        name="list_dir", description="List a directory.", parameters=PATH_PARAMS, effect=EffectClass.READ
+    ),
 ]
 
 
@@ -68,7 +71,10 @@ async def test_scripted_text_and_tool_calls() -> None:
     )
     first = await provider.complete([user("go")], TOOLS, call_index=0)
     assert not first.is_final and first.text is None
-    assert [(c.id, c.name) for c in first.tool_calls] == [("call_0_0", "write_file"), ("call_0_1", "list_dir")]
+    assert [(c.id, c.name) for c in first.tool_calls] == [
+        ("call_0_0", "write_file"),
+        ("call_0_1", "list_dir"),
+    ]
     assert json.loads(first.tool_calls[0].arguments) == {"path": "a.txt", "content": "hi"}
     assert first.tool_calls[1].arguments == "{}"
 
@@ -103,7 +109,9 @@ async def test_scripted_past_the_end_is_permanent() -> None:
         (["text"], 0),
     ],
 )
-async def test_scripted_file_invalid_items_name_the_index(tmp_path: Path, items: list[Any], index: int) -> None:
+async def test_scripted_file_invalid_items_name_the_index(
+    tmp_path: Path, items: list[Any], index: int
+) -> None:
     path = write_script(tmp_path, items)
     with pytest.raises(ValueError, match=rf"item {index}\b"):
         load_provider(f"scripted:{path}")
@@ -139,7 +147,11 @@ async def test_demo_write_read_list() -> None:
 
     reply = await demo.complete([user("read notes.txt")], TOOLS, call_index=3)
     (call,) = reply.tool_calls
-    assert (call.id, call.name, json.loads(call.arguments)) == ("call_3_0", "read_file", {"path": "notes.txt"})
+    assert (call.id, call.name, json.loads(call.arguments)) == (
+        "call_3_0",
+        "read_file",
+        {"path": "notes.txt"},
+    )
 
     for text, path in [("list", "."), ("ls", "."), ("ls sub/dir", "sub/dir")]:
         (call,) = (await demo.complete([user(text)], TOOLS, call_index=0)).tool_calls
@@ -160,7 +172,9 @@ async def test_demo_summarises_tool_results_after_a_tool_row() -> None:
         user("write notes.txt: hello"),
         ChatMessage(
             role="assistant",
-            tool_calls=[ToolCall(id="call_1_0", name="write_file", arguments='{"path":"notes.txt","content":"hello"}')],
+            tool_calls=[
+                ToolCall(id="call_1_0", name="write_file", arguments='{"path":"notes.txt","content":"hello"}')
+            ],
         ),
         ChatMessage(role="tool", tool_call_id="call_1_0", content="wrote 5 bytes to notes.txt"),
     ]
@@ -225,7 +239,9 @@ def server() -> Iterator[FakeChatServer]:
 
 @pytest.fixture
 async def openai_provider(server: FakeChatServer) -> AsyncIterator[OpenAIChatProvider]:
-    provider = OpenAIChatProvider("fake-model", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=0)
+    provider = OpenAIChatProvider(
+        "fake-model", base_url=server.base_url, api_key=API_KEY, timeout=5, max_retries=0
+    )
     yield provider
     await provider.aclose()
 
@@ -275,9 +291,13 @@ async def test_openai_sends_history_and_tools_in_openai_shape(
         ChatMessage(
             role="assistant",
             content=None,
-            tool_calls=[ToolCall(id="call_0_0", name="write_file", arguments='{"path":"a.txt","content":"hi"}')],
+            tool_calls=[
+                ToolCall(id="call_0_0", name="write_file", arguments='{"path":"a.txt","content":"hi"}')
+            ],
         ),
-        ChatMessage(role="tool", tool_call_id="call_0_0", name="write_file", content="wrote 2 bytes to a.txt"),
+        ChatMessage(
+            role="tool", tool_call_id="call_0_0", name="write_file", content="wrote 2 bytes to a.txt"
+        ),
     ]
     await openai_provider.complete(history, TOOLS, call_index=1)
     (request,) = server.requests
@@ -297,7 +317,10 @@ async def test_openai_sends_history_and_tools_in_openai_shape(
         {"role": "tool", "tool_call_id": "call_0_0", "content": "wrote 2 bytes to a.txt"},
     ]
     assert request["tools"] == [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
         for t in TOOLS
     ]
 
@@ -339,7 +362,9 @@ async def test_openai_auth_error_is_permanent_and_hides_the_key(
     assert err.__cause__ is None and err.__suppress_context__  # Temporal would serialise the cause
 
 
-async def test_openai_bad_request_is_permanent(server: FakeChatServer, openai_provider: OpenAIChatProvider) -> None:
+async def test_openai_bad_request_is_permanent(
+    server: FakeChatServer, openai_provider: OpenAIChatProvider
+) -> None:
     server.script([{"status": 400, "message": "Invalid 'messages'"}])
     with pytest.raises(PermanentProviderError, match=r"400.*Invalid 'messages'"):
         await openai_provider.complete([user("hi")], [], call_index=0)
@@ -351,7 +376,11 @@ async def test_openai_bad_request_is_permanent(server: FakeChatServer, openai_pr
     [
         {"id": "x", "object": "chat.completion"},
         {"choices": []},
-        {"choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]},
+        {
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}
+            ]
+        },
         "not an object",
     ],
 )
@@ -426,8 +455,10 @@ async def test_openai_streams_text_and_assembles_tool_calls(
 ) -> None:
     """With a text sink the call streams: the pieces add up to the text, and each
     tool call (id and name first, arguments in pieces) comes out whole."""
-    calls = [{"id": "call_abc", "name": "write_file", "arguments": {"path": "a.txt", "content": "x y"}},
-             {"id": "call_def", "name": "read_file", "arguments": '{"path": "a.txt",'}]
+    calls = [
+        {"id": "call_abc", "name": "write_file", "arguments": {"path": "a.txt", "content": "x y"}},
+        {"id": "call_def", "name": "read_file", "arguments": '{"path": "a.txt",'},
+    ]
     server.script([{"text": "Let me do that now.", "tool_calls": calls}, {"text": "Done, all of it."}])
     pieces: list[str] = []
     reply = await openai_provider.complete([user("go")], TOOLS, call_index=0, on_text=pieces.append)
@@ -451,13 +482,26 @@ async def test_openai_stream_that_breaks_off_is_retryable(
     assert pieces == ["this ", "answer "]  # what came before the break was streamed
 
 
-@pytest.mark.parametrize("chunk, why", [
-    ({"choices": [{"index": 0, "delta": {"content": 7}}]}, "content is a int"),
-    ({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
-                   "finish_reason": "tool_calls"}]}, "tool call 0 has no function name"),
-    ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "neither content nor tool calls"),
-    ({"choices": "nope"}, "choices is not a list"),
-])
+@pytest.mark.parametrize(
+    "chunk, why",
+    [
+        ({"choices": [{"index": 0, "delta": {"content": 7}}]}, "content is a int"),
+        (
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                        "finish_reason": "tool_calls",
+                    }
+                ]
+            },
+            "tool call 0 has no function name",
+        ),
+        ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "neither content nor tool calls"),
+        ({"choices": "nope"}, "choices is not a list"),
+    ],
+)
 def test_stream_assembler_reports_malformed_chunks(chunk: dict[str, Any], why: str) -> None:
     from turnkeeper.activities.providers.openai_chat import StreamAssembler
 
@@ -472,23 +516,39 @@ def test_stream_assembler_takes_a_name_sent_again_in_every_piece() -> None:
 
     assembler = StreamAssembler()
     for args in ('{"pa', 'th": "a"}'):
-        assembler.add({"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": args}}]}}]})
+        assembler.add(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": args}}
+                            ]
+                        },
+                    }
+                ]
+            }
+        )
     (call,) = assembler.reply().tool_calls
     assert (call.id, call.name, call.arguments) == ("c1", "read_file", '{"path": "a"}')
 
 
 async def test_offline_models_stream_word_by_word() -> None:
     pieces: list[str] = []
-    reply = await DemoProvider(word_delay_s=0).complete([user("hello there")], TOOLS, call_index=0,
-                                                        on_text=pieces.append)
+    reply = await DemoProvider(word_delay_s=0).complete(
+        [user("hello there")], TOOLS, call_index=0, on_text=pieces.append
+    )
     assert len(pieces) > 3 and "".join(pieces) == reply.text
     scripted: list[str] = []
-    reply = await ScriptedProvider([{"text": "a b  c"}]).complete([], [], call_index=0, on_text=scripted.append)
+    reply = await ScriptedProvider([{"text": "a b  c"}]).complete(
+        [], [], call_index=0, on_text=scripted.append
+    )
     assert scripted == ["a ", "b  ", "c"] and reply.text == "a b  c"
     calls_only: list[str] = []
     await ScriptedProvider([{"tool_calls": [{"name": "list_dir", "arguments": {}}]}]).complete(
-        [], [], call_index=0, on_text=calls_only.append)
+        [], [], call_index=0, on_text=calls_only.append
+    )
     assert calls_only == []
 
 
@@ -500,14 +560,18 @@ def test_only_an_openai_model_imports_openai(tmp_path: Path) -> None:
 
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"text": "hi"}]))
-    code = ("import sys\n"
-            "from turnkeeper import worker\n"
-            "from turnkeeper.activities.providers import load_provider\n"
-            "load_provider('demo'); load_provider('scripted:' + sys.argv[1])\n"
-            "assert 'openai' not in sys.modules, 'imported by the worker, or demo and scripted'\n"
-            "load_provider('openai:m', env={'OPENAI_API_KEY': 'k'})\n"
-            "assert 'openai' in sys.modules\n")
-    done = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys\n"
+        "from turnkeeper import worker\n"
+        "from turnkeeper.activities.providers import load_provider\n"
+        "load_provider('demo'); load_provider('scripted:' + sys.argv[1])\n"
+        "assert 'openai' not in sys.modules, 'imported by the worker, or demo and scripted'\n"
+        "load_provider('openai:m', env={'OPENAI_API_KEY': 'k'})\n"
+        "assert 'openai' in sys.modules\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(script)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -540,9 +604,20 @@ async def test_a_cancelled_model_call_cancels_the_providers_request() -> None:
     await asyncio.wait_for(cancelled.wait(), 1)
 
 
-@pytest.mark.parametrize(("call_id", "usable"), [
-    ("call_abc", True), ("x" * 128, True), ("é✓", True), ("", False), ("x" * 129, False),
-    ("a\x00b", False), ("tab\tid", False), ("del\x7f", False), ("\ud800", False)])
+@pytest.mark.parametrize(
+    ("call_id", "usable"),
+    [
+        ("call_abc", True),
+        ("x" * 128, True),
+        ("é✓", True),
+        ("", False),
+        ("x" * 129, False),
+        ("a\x00b", False),
+        ("tab\tid", False),
+        ("del\x7f", False),
+        ("\ud800", False),
+    ],
+)
 def test_a_tool_call_id_is_usable_as_a_store_key(call_id: str, usable: bool) -> None:
     from turnkeeper.activities.providers.base import usable_tool_call_id
 

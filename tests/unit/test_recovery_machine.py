@@ -2,27 +2,47 @@
 through random sequences of every input (as the workflow, the reconciler and the
 CLI apply them) and checks the invariants after each step. No Temporal here; the
 same cells run on a real server in tests/workflow/test_recovery_cells.py."""
+
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from turnkeeper.workflows import recovery
-from turnkeeper.workflows.recovery import Effect, Input, decide
 
 from turnkeeper import recovery_table
 from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
+from turnkeeper.workflows import recovery
+from turnkeeper.workflows.recovery import Effect, Input, decide
 
-GATE_REASONS = [Reason.RESTART_REQUIRES_CONFIRMATION, Reason.TOOL_STATE_UNKNOWN, Reason.MODEL_FAILED,
-                Reason.INTERRUPTED_WITH_SAVED_CONTEXT, Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
-                Reason.CHECKPOINT_INVALID, Reason.CHECKPOINT_UNKNOWN]
+GATE_REASONS = [
+    Reason.RESTART_REQUIRES_CONFIRMATION,
+    Reason.TOOL_STATE_UNKNOWN,
+    Reason.MODEL_FAILED,
+    Reason.INTERRUPTED_WITH_SAVED_CONTEXT,
+    Reason.INTERRUPTED_WITHOUT_CHECKPOINT,
+    Reason.CHECKPOINT_INVALID,
+    Reason.CHECKPOINT_UNKNOWN,
+]
 TERMINAL = {TurnStatus.COMPLETED, TurnStatus.RECOVERED}
-RECOVERED_REASONS = {Reason.ANSWER_RESTORED, Reason.CONTINUED, Reason.COMMITTED, Reason.DISMISSED,
-                     Reason.STOPPED, Reason.SUPERSEDED}
+RECOVERED_REASONS = {
+    Reason.ANSWER_RESTORED,
+    Reason.CONTINUED,
+    Reason.COMMITTED,
+    Reason.DISMISSED,
+    Reason.STOPPED,
+    Reason.SUPERSEDED,
+}
 # The statuses Dismiss with the current id must always be accepted in.
 DISMISSABLE = {TurnStatus.AWAITING_USER, TurnStatus.RESUMING, TurnStatus.FAILED}
-ENDINGS = {Effect.DISMISS, Effect.CANCEL_AND_DISMISS, Effect.DENY, Effect.STOP, Effect.SUPERSEDE, Effect.JUDGE}
+ENDINGS = {
+    Effect.DISMISS,
+    Effect.CANCEL_AND_DISMISS,
+    Effect.DENY,
+    Effect.STOP,
+    Effect.SUPERSEDE,
+    Effect.JUDGE,
+}
 
 
 class Chat(RuleBasedStateMachine):
@@ -97,9 +117,13 @@ class Chat(RuleBasedStateMachine):
         before = self.state.model_copy()
         given = "not-the-id" if stale else self.state.recovery_id
         why = recovery.refusal(self.state, action, given)  # type: ignore[arg-type]
-        outcome = decide(self.state.status, Input(action), can_continue=self.state.can_continue,
-                         reason=self.state.reason,
-                         id_matches=bool(self.state.recovery_id) and given == self.state.recovery_id)
+        outcome = decide(
+            self.state.status,
+            Input(action),
+            can_continue=self.state.can_continue,
+            reason=self.state.reason,
+            id_matches=bool(self.state.recovery_id) and given == self.state.recovery_id,
+        )
         assert (why is None) == outcome.accepted
         if not outcome.accepted:
             assert self.state == before
@@ -135,8 +159,10 @@ class Chat(RuleBasedStateMachine):
     def model_answers(self) -> None:
         recovery.finish(self.state)
 
-    @rule(verdict=st.sampled_from(GATE_REASONS + [Reason.ANSWER_RESTORED, Reason.COMMITTED]),
-          can_continue=st.booleans())
+    @rule(
+        verdict=st.sampled_from(GATE_REASONS + [Reason.ANSWER_RESTORED, Reason.COMMITTED]),
+        can_continue=st.booleans(),
+    )
     def run_ends_abnormally(self, verdict: Reason, can_continue: bool) -> None:
         """The reconciler's pass over a dead run: a gate again, or a closing verdict."""
         if decide(self.state.status, Input.RUN_ENDED).effect != Effect.JUDGE:
@@ -182,8 +208,12 @@ class Chat(RuleBasedStateMachine):
     @invariant()
     def every_status_has_a_way_out(self) -> None:
         if self.state.status in OPEN_STATUSES | {TurnStatus.FAILED}:
-            ways = {decide(self.state.status, i, can_continue=self.state.can_continue,
-                           reason=self.state.reason).effect for i in Input}
+            ways = {
+                decide(
+                    self.state.status, i, can_continue=self.state.can_continue, reason=self.state.reason
+                ).effect
+                for i in Input
+            }
             assert ways & ENDINGS, self.state.status
         # and a closed chat always takes its next message
         if self.state.status in TERMINAL | {TurnStatus.FAILED}:
@@ -222,8 +252,9 @@ class Chat(RuleBasedStateMachine):
             assert status in TERMINAL
 
 
-Chat.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
-                                  suppress_health_check=[HealthCheck.too_slow])
+Chat.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 TestRecoveryMachine = Chat.TestCase
 
 
@@ -233,8 +264,9 @@ def test_every_cell_has_exactly_one_outcome(status: TurnStatus) -> None:
         for id_matches in (True, False):
             for can_continue in (True, False):
                 for reason in (None, Reason.APPROVAL_REQUIRED):
-                    outcome = decide(status, input, id_matches=id_matches, can_continue=can_continue,
-                                     reason=reason)
+                    outcome = decide(
+                        status, input, id_matches=id_matches, can_continue=can_continue, reason=reason
+                    )
                     assert isinstance(outcome.effect, Effect)
                     assert (outcome.refusal is not None) == (outcome.effect == Effect.REFUSE)
 
@@ -246,13 +278,13 @@ def test_the_docs_show_the_table() -> None:
     page = "docs/recovery.md"
     text = (ROOT / page).read_text()
     assert recovery_table.table() in text, (
-        f"{page}'s recovery table is out of date: paste turnkeeper.recovery_table.table()")
+        f"{page}'s recovery table is out of date: paste turnkeeper.recovery_table.table()"
+    )
 
 
 def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
-    from turnkeeper.workflows.inbox import Inbox, chunks, wire_size
-
     from turnkeeper.models import UserMessage
+    from turnkeeper.workflows.inbox import Inbox, chunks, wire_size
 
     inbox = Inbox()
     messages = [UserMessage(message_id=f"m{i}", text="x" * (i * 1000)) for i in range(1, 6)]
@@ -267,7 +299,9 @@ def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
     assert inbox.pending_bytes() == total - wire_size(messages[0]) - wire_size(messages[1])
     inbox.return_in_flight()
     inbox.drop({"m3"})
-    assert inbox.ids() == ["m4", "m5"] and inbox.pending_bytes() == wire_size(messages[3]) + wire_size(messages[4])
+    assert inbox.ids() == ["m4", "m5"] and inbox.pending_bytes() == wire_size(messages[3]) + wire_size(
+        messages[4]
+    )
     parts = chunks(messages, limit=6000)
     assert [m for part in parts for m in part] == messages
     assert all(sum(map(wire_size, p)) <= 6000 or len(p) == 1 for p in parts)

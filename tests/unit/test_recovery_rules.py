@@ -1,5 +1,6 @@
 """The recovery rules of `workflows/recovery.py`, as plain functions over a
 `TurnState`: no Temporal here. tests/workflow/test_recovery.py runs them in real turns."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,11 @@ from turnkeeper.workflows import recovery
 GATE_ID = "rec-1"
 
 
-def gated(reason: Reason = Reason.TOOL_STATE_UNKNOWN, can_continue: bool = True,
-          status: TurnStatus = TurnStatus.RUNNING) -> TurnState:
+def gated(
+    reason: Reason = Reason.TOOL_STATE_UNKNOWN,
+    can_continue: bool = True,
+    status: TurnStatus = TurnStatus.RUNNING,
+) -> TurnState:
     state = TurnState(chat_id="c", turn=1, status=status)
     recovery.open_gate(state, reason, GATE_ID, can_continue)
     return state
@@ -20,7 +24,11 @@ def gated(reason: Reason = Reason.TOOL_STATE_UNKNOWN, can_continue: bool = True,
 def test_open_gate_waits_for_the_user_with_a_fresh_id() -> None:
     state = gated()
     assert (state.status, state.reason, state.recovery_id, state.can_continue) == (
-        TurnStatus.AWAITING_USER, Reason.TOOL_STATE_UNKNOWN, GATE_ID, True)
+        TurnStatus.AWAITING_USER,
+        Reason.TOOL_STATE_UNKNOWN,
+        GATE_ID,
+        True,
+    )
 
 
 def test_a_step_lost_while_resuming_is_a_loop_guard_never_a_retry() -> None:
@@ -66,7 +74,11 @@ def test_continue_counts_attempts_and_a_committed_resume_is_recovered() -> None:
     recovery.accept_continue(state)
     assert (state.status, state.reason, state.attempts) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
     recovery.finish(state)
-    assert (state.status, state.reason, state.recovery_id) == (TurnStatus.RECOVERED, Reason.CONTINUED, GATE_ID)
+    assert (state.status, state.reason, state.recovery_id) == (
+        TurnStatus.RECOVERED,
+        Reason.CONTINUED,
+        GATE_ID,
+    )
 
 
 def test_a_turn_without_a_gate_finishes_completed() -> None:
@@ -79,7 +91,10 @@ def test_an_approval_gate_is_no_loss_and_goes_on_as_the_turn_was() -> None:
     running = TurnState(chat_id="c", turn=1)
     recovery.open_gate(running, Reason.APPROVAL_REQUIRED, GATE_ID, can_continue=False)
     assert (running.status, running.reason, running.can_continue) == (
-        TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED, True)
+        TurnStatus.AWAITING_USER,
+        Reason.APPROVAL_REQUIRED,
+        True,
+    )
     recovery.accept_continue(running)
     assert (running.status, running.reason, running.attempts) == (TurnStatus.RUNNING, None, 0)
 
@@ -89,7 +104,11 @@ def test_an_approval_gate_is_no_loss_and_goes_on_as_the_turn_was() -> None:
     recovery.open_gate(resuming, Reason.APPROVAL_REQUIRED, "other-id")
     assert resuming.reason == Reason.APPROVAL_REQUIRED and resuming.recovery_id == GATE_ID
     recovery.accept_continue(resuming)
-    assert (resuming.status, resuming.reason, resuming.attempts) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+    assert (resuming.status, resuming.reason, resuming.attempts) == (
+        TurnStatus.RESUMING,
+        Reason.USER_CONFIRMED,
+        1,
+    )
 
 
 def test_deny_ends_the_turn_dismissed() -> None:

@@ -1,4 +1,5 @@
 """The tool layer: schemas, registration, safe execution, workspace confinement, exec."""
+
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,8 @@ from typing import Literal
 
 import pytest
 from pydantic import BaseModel
+
+from tests.unit.test_exec_sandbox import SeenSleeping, host_sleeps, sleep_marker
 from turnkeeper.activities.tools import (
     ToolContext,
     ToolLoadError,
@@ -26,8 +29,6 @@ from turnkeeper.activities.tools import (
     sandbox,
     tool,
 )
-
-from tests.unit.test_exec_sandbox import SeenSleeping, host_sleeps, sleep_marker
 from turnkeeper.config import DEFAULT_TOOLS
 from turnkeeper.models import EffectClass
 
@@ -40,16 +41,25 @@ class Point(BaseModel):
     y: int = 0
 
 
-
-
 def make_ctx(workspace: Path, exec_timeout: float = 10, heartbeat=None) -> ToolContext:
     return ToolContext.for_call(
-        workspace=workspace, chat_id="chat-1", turn=3, tool_call_id="call_9", exec_timeout=exec_timeout, heartbeat=heartbeat
+        workspace=workspace,
+        chat_id="chat-1",
+        turn=3,
+        tool_call_id="call_9",
+        exec_timeout=exec_timeout,
+        heartbeat=heartbeat,
     )
 
 
 async def run_builtin(
-    ws: Path, name: str, args: dict | str, *, enabled=DEFAULT_TOOLS, cap: int = CAP, ctx: ToolContext | None = None
+    ws: Path,
+    name: str,
+    args: dict | str,
+    *,
+    enabled=DEFAULT_TOOLS,
+    cap: int = CAP,
+    ctx: ToolContext | None = None,
 ) -> ToolOutcome:
     raw = args if isinstance(args, str) else json.dumps(args)
     return await default_registry().run(name, raw, ctx or make_ctx(ws), enabled=enabled, max_output_bytes=cap)
@@ -235,7 +245,8 @@ async def test_list_dir(workspace: Path) -> None:
 async def test_unknown_tool(workspace: Path) -> None:
     out = await run_builtin(workspace, "frobnicate", {})
     assert out == ToolOutcome(
-        status="error", content="Error: unknown tool 'frobnicate'. Available tools: read_file, write_file, list_dir"
+        status="error",
+        content="Error: unknown tool 'frobnicate'. Available tools: read_file, write_file, list_dir",
     )
 
 
@@ -256,7 +267,8 @@ async def test_malformed_json_arguments(workspace: Path) -> None:
 async def test_non_object_json_arguments(workspace: Path) -> None:
     out = await run_builtin(workspace, "read_file", '["a.txt"]')
     assert out == ToolOutcome(
-        status="error", content="Error: malformed arguments for 'read_file': expected a JSON object, got array"
+        status="error",
+        content="Error: malformed arguments for 'read_file': expected a JSON object, got array",
     )
     out = await run_builtin(workspace, "read_file", "null")
     assert out.content == "Error: malformed arguments for 'read_file': expected a JSON object, got null"
@@ -270,7 +282,9 @@ async def test_empty_arguments_mean_no_arguments(workspace: Path) -> None:
 
 async def test_missing_required_argument(workspace: Path) -> None:
     out = await run_builtin(workspace, "write_file", {"path": "a.txt"})
-    assert out == ToolOutcome(status="error", content="Error: invalid arguments for 'write_file': content: Field required")
+    assert out == ToolOutcome(
+        status="error", content="Error: invalid arguments for 'write_file': content: Field required"
+    )
     assert not (workspace / "a.txt").exists()
 
 
@@ -292,7 +306,9 @@ async def test_custom_tool_validation_and_injection(workspace: Path) -> None:
         return {"x": point.x + steps, "y": point.y, "note": "→"}
 
     ctx = make_ctx(workspace)
-    out = await reg.run("move", '{"point": {"x": 1}, "steps": 2}', ctx, enabled=["move"], max_output_bytes=CAP)
+    out = await reg.run(
+        "move", '{"point": {"x": 1}, "steps": 2}', ctx, enabled=["move"], max_output_bytes=CAP
+    )
     assert out == ToolOutcome(status="done", content='{"x": 3, "y": 0, "note": "→"}')
     assert seen == [ctx]
     out = await reg.run("move", '{"point": {}, "steps": "two"}', ctx, enabled=["move"], max_output_bytes=CAP)
@@ -301,7 +317,9 @@ async def test_custom_tool_validation_and_injection(workspace: Path) -> None:
         "steps: Input should be a valid integer, unable to parse string as an integer"
     )
     assert len(seen) == 1
-    out = await reg.run("move", '{"point": {"x": 1}, "steps": 1, "context": "x"}', ctx, enabled=["move"], max_output_bytes=CAP)
+    out = await reg.run(
+        "move", '{"point": {"x": 1}, "steps": 1, "context": "x"}', ctx, enabled=["move"], max_output_bytes=CAP
+    )
     assert out.content == "Error: invalid arguments for 'move': context: Extra inputs are not permitted"
 
 
@@ -396,7 +414,17 @@ def test_resolve_in_workspace(workspace: Path, outside: Path) -> None:
     (workspace / "inner_link").symlink_to(workspace / "real.txt")
     assert resolve_in_workspace(workspace, "inner_link") == workspace.resolve() / "real.txt"
     (workspace / "out_link").symlink_to(outside)
-    for bad in ["", "  ", "a\x00b", "/etc/passwd", "../x", "a/../../x", "a/..", "out_link", "out_link/secret.txt"]:
+    for bad in [
+        "",
+        "  ",
+        "a\x00b",
+        "/etc/passwd",
+        "../x",
+        "a/../../x",
+        "a/..",
+        "out_link",
+        "out_link/secret.txt",
+    ]:
         with pytest.raises(WorkspaceEscape):
             resolve_in_workspace(workspace, bad)
     with pytest.raises(WorkspaceEscape, match=r"path '\.\./x' escapes the workspace"):
@@ -484,7 +512,11 @@ async def test_exec_timeout_kills_process_group(workspace: Path, exec_sandbox: s
     start = time.monotonic()
     async with SeenSleeping(bg, fg) as watch:
         out = await run_builtin(
-            workspace, "exec", {"command": f"echo started; sleep {bg} & sleep {fg}"}, enabled=WITH_EXEC, ctx=ctx
+            workspace,
+            "exec",
+            {"command": f"echo started; sleep {bg} & sleep {fg}"},
+            enabled=WITH_EXEC,
+            ctx=ctx,
         )
     elapsed = time.monotonic() - start
     assert elapsed < 3
@@ -496,7 +528,9 @@ async def test_exec_timeout_kills_process_group(workspace: Path, exec_sandbox: s
     assert not host_sleeps(bg) and not host_sleeps(fg)
 
 
-async def test_exec_does_not_wait_for_leftover_background_processes(workspace: Path, exec_sandbox: str) -> None:
+async def test_exec_does_not_wait_for_leftover_background_processes(
+    workspace: Path, exec_sandbox: str
+) -> None:
     bg = sleep_marker(30)
     start = time.monotonic()
     async with SeenSleeping(bg) as watch:
@@ -546,7 +580,9 @@ async def test_exec_timeout_kills_a_process_that_left_the_group(workspace: Path,
     ctx = make_ctx(workspace, exec_timeout=1)
     escaped = sleep_marker(30)
     async with SeenSleeping(escaped) as watch:
-        out = await run_builtin(workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC, ctx=ctx)
+        out = await run_builtin(
+            workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC, ctx=ctx
+        )
     assert out.content.startswith("Error: TimeoutError")
     assert watch.seen == {escaped}
     await asyncio.sleep(0.3)
@@ -554,9 +590,13 @@ async def test_exec_timeout_kills_a_process_that_left_the_group(workspace: Path,
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the exec guard needs Linux")
-async def test_exec_cancellation_kills_a_process_that_left_the_group(workspace: Path, exec_sandbox: str) -> None:
+async def test_exec_cancellation_kills_a_process_that_left_the_group(
+    workspace: Path, exec_sandbox: str
+) -> None:
     escaped = sleep_marker(30)
-    task = asyncio.create_task(run_builtin(workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC))
+    task = asyncio.create_task(
+        run_builtin(workspace, "exec", {"command": _escape(escaped) + "sleep 30"}, enabled=WITH_EXEC)
+    )
     await _until_sleeping(escaped)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -570,10 +610,12 @@ async def test_exec_ends_what_the_command_left_running(workspace: Path, exec_san
     """Background jobs and daemons get a short grace when the shell exits, then die:
     nothing the call started acts after its result was reported."""
     bg, escaped = sleep_marker(30), sleep_marker(2)
-    command = ("(sleep 0.2; echo quick > quick.txt) >/dev/null 2>&1 & "
-               f"sleep {bg} >/dev/null 2>&1 & "
-               f"setsid sh -c 'sleep {escaped}; echo late > late.txt' </dev/null >/dev/null 2>&1 & "
-               "echo done")
+    command = (
+        "(sleep 0.2; echo quick > quick.txt) >/dev/null 2>&1 & "
+        f"sleep {bg} >/dev/null 2>&1 & "
+        f"setsid sh -c 'sleep {escaped}; echo late > late.txt' </dev/null >/dev/null 2>&1 & "
+        "echo done"
+    )
     start = time.monotonic()
     async with SeenSleeping(bg, escaped) as watch:
         out = await run_builtin(workspace, "exec", {"command": command}, enabled=WITH_EXEC)
@@ -624,7 +666,9 @@ async def test_load_tool_modules(
     assert "tk_shout" in reg.names()
     spec = reg.specs(["tk_shout"])[0]
     assert (spec.description, spec.effect) == ("Shout the text.", EffectClass.WRITE)
-    out = await reg.run("tk_shout", '{"text": "hi"}', make_ctx(workspace), enabled=["tk_shout"], max_output_bytes=CAP)
+    out = await reg.run(
+        "tk_shout", '{"text": "hi"}', make_ctx(workspace), enabled=["tk_shout"], max_output_bytes=CAP
+    )
     assert out == ToolOutcome(status="done", content="HI")
 
 
@@ -643,9 +687,11 @@ async def test_exec_does_not_see_the_worker_secrets(tmp_path, monkeypatch) -> No
     from turnkeeper.activities.tools import ToolContext, default_registry
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
-    ctx = ToolContext(workspace=tmp_path, chat_id="c", turn=1, tool_call_id="t",
-                      idempotency_key="c/1/t", exec_timeout=10)
-    out = await default_registry().run("exec", '{"command": "env"}', ctx, enabled={"exec"},
-                                       max_output_bytes=16384)
+    ctx = ToolContext(
+        workspace=tmp_path, chat_id="c", turn=1, tool_call_id="t", idempotency_key="c/1/t", exec_timeout=10
+    )
+    out = await default_registry().run(
+        "exec", '{"command": "env"}', ctx, enabled={"exec"}, max_output_bytes=16384
+    )
     assert out.status == "done" and "PATH=" in out.content
     assert "sk-very-secret" not in out.content

@@ -1,7 +1,8 @@
 """Which runs the reconciler ends for a workflow task that keeps failing (activities/wedged_runs.py)."""
+
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,7 +13,7 @@ from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 
 from turnkeeper.activities import wedged_runs
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
 def _event(kind: str, ago_s: float, started: bool = True) -> HistoryEvent:
@@ -37,7 +38,9 @@ def _described(attempt: int = 1, reported: bool = False) -> Any:
     raw = DescribeWorkflowExecutionResponse()
     raw.pending_workflow_task.attempt = attempt
     if reported:
-        raw.workflow_execution_info.search_attributes.indexed_fields[wedged_runs.REPORTED_PROBLEMS].data = b"[]"
+        raw.workflow_execution_info.search_attributes.indexed_fields[
+            wedged_runs.REPORTED_PROBLEMS
+        ].data = b"[]"
     return SimpleNamespace(raw_description=raw)
 
 
@@ -46,23 +49,37 @@ async def _wedged(events: list[HistoryEvent], **described: Any) -> wedged_runs.W
 
 
 async def test_three_failures_in_a_row_over_a_minute_end_the_run() -> None:
-    found = await _wedged([_event("COMPLETED", 100), _event("FAILED", 70), _event("FAILED", 40),
-                           _event("FAILED", 5)], reported=True)
+    found = await _wedged(
+        [_event("COMPLETED", 100), _event("FAILED", 70), _event("FAILED", 40), _event("FAILED", 5)],
+        reported=True,
+    )
     assert found is not None and found.failures == 3 and found.since == NOW - timedelta(seconds=70)
     assert "the server refused the completion" in found.describe()
 
 
-@pytest.mark.parametrize(("events", "described"), [
-    # A healthy run: the describe alone says so, the history is not read.
-    ([_event("FAILED", 70), _event("FAILED", 40), _event("FAILED", 5)], {}),
-    # Failing, but for less than a minute.
-    ([_event("FAILED", 50), _event("FAILED", 30), _event("FAILED", 5)], {"reported": True}),
-    # A task completed since: the streak is two.
-    ([_event("FAILED", 90), _event("COMPLETED", 80), _event("FAILED", 70), _event("FAILED", 5)], {"reported": True}),
-    # Tasks that waited for a worker and never started are not failures.
-    ([_event("TIMED_OUT", 90, started=False), _event("TIMED_OUT", 70, started=False), _event("FAILED", 65)],
-     {"attempt": 2}),
-])
+@pytest.mark.parametrize(
+    ("events", "described"),
+    [
+        # A healthy run: the describe alone says so, the history is not read.
+        ([_event("FAILED", 70), _event("FAILED", 40), _event("FAILED", 5)], {}),
+        # Failing, but for less than a minute.
+        ([_event("FAILED", 50), _event("FAILED", 30), _event("FAILED", 5)], {"reported": True}),
+        # A task completed since: the streak is two.
+        (
+            [_event("FAILED", 90), _event("COMPLETED", 80), _event("FAILED", 70), _event("FAILED", 5)],
+            {"reported": True},
+        ),
+        # Tasks that waited for a worker and never started are not failures.
+        (
+            [
+                _event("TIMED_OUT", 90, started=False),
+                _event("TIMED_OUT", 70, started=False),
+                _event("FAILED", 65),
+            ],
+            {"attempt": 2},
+        ),
+    ],
+)
 async def test_runs_left_alone(events: list[HistoryEvent], described: dict[str, Any]) -> None:
     assert await _wedged(events, **described) is None
 

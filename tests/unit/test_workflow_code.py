@@ -8,6 +8,7 @@ code it passes through. This test reads every workflow module, and every
 `turnkeeper` module workflow code imports, and refuses what would make a replay
 differ: clocks, randomness, I/O, threads, environment.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,13 +21,42 @@ from tests.support import ROOT
 WORKFLOW_MODULES = sorted((ROOT / "workflows").glob("*.py"))
 
 FORBIDDEN_MODULES = {
-    "os", "sys", "time", "random", "secrets", "uuid", "socket", "subprocess", "threading",
-    "multiprocessing", "pathlib", "shutil", "sqlite3", "asyncpg", "httpx", "openai", "requests",
-    "urllib", "tempfile", "io", "logging",
+    "os",
+    "sys",
+    "time",
+    "random",
+    "secrets",
+    "uuid",
+    "socket",
+    "subprocess",
+    "threading",
+    "multiprocessing",
+    "pathlib",
+    "shutil",
+    "sqlite3",
+    "asyncpg",
+    "httpx",
+    "openai",
+    "requests",
+    "urllib",
+    "tempfile",
+    "io",
+    "logging",
 }
 # Calls whose value depends on when or where the code runs.
-FORBIDDEN_ATTRIBUTES = {"now", "utcnow", "today", "time", "monotonic", "perf_counter", "random", "uuid4",
-                        "getenv", "environ", "open"}
+FORBIDDEN_ATTRIBUTES = {
+    "now",
+    "utcnow",
+    "today",
+    "time",
+    "monotonic",
+    "perf_counter",
+    "random",
+    "uuid4",
+    "getenv",
+    "environ",
+    "open",
+}
 # The deterministic replacements workflow code is meant to use.
 ALLOWED_CALLS = {("workflow", "now"), ("workflow", "uuid4"), ("workflow", "random"), ("workflow", "time")}
 
@@ -95,10 +125,24 @@ def _name(path: Path) -> str:
 def test_there_are_workflow_modules_to_check() -> None:
     # The turn's modules as they are now: a module renamed or added shows here first.
     assert {p.name for p in WORKFLOW_MODULES} >= {
-        "chat_turn.py", "turn_loop.py", "input_queue.py", "inputs.py", "steps.py", "inbox.py", "payloads.py",
-        "recovery.py", "reconcile.py"}
-    assert {p.name for p in IMPORTED_MODULES} >= {"activity_io.py", "models.py", "statuses.py", "metrics.py",
-                                                   "search_attributes.py", "reconcile_io.py"}
+        "chat_turn.py",
+        "turn_loop.py",
+        "input_queue.py",
+        "inputs.py",
+        "steps.py",
+        "inbox.py",
+        "payloads.py",
+        "recovery.py",
+        "reconcile.py",
+    }
+    assert {p.name for p in IMPORTED_MODULES} >= {
+        "activity_io.py",
+        "models.py",
+        "statuses.py",
+        "metrics.py",
+        "search_attributes.py",
+        "reconcile_io.py",
+    }
 
 
 @pytest.mark.parametrize("path", CHECKED, ids=_name)
@@ -110,19 +154,34 @@ def test_workflow_module_imports_nothing_nondeterministic(path: Path) -> None:
 @pytest.mark.parametrize("path", CHECKED, ids=_name)
 def test_workflow_module_reads_no_clock_randomness_or_environment(path: Path) -> None:
     uses = _attribute_uses(ast.parse(path.read_text()))
-    assert not uses, f"{_name(path)}: " + ", ".join(f"{o}.{a} (line {n})" for o, a, n in uses) + \
-        " — use workflow.now() / workflow.uuid4() / workflow.random(), or an activity"
+    assert not uses, (
+        f"{_name(path)}: "
+        + ", ".join(f"{o}.{a} (line {n})" for o, a, n in uses)
+        + " — use workflow.now() / workflow.uuid4() / workflow.random(), or an activity"
+    )
 
 
 def test_the_check_catches_what_it_is_for() -> None:
-    bad = ast.parse("import time\nfrom datetime import datetime\nx = datetime.now()\ny = time.time()\n"
-                    "z = open('f')\nw = workflow.now()\n")
+    bad = ast.parse(
+        "import time\nfrom datetime import datetime\nx = datetime.now()\ny = time.time()\n"
+        "z = open('f')\nw = workflow.now()\n"
+    )
     assert _imports(bad) & FORBIDDEN_MODULES == {"time"}
-    assert [(o, a) for o, a, _ in _attribute_uses(bad)] == [("datetime", "now"), ("time", "time"), ("", "open")]
+    assert [(o, a) for o, a, _ in _attribute_uses(bad)] == [
+        ("datetime", "now"),
+        ("time", "time"),
+        ("", "open"),
+    ]
 
 
 def test_the_walk_follows_imports_into_turnkeeper() -> None:
-    tree = ast.parse("from turnkeeper import activity_io, metrics\nfrom turnkeeper.models import X\n"
-                     "from turnkeeper.workflows import recovery\nimport turnkeeper.statuses\n")
-    assert {p.name for p in _turnkeeper_imports(tree)} == {"activity_io.py", "metrics.py", "models.py",
-                                                          "statuses.py"}
+    tree = ast.parse(
+        "from turnkeeper import activity_io, metrics\nfrom turnkeeper.models import X\n"
+        "from turnkeeper.workflows import recovery\nimport turnkeeper.statuses\n"
+    )
+    assert {p.name for p in _turnkeeper_imports(tree)} == {
+        "activity_io.py",
+        "metrics.py",
+        "models.py",
+        "statuses.py",
+    }

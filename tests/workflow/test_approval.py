@@ -2,6 +2,7 @@
 (`awaiting_user/approval_required`) before its activity is scheduled. Approve,
 deny, a newer message, a gate handed on, and worker processes SIGKILLed while it
 waits, on a real dev server with the scripted model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,13 @@ def _call(name: str, **arguments: object) -> dict[str, Any]:
 
 
 def _tools(stack: Stack, ledger: Path) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "guarded_write,write_file,list_dir", "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "guarded_write,write_file,list_dir",
+            "TK_LEDGER": str(ledger),
+        }
+    )
 
 
 def _asks(s: TurnState) -> bool:
@@ -46,28 +52,41 @@ def _asks(s: TurnState) -> bool:
 
 
 def _starts(ledger: Path) -> list[str]:
-    return [line for line in ledger.read_text().splitlines() if line.startswith("start")] if ledger.exists() else []
+    return (
+        [line for line in ledger.read_text().splitlines() if line.startswith("start")]
+        if ledger.exists()
+        else []
+    )
 
 
 async def test_approve_runs_the_waiting_calls_once_and_the_others_at_once(stack: Stack) -> None:
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
-    stack.script([
-        {"tool_calls": [_call("guarded_write", path="g.txt", content="approved"),
-                        _call("write_file", path="free.txt", content="free")]},
-        {"text": "both written"},
-    ])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    _call("guarded_write", path="g.txt", content="approved"),
+                    _call("write_file", path="free.txt", content="free"),
+                ]
+            },
+            {"text": "both written"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("approve")
     await stack.send(chat, "write both")
     gate = await stack.wait_state(chat, _asks)
     assert gate.can_continue and gate.recovery_id and gate.attempts == 0
     assert [(a.id, a.name, a.arguments, a.idempotency_key) for a in gate.approvals] == [
-        ("call_0_0", "guarded_write", '{"path": "g.txt", "content": "approved"}', f"{chat}/1/call_0_0")]
+        ("call_0_0", "guarded_write", '{"path": "g.txt", "content": "approved"}', f"{chat}/1/call_0_0")
+    ]
     # The call that needs no approval has run; the other is not even scheduled.
     assert (stack.ws / "free.txt").read_text() == "free" and not (stack.ws / "g.txt").exists()
-    assert {c.id: c.status for c in gate.tool_calls} == {"call_0_0": ToolCallStatus.PENDING,
-                                                         "call_0_1": ToolCallStatus.DONE}
+    assert {c.id: c.status for c in gate.tool_calls} == {
+        "call_0_0": ToolCallStatus.PENDING,
+        "call_0_1": ToolCallStatus.DONE,
+    }
     await asyncio.sleep(0.5)
     assert _starts(ledger) == []
     record = await (await stack.store()).get_turn(chat, 1)
@@ -90,18 +109,26 @@ async def test_approve_runs_the_waiting_calls_once_and_the_others_at_once(stack:
 async def test_deny_answers_each_waiting_call_and_ends_the_turn_without_model_work(stack: Stack) -> None:
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
-    stack.script([
-        {"tool_calls": [_call("guarded_write", path="a.txt", content="a"),
-                        _call("guarded_write", path="b.txt", content="b")]},
-        # No second item: a model call after Deny would fail the turn (model_failed).
-    ])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    _call("guarded_write", path="a.txt", content="a"),
+                    _call("guarded_write", path="b.txt", content="b"),
+                ]
+            },
+            # No second item: a model call after Deny would fail the turn (model_failed).
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("deny")
     await stack.send(chat, "write two", message_id="m1")
     gate = await stack.wait_state(chat, _asks)
     assert [a.name for a in gate.approvals] == ["guarded_write", "guarded_write"]
     # A Dismiss sent as a signal is judged where the turn waits, like any gate's.
-    await stack.client.get_workflow_handle(tk.workflow_id(chat)).signal("dismiss", {"recovery_id": gate.recovery_id})
+    await stack.client.get_workflow_handle(tk.workflow_id(chat)).signal(
+        "dismiss", {"recovery_id": gate.recovery_id}
+    )
     done = await stack.wait_turn_done(chat, 1)
     assert (done.status, done.reason, done.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
     assert [c.status for c in done.tool_calls] == [ToolCallStatus.ERROR, ToolCallStatus.ERROR]
@@ -112,7 +139,10 @@ async def test_deny_answers_each_waiting_call_and_ends_the_turn_without_model_wo
     await until_async(stored, what="the turn's end stored")
     hist = await stack.history(chat)
     assert [(m["role"], m.get("content")) for m in hist[2:]] == [
-        ("tool", DENIED_TOOL_TEXT), ("tool", DENIED_TOOL_TEXT), ("assistant", DENIED_TURN_TEXT)]
+        ("tool", DENIED_TOOL_TEXT),
+        ("tool", DENIED_TOOL_TEXT),
+        ("assistant", DENIED_TURN_TEXT),
+    ]
     assert _starts(ledger) == [] and not (stack.ws / "a.txt").exists()
     types = await stack.event_types(chat)
     assert "tool_started" not in types and types.count("turn_end") == 1
@@ -127,19 +157,25 @@ async def test_a_continue_after_the_store_closed_the_turn_runs_nothing(stack: St
 
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
-    stack.script([
-        {"tool_calls": [_call("guarded_write", path="a.txt", content="a")]},
-        {"text": "never asked: the closing row of turn 1 counts as this call"},
-        {"text": "next turn answered"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("guarded_write", path="a.txt", content="a")]},
+            {"text": "never asked: the closing row of turn 1 counts as this call"},
+            {"text": "next turn answered"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("closed")
     await stack.send(chat, "write a", message_id="m1")
     gate = await stack.wait_state(chat, _asks)
     # What the discarded task's Dismiss wrote.
     store = await stack.store()
-    await store.finish_turn(chat, gate.turn, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED,
-                                                        recovery_id=gate.recovery_id), closing_text=DISMISSED_TEXT)
+    await store.finish_turn(
+        chat,
+        gate.turn,
+        TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.DISMISSED, recovery_id=gate.recovery_id),
+        closing_text=DISMISSED_TEXT,
+    )
     await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.wait_turn_done(chat, 1)
     assert (done.status, done.reason, done.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
@@ -154,11 +190,13 @@ async def test_a_continue_after_the_store_closed_the_turn_runs_nothing(stack: St
 async def test_a_newer_message_supersedes_the_wait(stack: Stack) -> None:
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
-    stack.script([
-        {"tool_calls": [_call("guarded_write", path="a.txt", content="a")]},
-        {"text": "never asked: the closing row of turn 1 counts as this call"},
-        {"text": "then not"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("guarded_write", path="a.txt", content="a")]},
+            {"text": "never asked: the closing row of turn 1 counts as this call"},
+            {"text": "then not"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("supersede")
     await stack.send(chat, "write a", message_id="m1")
@@ -167,15 +205,25 @@ async def test_a_newer_message_supersedes_the_wait(stack: Stack) -> None:
     await stack.wait_turn_done(chat, 2)
     store = await stack.store()
     turn1 = await store.get_turn(chat, 1)
-    assert (turn1.status, turn1.reason, turn1.recovery_id) == (TurnStatus.RECOVERED, Reason.SUPERSEDED,
-                                                               gate.recovery_id)
+    assert (turn1.status, turn1.reason, turn1.recovery_id) == (
+        TurnStatus.RECOVERED,
+        Reason.SUPERSEDED,
+        gate.recovery_id,
+    )
     hist = await stack.history(chat)
     assert [m.get("content") for m in hist if m["role"] != "assistant" or not m.get("tool_calls")] == [
-        "write a", UNAPPROVED_TOOL_TEXT, SUPERSEDED_TEXT, "no, never mind", "then not"]
+        "write a",
+        UNAPPROVED_TOOL_TEXT,
+        SUPERSEDED_TEXT,
+        "no, never mind",
+        "then not",
+    ]
     assert _starts(ledger) == [] and not (stack.ws / "a.txt").exists()
 
 
-async def test_a_waiting_approval_handed_on_keeps_its_calls(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_waiting_approval_handed_on_keeps_its_calls(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A gate whose history grows long goes on in a fresh run: the calls still wait."""
     from turnkeeper.workflows import turn_loop
 
@@ -267,12 +315,14 @@ async def test_the_tool_activity_refuses_an_unapproved_call(tmp_path: Path) -> N
         await store.begin_turn("c", "run", ["m"])
         activity = ToolCallActivity(Settings(tools=("launch",), workspace=tmp_path), store, registry)
         call = ToolCall(id="t1", name="launch", arguments='{"target": "moon"}')
-        refused = await ActivityEnvironment().run(activity.tool_call,
-                                                  activity_io.ToolCallInput(chat_id="c", turn=1, call=call))
+        refused = await ActivityEnvironment().run(
+            activity.tool_call, activity_io.ToolCallInput(chat_id="c", turn=1, call=call)
+        )
         assert (refused.status, refused.content, ran) == ("error", NOT_APPROVED_TEXT, [])
         call2 = call.model_copy(update={"id": "t2"})
         ok = await ActivityEnvironment().run(
-            activity.tool_call, activity_io.ToolCallInput(chat_id="c", turn=1, call=call2, approved=True))
+            activity.tool_call, activity_io.ToolCallInput(chat_id="c", turn=1, call=call2, approved=True)
+        )
         assert (ok.status, ran) == ("done", ["moon"])
         assert [e.type for e in await store.events("c")].count("tool_started") == 1
     finally:

@@ -1,4 +1,5 @@
 """The `turnkeeper` console script, run as a real process against a real worker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,16 +19,26 @@ TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
 
 async def tk(stack: Stack, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER, *args, env=stack.env(), cwd=stack.dir, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        TURNKEEPER,
+        *args,
+        env=stack.env(),
+        cwd=stack.dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None
     return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
 
 
 async def test_send_shows_tools_and_prints_the_answer(stack: Stack) -> None:
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"text": "wrote a.txt"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"text": "wrote a.txt"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     r = await tk(stack, "send", chat, "please write a.txt")
@@ -58,8 +69,12 @@ async def test_send_shows_tools_and_prints_the_answer(stack: Stack) -> None:
 async def test_send_retried_with_the_same_message_id_shows_its_turn(stack: Stack) -> None:
     """A retry of a message already committed (same --message-id, e.g. after a lost
     connection) starts no turn; `send` shows the turn that took it instead of waiting."""
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"text": "wrote a.txt"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"text": "wrote a.txt"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     first = await tk(stack, "send", chat, "please write a.txt", "--message-id", "m-1")
@@ -74,15 +89,34 @@ async def test_send_keeps_watching_through_a_store_outage_and_prints_the_answer(
     """The message is acknowledged and the turn waits out the outage: `send` says the
     store does not answer and goes on watching, rather than exiting as if it had failed
     (a user would send the message again, and a new id makes it a second message)."""
-    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": "a.txt", "content": "hi",
-                                                                       "seconds": 1.5}}]},
-                  {"text": "wrote a.txt"}])
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "a.txt", "content": "hi", "seconds": 1.5}}
+                ]
+            },
+            {"text": "wrote a.txt"},
+        ]
+    )
+    stack.env_extra.update(
+        {"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"}
+    )
     await stack.start_worker()
     chat = stack.chat()
     proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER, "send", chat, "please write a.txt", "--timeout", "90", env=stack.env(), cwd=stack.dir,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        TURNKEEPER,
+        "send",
+        chat,
+        "please write a.txt",
+        "--timeout",
+        "90",
+        env=stack.env(),
+        cwd=stack.dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     first = await asyncio.wait_for(proc.stdout.readline(), 60)
     assert first.decode().strip() == "-> slow_write started"  # `send` is watching the turn
@@ -121,7 +155,9 @@ def _ctrl_c_as_in_a_shell() -> None:
 
 
 @pytest.mark.parametrize("way", ["http", "sdk"])
-async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupted(stack: Stack, way: str) -> None:
+async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupted(
+    stack: Stack, way: str
+) -> None:
     """No worker takes the turn: within seconds `send` says the message is saved and
     what it waits for; Ctrl-C then stops only the watching (exit 130), says the message
     is saved and how to follow it, and a worker started later takes it once. Sent over
@@ -131,24 +167,40 @@ async def test_send_says_the_message_is_saved_while_it_waits_and_when_interrupte
     env = stack.env() if way == "http" else stack.env(TURNKEEPER_TEMPORAL_HTTP_ADDRESS="")
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER, "send", chat, "hello", "--message-id", "m-1", "--timeout", "120", env=env,
-        cwd=stack.dir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=_ctrl_c_as_in_a_shell)
+        TURNKEEPER,
+        "send",
+        chat,
+        "hello",
+        "--message-id",
+        "m-1",
+        "--timeout",
+        "120",
+        env=env,
+        cwd=stack.dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_ctrl_c_as_in_a_shell,
+    )
     assert proc.stderr is not None
     seen: list[str] = []
     while not any("waiting for a worker" in line for line in seen):
         line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
         assert line, f"stderr ended: {seen}"
         seen.append(line)
-    assert time.monotonic() - started < 15  # not a silent wait (2 s after sending; the CLI starts slower on a busy machine)
+    assert (
+        time.monotonic() - started < 15
+    )  # not a silent wait (2 s after sending; the CLI starts slower on a busy machine)
     assert "turnkeeper: message m-1 is saved; waiting for a worker to take the turn\n" in seen
     proc.send_signal(signal.SIGINT)
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     stderr = "".join(seen) + err.decode()
     assert proc.returncode == 130, stderr
     assert out.decode() == "" and "Traceback" not in stderr
-    assert (f"interrupted; message m-1 is saved and its turn goes on without this command: follow it with "
-            f"`turnkeeper events {chat} --follow` or `turnkeeper status {chat}`") in stderr
+    assert (
+        f"interrupted; message m-1 is saved and its turn goes on without this command: follow it with "
+        f"`turnkeeper events {chat} --follow` or `turnkeeper status {chat}`"
+    ) in stderr
     await stack.start_worker()  # and it was saved
     await stack.wait_turn_done(chat, 1)
     assert [m["content"] for m in await stack.history(chat)] == ["hello", "later"]
@@ -159,8 +211,9 @@ async def test_events_prints_a_long_log_whole_and_refuses_a_missing_chat(stack: 
 
     chat = stack.chat("long")
     store = await stack.store()
-    await store.append_events(chat, [NewEvent(type="session_updated", payload={"scope": "thread", "i": i})
-                                     for i in range(2500)])
+    await store.append_events(
+        chat, [NewEvent(type="session_updated", payload={"scope": "thread", "i": i}) for i in range(2500)]
+    )
     printed = await tk(stack, "events", chat, "--json")
     assert printed.returncode == 0, printed.stderr
     assert [json.loads(line)["seq"] for line in printed.stdout.splitlines()] == list(range(1, 2501))
@@ -170,8 +223,14 @@ async def test_events_prints_a_long_log_whole_and_refuses_a_missing_chat(stack: 
 
     # A reader that stops early (`| head`) is no error: no traceback, exit 0.
     proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", f"{TURNKEEPER} events {chat} --json | head -n 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
-        env=stack.env(), cwd=stack.dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        "bash",
+        "-c",
+        f"{TURNKEEPER} events {chat} --json | head -n 1 >/dev/null; exit ${{PIPESTATUS[0]}}",
+        env=stack.env(),
+        cwd=stack.dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert (proc.returncode, err.decode()) == (0, "")
 
@@ -198,8 +257,13 @@ async def test_status_of_a_run_with_no_usable_message_yet(stack: Stack) -> None:
     await stack.start_worker()
     chat = stack.chat("idle")
     await stack.client.start_workflow(  # a message without an id: refused, the run waits on
-        "ChatTurn", {"chat_id": chat}, id=f"chat-{chat}", task_queue=stack.task_queue,
-        start_signal="user_message", start_signal_args=[{"text": "no id"}])
+        "ChatTurn",
+        {"chat_id": chat},
+        id=f"chat-{chat}",
+        task_queue=stack.task_queue,
+        start_signal="user_message",
+        start_signal_args=[{"text": "no id"}],
+    )
     await stack.wait_state(chat, lambda s: s.chat_id == chat)
     shown = await tk(stack, "status", chat)
     assert shown.returncode == 0, shown.stderr
@@ -271,12 +335,17 @@ async def test_continue_wait_follows_the_resumed_turn(stack: Stack) -> None:
     from turnkeeper.testing import FakeChatServer
 
     with FakeChatServer() as server:
-        server.script([{"status": 400, "message": "refused"},
-                       {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                       {"status": 400, "message": "refused again"},
-                       {"text": "wrote a.txt at last"}])
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k"})
+        server.script(
+            [
+                {"status": 400, "message": "refused"},
+                {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+                {"status": 400, "message": "refused again"},
+                {"text": "wrote a.txt at last"},
+            ]
+        )
+        stack.env_extra.update(
+            {"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
+        )
         await stack.start_worker()
         chat = stack.chat()
         assert (await tk(stack, "send", chat, "write a.txt")).returncode == 3
@@ -307,7 +376,8 @@ async def test_send_that_ends_at_a_gate_exits_3(stack: Stack) -> None:
             break
         await asyncio.sleep(0.2)
     assert [(r["status"], r["reason"]) for r in awaiting if r["chat_id"] == chat] == [
-        ("awaiting_user", "model_failed")]
+        ("awaiting_user", "model_failed")
+    ]
     status = await tk(stack, "status", chat)
     assert "recovery id:" in status.stdout and "turnkeeper continue" in status.stdout
 
@@ -319,9 +389,18 @@ async def test_send_that_ends_at_a_gate_exits_3(stack: Stack) -> None:
 
 
 async def test_stop_cancels_the_running_turn(stack: Stack) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "s", "seconds": 30}}]}])
+    stack.env_extra.update(
+        {"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"}
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "s", "seconds": 30}}
+                ]
+            }
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "slow")
@@ -337,11 +416,23 @@ async def test_status_of_a_turn_whose_run_ended_without_closing_it(stack: Stack)
     """A terminated run's last state says `running`; `status` says the run is gone."""
     from turnkeeper.models import ToolCallStatus
 
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]},
-                  {"text": "written"}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(stack.dir / "ledger.txt"),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}
+                ]
+            },
+            {"text": "written"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("ended")
     handle = await stack.send(chat, "write slowly")
@@ -360,13 +451,25 @@ async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: 
     closes that turn as superseded, and the waiting `send` says so and returns."""
     from turnkeeper.models import ToolCallStatus
 
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]},
-                  {"text": "unused: the superseded row is assistant call 1"},
-                  {"text": "the next turn's answer"},
-                  {"text": "the chat goes on"}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(stack.dir / "ledger.txt"),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}
+                ]
+            },
+            {"text": "unused: the superseded row is assistant call 1"},
+            {"text": "the next turn's answer"},
+            {"text": "the chat goes on"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("superseded")
     waiting = asyncio.create_task(tk(stack, "send", chat, "write slowly"))
@@ -379,24 +482,42 @@ async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: 
     later = await tk(stack, "send", chat, "and now?")
     assert later.returncode == 0 and "the chat goes on" in later.stdout, later.stderr
 
+
 async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack) -> None:
     """The reconciler marks the turn `send` waits on failed/recovery_failed: no run
     will ever end it, so `send` shows what the user can do and exits 3."""
     from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import Reason, ToolCallStatus, TurnStatus
 
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}]}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(stack.dir / "ledger.txt"),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "x", "seconds": 20}}
+                ]
+            }
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("failing")
     waiting = asyncio.create_task(tk(stack, "send", chat, "write slowly"))
     await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.RUNNING])
     await stack.client.get_workflow_handle(f"chat-{chat}").terminate("an operator")
     store = await stack.store()  # as the reconciler leaves a turn whose recovery raised
-    await store.update_turn(chat, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
-                                                recovery_id="rec-1", can_continue=False))
+    await store.update_turn(
+        chat,
+        1,
+        TurnUpdate(
+            status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, recovery_id="rec-1", can_continue=False
+        ),
+    )
     sent = await asyncio.wait_for(waiting, 60)
     assert sent.returncode == 3, sent.stderr
     assert "turn 1: failed (recovery_failed)" in sent.stdout
@@ -408,7 +529,13 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
     from the store, and Dismiss closes it there, once."""
     from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import (
-        DISMISSED_TEXT, INTERRUPTED_TOOL_TEXT, ModelReply, Reason, ToolCall, TurnStatus, UserMessage,
+        DISMISSED_TEXT,
+        INTERRUPTED_TOOL_TEXT,
+        ModelReply,
+        Reason,
+        ToolCall,
+        TurnStatus,
+        UserMessage,
     )
 
     stack.script([{"text": "first answer"}])
@@ -421,14 +548,24 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
     await store.commit_user_messages(chat, 2, [UserMessage(message_id="m2", text="deploy it")])
     call = ToolCall(id="call-1", name="write_file", arguments='{"path": "a", "content": "x"}')
     await store.record_assistant(chat, 2, 0, ModelReply(tool_calls=[call]), final=False)
-    await store.update_turn(chat, 2, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
-                                                recovery_id="rec-1", can_continue=False))
+    await store.update_turn(
+        chat,
+        2,
+        TurnUpdate(
+            status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED, recovery_id="rec-1", can_continue=False
+        ),
+    )
 
     status = await tk(stack, "status", chat, "--json")
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)
     assert (shown["turn"], shown["status"], shown["reason"], shown["recovery_id"], shown["can_continue"]) == (
-        2, "failed", "recovery_failed", "rec-1", False)
+        2,
+        "failed",
+        "recovery_failed",
+        "rec-1",
+        False,
+    )
     refused = await tk(stack, "continue", chat)
     assert refused.returncode == 1
 
@@ -437,11 +574,23 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
     assert "recovered (dismissed)" in dismissed.stdout
     record = await store.get_turn(chat, 2)
     assert record is not None
-    assert (record.status, record.reason, record.recovery_id) == (TurnStatus.RECOVERED, Reason.DISMISSED, "rec-1")
+    assert (record.status, record.reason, record.recovery_id) == (
+        TurnStatus.RECOVERED,
+        Reason.DISMISSED,
+        "rec-1",
+    )
     turn2 = (await store.history(chat))[2:]
     assert [(m.role, m.content if not m.tool_calls else "calls") for m in turn2] == [
-        ("user", "deploy it"), ("assistant", "calls"), ("tool", INTERRUPTED_TOOL_TEXT), ("assistant", DISMISSED_TEXT)]
-    assert [e.type for e in await store.events(chat)][-3:] == ["recovery_state", "session_updated", "turn_end"]
+        ("user", "deploy it"),
+        ("assistant", "calls"),
+        ("tool", INTERRUPTED_TOOL_TEXT),
+        ("assistant", DISMISSED_TEXT),
+    ]
+    assert [e.type for e in await store.events(chat)][-3:] == [
+        "recovery_state",
+        "session_updated",
+        "turn_end",
+    ]
 
     again = await tk(stack, "dismiss", chat)
     assert again.returncode == 1 and "not waiting for confirmation" in again.stderr
@@ -451,8 +600,12 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
 async def test_status_over_http_and_over_grpc_agree(stack: Stack) -> None:
     """`status` asks Temporal's HTTP API when it knows its address (no SDK import)
     and gRPC otherwise, or when the HTTP port does not answer: the same state each way."""
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"error": "the provider refused this request"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"error": "the provider refused this request"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat("ways")
     assert (await tk(stack, "send", chat, "write it")).returncode == 3
@@ -521,23 +674,35 @@ async def test_send_over_http_and_over_grpc_start_the_same_run(stack: Stack) -> 
     for way, chat in over.items():
         stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = stack.http_address if way == "http" else ""
         try:
-            for message_id, text in (("m-1", "héllo \u2028 \"quoted\"\n\ttab"), ("m-2", "a follow-up")):
+            for message_id, text in (("m-1", 'héllo \u2028 "quoted"\n\ttab'), ("m-2", "a follow-up")):
                 r = await tk(stack, "send", chat, text, "--message-id", message_id, "--no-wait")
-                assert r.returncode == 0 and r.stdout == f"sent {message_id} to chat {chat}\n", (way, r.stderr)
+                assert r.returncode == 0 and r.stdout == f"sent {message_id} to chat {chat}\n", (
+                    way,
+                    r.stderr,
+                )
         finally:
             del stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"]
 
     async def begins(chat: str) -> list[object]:
         history = await stack.client.get_workflow_handle(f"chat-{chat}").fetch_history()
         started = history.events[0].workflow_execution_started_event_attributes
-        signals = [e.workflow_execution_signaled_event_attributes for e in history.events
-                   if e.HasField("workflow_execution_signaled_event_attributes")]
+        signals = [
+            e.workflow_execution_signaled_event_attributes
+            for e in history.events
+            if e.HasField("workflow_execution_signaled_event_attributes")
+        ]
         chat_id = json.loads(started.search_attributes.indexed_fields["ChatId"].data)
         del started.search_attributes.indexed_fields["ChatId"]
-        return [started.workflow_type, started.task_queue, started.workflow_task_timeout, started.header,
-                json.loads(started.input.payloads[0].data) | {"chat_id": chat_id == chat},
-                started.input.payloads[0].metadata, started.search_attributes,
-                [(sig.signal_name, list(sig.input.payloads), sig.header) for sig in signals]]
+        return [
+            started.workflow_type,
+            started.task_queue,
+            started.workflow_task_timeout,
+            started.header,
+            json.loads(started.input.payloads[0].data) | {"chat_id": chat_id == chat},
+            started.input.payloads[0].metadata,
+            started.search_attributes,
+            [(sig.signal_name, list(sig.input.payloads), sig.header) for sig in signals],
+        ]
 
     assert await begins(over["http"]) == await begins(over["grpc"])
 
@@ -546,8 +711,12 @@ async def test_send_waits_for_approval_and_continue_approves(stack: Stack) -> No
     """A tool that asks first: `send` ends at the gate (exit 3) listing the call,
     `status` lists it, `continue --wait` approves and follows the turn to its answer."""
     stack.env_extra["TURNKEEPER_CONFIRM_TOOLS"] = "write_file"
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"text": "wrote a.txt"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"text": "wrote a.txt"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     sent = await tk(stack, "send", chat, "please write a.txt")
@@ -557,9 +726,15 @@ async def test_send_waits_for_approval_and_continue_approves(stack: Stack) -> No
     assert f"turnkeeper continue {chat}   # approve" in sent.stdout
     assert not (stack.ws / "a.txt").exists()
     status = await tk(stack, "status", chat)
-    assert f"[key {chat}/1/call_0_0]" in status.stdout and "tool write_file [call_0_0]: pending" in status.stdout
+    assert (
+        f"[key {chat}/1/call_0_0]" in status.stdout and "tool write_file [call_0_0]: pending" in status.stdout
+    )
 
     approved = await tk(stack, "continue", chat, "--wait")
     assert approved.returncode == 0, approved.stderr
-    assert approved.stdout.splitlines()[-3:] == ["  -> write_file started", "  <- write_file done", "wrote a.txt"]
+    assert approved.stdout.splitlines()[-3:] == [
+        "  -> write_file started",
+        "  <- write_file done",
+        "wrote a.txt",
+    ]
     assert (stack.ws / "a.txt").read_text() == "hi"

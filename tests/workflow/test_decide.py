@@ -2,6 +2,7 @@
 signals with a request id, and the answer is read back from the run's `state`:
 the state it led to, a refusal in the recovery table's words, or `DecisionPending`
 when no worker has judged it."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -65,13 +66,19 @@ async def test_a_refusal_is_raised_in_the_tables_words_and_recorded(stack: Stack
     store = await stack.store()
 
     async def recorded() -> bool:
-        return [(e.payload["action"], e.payload["recovery_id"]) for e in await store.events(chat)
-                if e.type == "recovery_action_rejected"] == [("continue", "not-the-id"), ("dismiss", "also-wrong")]
+        return [
+            (e.payload["action"], e.payload["recovery_id"])
+            for e in await store.events(chat)
+            if e.type == "recovery_action_rejected"
+        ] == [("continue", "not-the-id"), ("dismiss", "also-wrong")]
+
     await until_async(recorded, what="both refusals in the event log")
     state = await stack.state(chat)
     assert (state.status, state.recovery_id) == (TurnStatus.AWAITING_USER, gate.recovery_id)
     assert [(d.action, d.refusal) for d in state.decisions] == [
-        ("continue", "recovery id 'not-the-id' is stale"), ("dismiss", "recovery id 'also-wrong' is stale")]
+        ("continue", "recovery id 'not-the-id' is stale"),
+        ("dismiss", "recovery id 'also-wrong' is stale"),
+    ]
 
 
 async def test_a_malformed_decision_is_refused_in_words(stack: Stack) -> None:

@@ -4,6 +4,7 @@ dev server of this module's own (its SQLite file is read back): nothing a user,
 a model or a tool said reaches Temporal, its database or the worker's log in
 plain text, the codec server shows all of it, and a key that is no longer listed
 is named in words while the turn waits for it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -97,14 +98,17 @@ def test_the_first_key_encrypts_and_every_key_decrypts() -> None:
 SHORT = base64.b64encode(b"x" * 16).decode()
 
 
-@pytest.mark.parametrize("raw, message", [
-    (f"k1:{KEY_1[:-3]}!!", "key 'k1' is not valid base64"),
-    (f"k1:{SHORT}", "key 'k1' is 16 bytes; AES-256 needs 32"),
-    (f"k1:{KEY_1},k1:{KEY_2}", "key id 'k1' is listed twice"),
-    (KEY_1, "entry 1 is not keyid:base64-key"),
-    (f"k1:{KEY_1},:{KEY_2}", "entry 2 is not keyid:base64-key"),
-    (f"k 1:{KEY_1}", "entry 1: a key id is 1-64 characters"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (f"k1:{KEY_1[:-3]}!!", "key 'k1' is not valid base64"),
+        (f"k1:{SHORT}", "key 'k1' is 16 bytes; AES-256 needs 32"),
+        (f"k1:{KEY_1},k1:{KEY_2}", "key id 'k1' is listed twice"),
+        (KEY_1, "entry 1 is not keyid:base64-key"),
+        (f"k1:{KEY_1},:{KEY_2}", "entry 2 is not keyid:base64-key"),
+        (f"k 1:{KEY_1}", "entry 1: a key id is 1-64 characters"),
+    ],
+)
 def test_a_bad_key_is_refused_without_showing_it(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_ENCRYPTION_KEYS: {message}") as caught:
         keys(raw)
@@ -140,8 +144,11 @@ async def test_rotation_old_key_decrypts_new_key_encrypts() -> None:
     assert new[0].metadata[KEY_ID_METADATA] == b"k2"
     assert await during.decode(old + new) == [json_payload("old"), json_payload("new")]
     assert await after.decode(new) == [json_payload("new")]
-    with pytest.raises(DecryptionError, match="encrypted under key id 'k1', which TURNKEEPER_ENCRYPTION_KEYS "
-                                              r"does not list here \(it lists 'k2'\)"):
+    with pytest.raises(
+        DecryptionError,
+        match="encrypted under key id 'k1', which TURNKEEPER_ENCRYPTION_KEYS "
+        r"does not list here \(it lists 'k2'\)",
+    ):
         await after.decode(old)
 
 
@@ -164,8 +171,9 @@ async def test_a_tampered_payload_is_refused() -> None:
 
 async def test_without_keys_an_encrypted_payload_is_refused_in_words() -> None:
     sealed = await EncryptionCodec(keys(KEYS_1).encryption_keys).encode([json_payload("x")])
-    with pytest.raises(DecryptionError, match="encrypted under key id 'k1', but TURNKEEPER_ENCRYPTION_KEYS "
-                                              "is unset here"):
+    with pytest.raises(
+        DecryptionError, match="encrypted under key id 'k1', but TURNKEEPER_ENCRYPTION_KEYS is unset here"
+    ):
         await PlaintextCodec().decode(sealed)
     assert await PlaintextCodec().encode([json_payload("x")]) == [json_payload("x")]
 
@@ -173,9 +181,13 @@ async def test_without_keys_an_encrypted_payload_is_refused_in_words() -> None:
 async def test_failure_messages_travel_encrypted() -> None:
     converter = data_converter(keys(KEYS_1).encryption_keys)
     failure = Failure()
-    await converter.encode_failure(ApplicationError("the model said SECRET-ERROR", type="ModelFailed"), failure)
+    await converter.encode_failure(
+        ApplicationError("the model said SECRET-ERROR", type="ModelFailed"), failure
+    )
     assert b"SECRET-ERROR" not in failure.SerializeToString()
-    assert failure.message == "Encoded failure" and failure.encoded_attributes.metadata["encoding"] == ENCODING
+    assert (
+        failure.message == "Encoded failure" and failure.encoded_attributes.metadata["encoding"] == ENCODING
+    )
     decoded = await converter.decode_failure(failure)
     assert isinstance(decoded, ApplicationError) and decoded.message == "the model said SECRET-ERROR"
     # A key missing on a worker is said in plain words: a query's failure reaches the client as its message.
@@ -187,11 +199,15 @@ async def test_failure_messages_travel_encrypted() -> None:
 
 
 def test_cryptography_is_imported_only_when_keys_are_set() -> None:
-    probe = ("import sys; from turnkeeper import client; from turnkeeper.config import Settings; "
-             "client.data_converter(Settings.from_env()); print('cryptography' in sys.modules)")
+    probe = (
+        "import sys; from turnkeeper import client; from turnkeeper.config import Settings; "
+        "client.data_converter(Settings.from_env()); print('cryptography' in sys.modules)"
+    )
     for raw, expected in (("", "False"), (KEYS_1, "True")):
         env = {**os.environ, "TURNKEEPER_ENCRYPTION_KEYS": raw}
-        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+        )
         assert out.stdout.strip() == expected, out.stderr
 
 
@@ -199,20 +215,32 @@ def test_cryptography_is_imported_only_when_keys_are_set() -> None:
 
 
 class CodecServer:
-    def __init__(self, tmp: Path, keys_raw: str, token: str | None = None, port: int | None = None,
-                 **env: str) -> None:
+    def __init__(
+        self, tmp: Path, keys_raw: str, token: str | None = None, port: int | None = None, **env: str
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.log = tmp / f"codec-{self.port}.log"
         environment = {k: v for k, v in os.environ.items() if not k.startswith(("TURNKEEPER_", "TEMPORAL_"))}
-        environment.update({"TURNKEEPER_ENCRYPTION_KEYS": keys_raw,
-                            "TURNKEEPER_CODEC_ADDRESS": f"127.0.0.1:{self.port}", **env})
+        environment.update(
+            {
+                "TURNKEEPER_ENCRYPTION_KEYS": keys_raw,
+                "TURNKEEPER_CODEC_ADDRESS": f"127.0.0.1:{self.port}",
+                **env,
+            }
+        )
         if token:
             environment["TURNKEEPER_CODEC_TOKEN"] = token
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([TURNKEEPER, "codec-server"], env=environment, stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [TURNKEEPER, "codec-server"],
+                env=environment,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def wait(self) -> CodecServer:
         deadline = time.monotonic() + 30
@@ -230,8 +258,9 @@ class CodecServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
 
-    def call(self, path: str, body: Any = None, *, method: str = "POST", token: str | None = None,
-             **headers: str) -> tuple[int, dict[str, str], Any]:
+    def call(
+        self, path: str, body: Any = None, *, method: str = "POST", token: str | None = None, **headers: str
+    ) -> tuple[int, dict[str, str], Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
@@ -264,13 +293,17 @@ def codec_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Co
 
 def wire(payload: Payload) -> dict[str, Any]:
     """A payload as the remote codec protocol carries it: protobuf JSON, bytes in base64."""
-    return {"metadata": {k: base64.b64encode(v).decode() for k, v in payload.metadata.items()},
-            "data": base64.b64encode(payload.data).decode()}
+    return {
+        "metadata": {k: base64.b64encode(v).decode() for k, v in payload.metadata.items()},
+        "data": base64.b64encode(payload.data).decode(),
+    }
 
 
 def unwire(item: dict[str, Any]) -> Payload:
-    return Payload(metadata={k: base64.b64decode(v) for k, v in item.get("metadata", {}).items()},
-                   data=base64.b64decode(item.get("data", "")))
+    return Payload(
+        metadata={k: base64.b64decode(v) for k, v in item.get("metadata", {}).items()},
+        data=base64.b64decode(item.get("data", "")),
+    )
 
 
 async def test_the_codec_server_encodes_and_decodes(codec_servers: tuple[CodecServer, CodecServer]) -> None:
@@ -299,13 +332,19 @@ async def test_the_codec_server_encodes_and_decodes(codec_servers: tuple[CodecSe
 
 
 def test_the_codec_server_answers_cors_for_the_ui_origin_only(
-        codec_servers: tuple[CodecServer, CodecServer]) -> None:
+    codec_servers: tuple[CodecServer, CodecServer],
+) -> None:
     for server in codec_servers:
         # The embedded dev server's UI, by either name: a preflight needs no token.
         for origin in ("http://localhost:8233", "http://127.0.0.1:8233"):
-            status, headers, _ = server.call("/decode", method="OPTIONS", token="", Origin=origin,
-                                             Access_Control_Request_Method="POST",
-                                             Access_Control_Request_Headers="authorization,content-type,x-namespace")
+            status, headers, _ = server.call(
+                "/decode",
+                method="OPTIONS",
+                token="",
+                Origin=origin,
+                Access_Control_Request_Method="POST",
+                Access_Control_Request_Headers="authorization,content-type,x-namespace",
+            )
             assert status == 204
             assert headers["access-control-allow-origin"] == origin
             allowed = {h.strip().lower() for h in headers["access-control-allow-headers"].split(",")}
@@ -314,15 +353,17 @@ def test_the_codec_server_answers_cors_for_the_ui_origin_only(
             status, headers, _ = server.call("/decode", {"payloads": []}, Origin=origin)
             assert status == 200 and headers["access-control-allow-origin"] == origin
         for origin in ("http://evil.example", "http://localhost:8234", "null"):
-            status, headers, _ = server.call("/decode", method="OPTIONS", Origin=origin,
-                                             Access_Control_Request_Method="POST")
+            status, headers, _ = server.call(
+                "/decode", method="OPTIONS", Origin=origin, Access_Control_Request_Method="POST"
+            )
             assert status == 403 and "access-control-allow-origin" not in headers
             status, headers, _ = server.call("/decode", {"payloads": []}, Origin=origin)
             assert status == 403 and "access-control-allow-origin" not in headers
 
 
-def test_the_codec_server_needs_its_token(codec_servers: tuple[CodecServer, CodecServer],
-                                          tmp_path: Path) -> None:
+def test_the_codec_server_needs_its_token(
+    codec_servers: tuple[CodecServer, CodecServer], tmp_path: Path
+) -> None:
     with_token, without = codec_servers
     empty = {"payloads": []}
     assert with_token.call("/decode", empty)[0] == 200
@@ -343,15 +384,18 @@ def test_the_codec_server_needs_its_token(codec_servers: tuple[CodecServer, Code
 
 
 def test_the_codec_server_refuses_a_body_over_its_limit_before_it_arrives(
-        codec_servers: tuple[CodecServer, CodecServer]) -> None:
+    codec_servers: tuple[CodecServer, CodecServer],
+) -> None:
     """A 5 MB body is refused (413) on its Content-Length: only the head is sent, and
     the answer comes without waiting for the body. Calls of a normal size still work."""
     server, _ = codec_servers
     over = 5 * 1024 * 1024
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-        sock.sendall(f"POST /decode HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-                     f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {over}\r\n\r\n".encode())
+        sock.sendall(
+            f"POST /decode HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+            f"Authorization: Bearer {server.token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {over}\r\n\r\n".encode()
+        )
         answer = b""
         while b"\r\n\r\n" not in answer:
             got = sock.recv(65536)
@@ -385,11 +429,24 @@ async def test_the_codec_server_stops_reading_a_chunked_body_past_its_limit() ->
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/decode", "raw_path": b"/decode", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"127.0.0.1:8081"), (b"content-type", b"application/json"),
-                         (b"transfer-encoding", b"chunked")],
-             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8081)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/decode",
+        "raw_path": b"/decode",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1:8081"),
+            (b"content-type", b"application/json"),
+            (b"transfer-encoding", b"chunked"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8081),
+    }
     await app(scope, receive, send)
     assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 413
     assert pulled * len(chunk) <= MAX_BODY_BYTES + len(chunk) < total
@@ -409,13 +466,20 @@ async def test_the_embedded_dev_servers_ui_decodes_through_the_codec_server(tmp_
     `turnkeeper codec-server` (at TURNKEEPER_CODEC_ADDRESS) for every payload."""
     assert codec_endpoint(Settings()) is None  # no keys: the UI shows payloads as stored
     assert codec_endpoint(keys(KEYS_1)) == "http://127.0.0.1:8081"
-    wildcard = Settings.from_env({"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1, "TURNKEEPER_CODEC_ADDRESS": "0.0.0.0:9"})
+    wildcard = Settings.from_env(
+        {"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1, "TURNKEEPER_CODEC_ADDRESS": "0.0.0.0:9"}
+    )
     assert codec_endpoint(wildcard) == "http://127.0.0.1:9"  # as the browser on this machine reaches it
     ui_port, codec_port = free_port(), free_port()
-    settings = Settings.from_env({"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1, "TURNKEEPER_DATA_DIR": str(tmp_path),
-                                  "TURNKEEPER_DEV_SERVER_PORT": str(free_port()),
-                                  "TURNKEEPER_DEV_UI_PORT": str(ui_port),
-                                  "TURNKEEPER_CODEC_ADDRESS": f"localhost:{codec_port}"})
+    settings = Settings.from_env(
+        {
+            "TURNKEEPER_ENCRYPTION_KEYS": KEYS_1,
+            "TURNKEEPER_DATA_DIR": str(tmp_path),
+            "TURNKEEPER_DEV_SERVER_PORT": str(free_port()),
+            "TURNKEEPER_DEV_UI_PORT": str(ui_port),
+            "TURNKEEPER_CODEC_ADDRESS": f"localhost:{codec_port}",
+        }
+    )
     try:
         await ensure_dev_server(settings)
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/settings", timeout=10) as response:
@@ -436,8 +500,13 @@ class Server:
         self.address = f"127.0.0.1:{self.port}"
         self.log = root / "temporal-server.log"
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(start_dev_command(self.port, self.db, log_level="warn"), stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                start_dev_command(self.port, self.db, log_level="warn"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def stored_bytes(self) -> bytes:
         """The server's SQLite database as it is on disk, with its WAL."""
@@ -464,8 +533,9 @@ async def server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Serv
 
 
 async def connect(server: Server, keys_raw: str) -> Client:
-    return await tk.connect(Settings.from_env({"TEMPORAL_ADDRESS": server.address,
-                                               "TURNKEEPER_ENCRYPTION_KEYS": keys_raw}))
+    return await tk.connect(
+        Settings.from_env({"TEMPORAL_ADDRESS": server.address, "TURNKEEPER_ENCRYPTION_KEYS": keys_raw})
+    )
 
 
 @pytest.fixture
@@ -479,8 +549,10 @@ async def encrypted(server: Server, tmp_path: Path, request: pytest.FixtureReque
 
 
 def canaries() -> dict[str, str]:
-    return {part: f"CANARY-{part}-{uuid.uuid4().hex[:12]}"
-            for part in ("prompt", "arguments", "output", "answer", "error")}
+    return {
+        part: f"CANARY-{part}-{uuid.uuid4().hex[:12]}"
+        for part in ("prompt", "arguments", "output", "answer", "error")
+    }
 
 
 def found_in_json(text: str, needle: str) -> bool:
@@ -507,9 +579,22 @@ def found_in_json(text: str, needle: str) -> bool:
 
 async def temporal_show(server: Server, workflow_id: str, run_id: str, *options: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        temporal_binary(), "workflow", "show", "--workflow-id", workflow_id, "--run-id", run_id,
-        "--address", server.address, "--output", "json", *options,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        temporal_binary(),
+        "workflow",
+        "show",
+        "--workflow-id",
+        workflow_id,
+        "--run-id",
+        run_id,
+        "--address",
+        server.address,
+        "--output",
+        "json",
+        *options,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     return out.decode()
@@ -527,13 +612,22 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
     stack = encrypted
     canary = canaries()
     (stack.ws / "secret.txt").write_text(f"the file says {canary['output']}")
-    stack.script([
-        {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes.txt", "content": canary["arguments"]}},
-                        {"name": "read_file", "arguments": {"path": "secret.txt"}}]},
-        {"text": f"done: {canary['answer']}"},
-        {"error": f"the provider refused: {canary['error']}"},
-        {"text": "control answered"},  # after Dismiss's closing row
-    ])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {
+                        "name": "write_file",
+                        "arguments": {"path": "notes.txt", "content": canary["arguments"]},
+                    },
+                    {"name": "read_file", "arguments": {"path": "secret.txt"}},
+                ]
+            },
+            {"text": f"done: {canary['answer']}"},
+            {"error": f"the provider refused: {canary['error']}"},
+            {"text": "control answered"},  # after Dismiss's closing row
+        ]
+    )
     worker = stack.spawn_worker()
     await stack.wait_serving(worker)
     chat = stack.chat("canary")
@@ -562,8 +656,11 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
         handle = stack.client.get_workflow_handle(workflow_id, run_id=run_id)
         history = await handle.fetch_history()  # as stored: nothing decoded
         raw += [e.SerializeToString() for e in history.events]
-        ids += [e.activity_task_scheduled_event_attributes.activity_id for e in history.events
-                if e.HasField("activity_task_scheduled_event_attributes")]
+        ids += [
+            e.activity_task_scheduled_event_attributes.activity_id
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+        ]
         shown.append(await temporal_show(server, workflow_id, run_id))
         described = await handle.describe()
         ids += [str(v) for values in described.search_attributes.values() for v in values]
@@ -585,8 +682,18 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
     codec = CodecServer(stack.dir, KEYS_1, token="show-token")
     try:
         codec.wait()
-        decoded = [await temporal_show(server, workflow_id, run_id, "--codec-endpoint", codec.url,
-                                       "--codec-auth", "Bearer show-token") for run_id in runs]
+        decoded = [
+            await temporal_show(
+                server,
+                workflow_id,
+                run_id,
+                "--codec-endpoint",
+                codec.url,
+                "--codec-auth",
+                "Bearer show-token",
+            )
+            for run_id in runs
+        ]
     finally:
         codec.stop()
     for part, needle in canary.items():
@@ -596,8 +703,15 @@ async def test_no_canary_reaches_temporal_or_the_log_in_plain_text(encrypted: St
 
 async def _status(stack: Stack, chat: str, keys_raw: str) -> subprocess.CompletedProcess[str]:
     proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER, "status", chat, env=stack.env(TURNKEEPER_ENCRYPTION_KEYS=keys_raw), cwd=stack.dir,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        TURNKEEPER,
+        "status",
+        chat,
+        env=stack.env(TURNKEEPER_ENCRYPTION_KEYS=keys_raw),
+        cwd=stack.dir,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return subprocess.CompletedProcess(["status", chat], proc.returncode, out.decode(), err.decode())
@@ -614,9 +728,17 @@ class InProcessWorker:
 
     async def __aenter__(self) -> InProcessWorker:
         self.client = await connect(self.server, self.keys_raw)
-        settings = self.stack.settings(TURNKEEPER_ENCRYPTION_KEYS=self.keys_raw, TURNKEEPER_WORKFLOW_SANDBOX="on")
-        self.task = asyncio.create_task(run_worker(settings, client=self.client, stop=self.stop,
-                                                   reconcile_schedule_id=f"reconcile-{uuid.uuid4().hex[:8]}"))
+        settings = self.stack.settings(
+            TURNKEEPER_ENCRYPTION_KEYS=self.keys_raw, TURNKEEPER_WORKFLOW_SANDBOX="on"
+        )
+        self.task = asyncio.create_task(
+            run_worker(
+                settings,
+                client=self.client,
+                stop=self.stop,
+                reconcile_schedule_id=f"reconcile-{uuid.uuid4().hex[:8]}",
+            )
+        )
         await asyncio.sleep(0.3)
         if self.task.done():
             self.task.result()
@@ -629,7 +751,8 @@ class InProcessWorker:
 
 
 async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
-        encrypted: Stack, server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    encrypted: Stack, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
     """Workers lose key k1 while a turn written under it waits at its gate: its
     workflow task fails on every try with one log line naming k1 (no traceback),
     the run stays open, `status` and the web API say why (`status` showing the
@@ -640,7 +763,7 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
     chat = stack.chat("rotated")
     async with InProcessWorker(stack, server, KEYS_1):
         await stack.send(chat, "hello")
-        gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
+        await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
         # A command without any key cannot read the answer, and says so.
         bare = await _status(stack, chat, "")
         assert bare.returncode == 0, bare.stderr
@@ -652,18 +775,24 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
         assert rotated.client is not None
         r = await _status(stack, chat, KEYS_2)
         assert r.returncode == 0, r.stderr
-        assert "the worker cannot read the run's history: cannot decrypt a payload: it is encrypted under " \
-               "key id 'k1', which TURNKEEPER_ENCRYPTION_KEYS does not list here (it lists 'k2')" in r.stderr
+        assert (
+            "the worker cannot read the run's history: cannot decrypt a payload: it is encrypted under "
+            "key id 'k1', which TURNKEEPER_ENCRYPTION_KEYS does not list here (it lists 'k2')" in r.stderr
+        )
         assert "awaiting_user (model_failed)" in r.stdout and "Traceback" not in r.stderr
         with serving(stack.settings(TURNKEEPER_ENCRYPTION_KEYS=KEYS_2)) as web:  # the web API says so too
             answer = await request(web, "GET", f"/api/chats/{chat}")
         assert answer.status == 503 and "the worker cannot read the run's history" in answer.data["detail"]
         assert "key id 'k1'" in answer.data["detail"]
         # A follow-up sent now is durable; the run cannot take it until k1 is back.
-        await tk.send_message(rotated.client, stack.settings(), chat, tk.new_message("are you there?",
-                                                                                      stack.settings()))
-        await until(lambda: sum("key id 'k1'" in r.getMessage() for r in caplog.records) >= 2, 30,
-                    "the workflow task failed twice on k1")
+        await tk.send_message(
+            rotated.client, stack.settings(), chat, tk.new_message("are you there?", stack.settings())
+        )
+        await until(
+            lambda: sum("key id 'k1'" in r.getMessage() for r in caplog.records) >= 2,
+            30,
+            "the workflow task failed twice on k1",
+        )
         described = await rotated.client.get_workflow_handle(tk.workflow_id(chat)).describe()
         assert described.status == WorkflowExecutionStatus.RUNNING  # not failed: it waits for the key
     lines = [r for r in caplog.records if "key id 'k1'" in r.getMessage()]
@@ -676,7 +805,9 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
 
     readable = await _readable(await fetched(), await connect(server, KEYS_2_1))
     assert [m.text for m in reconcile_verdict.acknowledged(readable)] == ["hello", "are you there?"]
-    verdict = reconcile_verdict.judge_history(await _readable(await fetched(), await connect(server, KEYS_2)), [])
+    verdict = reconcile_verdict.judge_history(
+        await _readable(await fetched(), await connect(server, KEYS_2)), []
+    )
     assert verdict.reason == Reason.CHECKPOINT_UNKNOWN and "key id 'k1'" in verdict.detail
 
     stack.client = await connect(server, KEYS_2_1)  # reads what k2 now seals
@@ -693,10 +824,22 @@ async def test_a_pass_reads_an_encrypted_run(encrypted: Stack, server: Server) -
     verdict as in plain text (not `checkpoint_unknown`), and the follow-up only
     that history held is handed on."""
     stack = encrypted
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TURNKEEPER_SHUTDOWN_GRACE": "1"})
-    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x",
-                                                                       "seconds": 30}}]}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TURNKEEPER_SHUTDOWN_GRACE": "1",
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}
+                ]
+            }
+        ]
+    )
     chat = stack.chat("reconciled")
     async with InProcessWorker(stack, server, KEYS_1):
         handle = await stack.send(chat, "slow tool please")
@@ -705,8 +848,11 @@ async def test_a_pass_reads_an_encrypted_run(encrypted: Stack, server: Server) -
         await stack.wait_state(chat, lambda s: s.pending_followups == ["later"])
         await handle.terminate(reason="test")
         summary = await stack.client.execute_workflow(
-            RECONCILE_WORKFLOW, id=f"reconcile-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue,
-            result_type=ReconcileSummary)
+            RECONCILE_WORKFLOW,
+            id=f"reconcile-{uuid.uuid4().hex[:8]}",
+            task_queue=stack.task_queue,
+            result_type=ReconcileSummary,
+        )
         assert summary.outcomes == {Reason.TOOL_STATE_UNKNOWN: 1}, summary
         state: TurnState = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
         assert (state.reason, state.pending_followups) == (Reason.TOOL_STATE_UNKNOWN, ["later"])

@@ -1,6 +1,7 @@
 """Long chats on a real dev server: the model is sent a summary and the latest
 turns within TURNKEEPER_CONTEXT_TOKENS, the transcript stays whole, and a worker
 SIGKILLed while the model summarises is a lost model step like any other."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,7 +40,9 @@ async def test_a_long_chat_folds_and_keeps_numbering_its_model_calls(stack: Stac
         done = await stack.wait_turn_done(chat, n + 1)
         assert done.status == TurnStatus.COMPLETED
     history = await stack.history(chat)
-    assert [m["content"] for m in history if m["role"] == "assistant"] == [f"answer {i}" for i in range(turns)]
+    assert [m["content"] for m in history if m["role"] == "assistant"] == [
+        f"answer {i}" for i in range(turns)
+    ]
     assert len(history) == 2 * turns  # never shortened
     loaded = await (await stack.store()).context_rows(chat)
     assert loaded.summary is not None and loaded.summary.assistant_rows > 0
@@ -61,9 +64,15 @@ async def test_a_worker_killed_while_summarising_loses_one_model_step(stack: Sta
         return {"text": f"ok {len(answers)}"}
 
     with FakeChatServer(responder=respond) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k", "TURNKEEPER_CONTEXT_TOKENS": str(BUDGET),
-                                "TURNKEEPER_TOOLS": ""})
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "k",
+                "TURNKEEPER_CONTEXT_TOKENS": str(BUDGET),
+                "TURNKEEPER_TOOLS": "",
+            }
+        )
         worker = stack.spawn_worker()
         await stack.wait_serving(worker)
         chat = stack.chat("fold-kill")
@@ -101,7 +110,10 @@ async def test_a_worker_killed_while_summarising_loses_one_model_step(stack: Sta
         await stack.send(chat, "one more")
         # Generous: on a loaded 2-core machine this once took over 30 s behind the suite.
         await stack.wait_turn_done(chat, n + 1, timeout=90)
-        assert len(summaries) == made and answers[-1]["messages"][0]["content"] == SUMMARY_HEADING + summary.text
+        assert (
+            len(summaries) == made and answers[-1]["messages"][0]["content"] == SUMMARY_HEADING + summary.text
+        )
         history = await stack.history(chat)
         assert [m["content"] for m in history if m["role"] == "user"] == [
-            f"message {i}: " + "x" * 300 for i in range(1, n + 1)] + ["one more"]
+            f"message {i}: " + "x" * 300 for i in range(1, n + 1)
+        ] + ["one more"]

@@ -1,6 +1,7 @@
 """No wedge, no loss: the paths that used to hang a chat or lose a message. Each
 ends with the chat answering its next message and every acknowledged message
 committed once (or refused visibly, with its id)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,9 @@ pytestmark = pytest.mark.crash
 
 
 def _fake_model(stack: Stack, server: FakeChatServer) -> None:
-    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                            "OPENAI_API_KEY": "k"})
+    stack.env_extra.update(
+        {"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
+    )
 
 
 def _ok(request: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +46,7 @@ async def _answers_next_message(stack: Stack, chat: str, timeout: float = 30) ->
     while time.monotonic() < deadline:
         rows = await stack.history(chat)
         at = next((i for i, r in enumerate(rows) if r.get("content") == "are you there?"), None)
-        if at is not None and any(r["role"] == "assistant" for r in rows[at + 1:]):
+        if at is not None and any(r["role"] == "assistant" for r in rows[at + 1 :]):
             await _no_run_lingers(stack, chat)
             return
         await asyncio.sleep(0.1)
@@ -57,11 +59,13 @@ async def _no_run_lingers(stack: Stack, chat: str, timeout: float = 10) -> None:
 
     async def closed() -> bool:
         return (await handle.describe()).status != WorkflowExecutionStatus.RUNNING
+
     await until_async(closed, timeout=timeout, what=f"chat {chat}: its run to close after the answer")
 
 
-async def _answered_at_once(stack: Stack, chat: str, action: str, recovery_id: str | None = None,
-                            bound: float = 2.0) -> TurnState:
+async def _answered_at_once(
+    stack: Stack, chat: str, action: str, recovery_id: str | None = None, bound: float = 2.0
+) -> TurnState:
     """The decision and the state it led to, within `bound` seconds of sending it."""
     started = time.monotonic()
     state = await stack.decide(chat, action, recovery_id)
@@ -75,12 +79,24 @@ async def _user_rows(stack: Stack, chat: str) -> list[str]:
 
 async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack) -> None:
     ledger = stack.dir / "ledger.txt"
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
     with FakeChatServer(responder=_ok) as server:
-        server.script([{"tool_calls": [{"name": "slow_write",
-                                        "arguments": {"path": "k.txt", "content": "x", "seconds": 20}}]},
-                       {"text": "the continued step, slowly", "delay": 20}])
+        server.script(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 20}}
+                    ]
+                },
+                {"text": "the continued step, slowly", "delay": 20},
+            ]
+        )
         _fake_model(stack, server)
         first = stack.spawn_worker()
         chat = stack.chat()
@@ -97,11 +113,15 @@ async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack) -
         started = time.monotonic()
         answer = await _answered_at_once(stack, chat, "dismiss", gate.recovery_id)
         assert (answer.status, answer.reason, answer.recovery_id) == (
-            TurnStatus.RECOVERED, Reason.DISMISSED, gate.recovery_id)
+            TurnStatus.RECOVERED,
+            Reason.DISMISSED,
+            gate.recovery_id,
+        )
 
         async def closed_in_the_store() -> bool:
             record = await (await stack.store()).get_turn(chat, 1)
             return record is not None and record.status == TurnStatus.RECOVERED
+
         await until_async(closed_in_the_store, timeout=5, what="the dismissed turn closed in the store")
         assert time.monotonic() - started < 5.0
         record = await (await stack.store()).get_turn(chat, 1)
@@ -114,10 +134,19 @@ async def test_dismiss_while_a_continued_turn_runs_after_a_crash(stack: Stack) -
 
 
 async def test_a_burst_of_follow_ups_over_2_mb_is_bounded_and_loses_nothing(stack: Stack) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
+    stack.env_extra.update(
+        {"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"}
+    )
     with FakeChatServer(responder=_ok) as server:
-        server.script([{"tool_calls": [{"name": "slow_write",
-                                        "arguments": {"path": "k.txt", "content": "x", "seconds": 4}}]}])
+        server.script(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 4}}
+                    ]
+                }
+            ]
+        )
         _fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
@@ -125,12 +154,16 @@ async def test_a_burst_of_follow_ups_over_2_mb_is_bounded_and_loses_nothing(stac
         await stack.wait_state(chat, lambda s: bool(s.tool_calls))
         ids = [f"f{i:02d}" for i in range(40)]
         await asyncio.gather(*(stack.send(chat, f"{i} " + "y" * 60_000, message_id=i) for i in ids))
-        final = await stack.wait_state(chat, lambda s: s.status == TurnStatus.COMPLETED and not s.pending_followups,
-                                       timeout=90)
+        final = await stack.wait_state(
+            chat, lambda s: s.status == TurnStatus.COMPLETED and not s.pending_followups, timeout=90
+        )
         assert final.status == TurnStatus.COMPLETED
         store = await stack.store()
-        rejected = {e.payload["message_id"]: e.payload["reason"] for e in await store.events(chat, limit=10_000)
-                    if e.type == "message_rejected"}
+        rejected = {
+            e.payload["message_id"]: e.payload["reason"]
+            for e in await store.events(chat, limit=10_000)
+            if e.type == "message_rejected"
+        }
         committed = [t.split(" ", 1)[0] for t in await _user_rows(stack, chat)][1:]
         assert len(committed) == len(set(committed))  # once each
         assert set(committed) | set(rejected) == set(ids) and not set(committed) & set(rejected)
@@ -153,8 +186,11 @@ async def test_a_message_sent_while_the_store_file_is_gone_waits_and_lands_once(
         assert waiting.status == TurnStatus.RUNNING
     finally:
         aside.rename(db)
-    done = await stack.wait_state(chat, lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED
-                                  and not s.store_unavailable, timeout=60)
+    done = await stack.wait_state(
+        chat,
+        lambda s: s.turn == 2 and s.status == TurnStatus.COMPLETED and not s.store_unavailable,
+        timeout=60,
+    )
     assert done.pending_followups == []
     assert await _user_rows(stack, chat) == ["one", "two"]
     await _answers_next_message(stack, chat)
@@ -200,7 +236,10 @@ async def test_a_decision_during_a_store_outage_is_answered_at_once(stack: Stack
             answer = await _answered_at_once(stack, chat, action, gate.recovery_id)
             if action == "continue":
                 assert (answer.status, answer.reason, answer.attempts) == (
-                    TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+                    TurnStatus.RESUMING,
+                    Reason.USER_CONFIRMED,
+                    1,
+                )
             else:
                 assert (answer.status, answer.reason) == (TurnStatus.RECOVERED, Reason.DISMISSED)
             await stack.wait_state(chat, lambda s: s.store_unavailable, timeout=40)  # its write waits
@@ -209,8 +248,11 @@ async def test_a_decision_during_a_store_outage_is_answered_at_once(stack: Stack
             blocker.execute("ROLLBACK")
             blocker.close()
         ended = Reason.CONTINUED if action == "continue" else Reason.DISMISSED
-        await stack.wait_state(chat, lambda s: s.status == TurnStatus.RECOVERED and s.reason == ended
-                               and not s.store_unavailable, timeout=60)
+        await stack.wait_state(
+            chat,
+            lambda s: s.status == TurnStatus.RECOVERED and s.reason == ended and not s.store_unavailable,
+            timeout=60,
+        )
         record = await (await stack.store()).get_turn(chat, 1)
         assert record is not None and (record.status, record.reason) == (TurnStatus.RECOVERED, ended)
         assert await _user_rows(stack, chat) == ["one"]
@@ -223,22 +265,34 @@ async def test_the_configured_limit_applies_to_a_runs_first_message(stack: Stack
     chat = stack.chat()
     big = "z" * 80_000  # over the 64 KiB default, under the configured limit
     handle = await stack.client.start_workflow(
-        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
-        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": big}],
-        result_type=TurnState)
+        tk.WORKFLOW_TYPE,
+        {"chat_id": chat},
+        id=tk.workflow_id(chat),
+        task_queue=stack.task_queue,
+        start_signal="user_message",
+        start_signal_args=[{"message_id": "big", "text": big}],
+        result_type=TurnState,
+    )
     final = await asyncio.wait_for(handle.result(), 30)
     assert final.status == TurnStatus.COMPLETED
     assert await _user_rows(stack, chat) == [big]
 
 
-async def test_a_first_message_over_a_smaller_limit_is_refused_and_the_run_takes_the_next(stack: Stack) -> None:
+async def test_a_first_message_over_a_smaller_limit_is_refused_and_the_run_takes_the_next(
+    stack: Stack,
+) -> None:
     stack.script([{"text": "fine"}])
     await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="1000")
     chat = stack.chat()
     handle = await stack.client.start_workflow(
-        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
-        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": "q" * 2000}],
-        result_type=TurnState)
+        tk.WORKFLOW_TYPE,
+        {"chat_id": chat},
+        id=tk.workflow_id(chat),
+        task_queue=stack.task_queue,
+        start_signal="user_message",
+        start_signal_args=[{"message_id": "big", "text": "q" * 2000}],
+        result_type=TurnState,
+    )
     await handle.signal("user_message", {"message_id": "small", "text": "hi"})
     final = await asyncio.wait_for(handle.result(), 30)
     assert final.status == TurnStatus.COMPLETED
@@ -248,7 +302,8 @@ async def test_a_first_message_over_a_smaller_limit_is_refused_and_the_run_takes
 
 
 async def test_a_malformed_message_keeps_its_id_and_a_malformed_decision_is_refused_in_words(
-        stack: Stack) -> None:
+    stack: Stack,
+) -> None:
     with FakeChatServer([{"status": 400, "message": "API error 401: unauthorized"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker()
@@ -259,23 +314,30 @@ async def test_a_malformed_message_keeps_its_id_and_a_malformed_decision_is_refu
         assert gate.reason == Reason.MODEL_FAILED and "unauthorized" in (gate.detail or "")
         store = await stack.store()
         events = await store.events(chat)
-        assert any(e.type == "recovery_state" and "unauthorized" in e.payload.get("detail", "") for e in events)
+        assert any(
+            e.type == "recovery_state" and "unauthorized" in e.payload.get("detail", "") for e in events
+        )
 
         await handle.signal("user_message", {"message_id": "mine", "text": 5})
         # A client that can read its request id back reads the refusal's words.
         await handle.signal("dismiss", {"recoveryid": gate.recovery_id, "request_id": "typo"})
-        refused = await stack.wait_state(chat, lambda s: any(d.request_id == "typo" for d in s.decisions),
-                                         timeout=10)
+        refused = await stack.wait_state(
+            chat, lambda s: any(d.request_id == "typo" for d in s.decisions), timeout=10
+        )
         [decision] = [d for d in refused.decisions if d.request_id == "typo"]
-        assert "malformed dismiss payload" in (decision.refusal or "") and "recovery_id" in (decision.refusal or "")
+        assert "malformed dismiss payload" in (decision.refusal or "") and "recovery_id" in (
+            decision.refusal or ""
+        )
         assert (refused.status, refused.recovery_id) == (TurnStatus.AWAITING_USER, gate.recovery_id)
         with pytest.raises(tk.DecisionRefused, match="malformed continue payload"):
             await stack.decide(chat, "continue", "")  # no recovery id at all
 
         async def rejected() -> bool:
             types = [(e.type, e.payload) for e in await store.events(chat)]
-            return [p["message_id"] for t, p in types if t == "message_rejected"] == ["mine"] and \
-                sum(t == "recovery_action_rejected" for t, _ in types) == 2
+            return [p["message_id"] for t, p in types if t == "message_rejected"] == ["mine"] and sum(
+                t == "recovery_action_rejected" for t, _ in types
+            ) == 2
+
         await until_async(rejected, timeout=10, what="both refusals in the event log")
         state = await stack.decide(chat, "dismiss", gate.recovery_id)
         assert state.status == TurnStatus.RECOVERED
@@ -321,7 +383,9 @@ async def test_a_run_that_ends_before_its_turn_is_recorded_loses_no_message(stac
     assert (await run_pass(stack)).handed_on == 0  # once
 
 
-async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_gate_whose_history_grows_long_hands_itself_on(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Refused signals at a gate add to its history: past the bound the gate goes on
     in a fresh run of the same turn, with the same recovery id and pending messages."""
     from turnkeeper.workflows import turn_loop
@@ -345,14 +409,18 @@ async def test_a_gate_whose_history_grows_long_hands_itself_on(stack: Stack, mon
         done = await stack.decide(chat, "continue", gate.recovery_id)
         assert (done.status, done.reason) == (TurnStatus.RESUMING, Reason.USER_CONFIRMED)
         await stack.wait_turn_done(chat, 1)
-        rejected = [e for e in await (await stack.store()).events(chat, limit=10_000)
-                    if e.type == "recovery_action_rejected"]
+        rejected = [
+            e
+            for e in await (await stack.store()).events(chat, limit=10_000)
+            if e.type == "recovery_action_rejected"
+        ]
         assert len(rejected) == 30
         await _answers_next_message(stack, chat)
 
 
 async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Between two steps, a run past the history bound hands the turn on to a fresh
     run (continue-as-new), which takes the next step: every tool runs once, a
     follow-up sent meanwhile lands once, and the turn ends as one turn."""
@@ -361,12 +429,25 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
     monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 25)
     ledger = stack.dir / "ledger.txt"
     monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tools run in this process
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(ledger)})
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(ledger),
+        }
+    )
     steps = 8
-    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": f"k{i}.txt", "content": "x",
-                                                                        "seconds": 0.2}}]} for i in range(steps)]
-                 + [{"text": "all written"}, {"text": "here"}])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": f"k{i}.txt", "content": "x", "seconds": 0.2}}
+                ]
+            }
+            for i in range(steps)
+        ]
+        + [{"text": "all written"}, {"text": "here"}]
+    )
     await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
     chat = stack.chat()
     first = await stack.send(chat, "write them all")
@@ -394,8 +475,9 @@ async def test_a_turn_of_many_steps_goes_on_in_fresh_runs_at_the_real_bound(stac
     from turnkeeper.workflows.turn_loop import RUN_HISTORY_EVENTS
 
     steps = 150
-    stack.script([{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps
-                 + [{"text": "listed"}])
+    stack.script(
+        [{"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}] * steps + [{"text": "listed"}]
+    )
     await stack.start_worker()
     chat = stack.chat()
     await stack.send(chat, "list it again and again")
@@ -426,7 +508,8 @@ class _OtherChatTurn:
 
 
 async def test_a_run_whose_history_does_not_replay_is_recovered(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A workflow task that fails on nondeterminism is retried, not turned into a
     failed run: a message sent meanwhile joins the run. Once the task has failed
     long enough, a reconcile pass ends the run and hands its messages on in order,
@@ -437,13 +520,20 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
     # One or two turns, as the hand-on finds the messages, then the probe's.
     stack.script([{"text": "answered"}, {"text": "answered again"}, {"text": "and again"}])
     chat = stack.chat()
-    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_OtherChatTurn],
-                      max_cached_workflows=0, workflow_runner=UnsandboxedWorkflowRunner()):
+    async with Worker(
+        stack.client,
+        task_queue=stack.task_queue,
+        workflows=[_OtherChatTurn],
+        max_cached_workflows=0,
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
         handle = await stack.send(chat, "one", message_id="m1")
         await until_async(lambda: _has_timer(handle), what="the other release's timer")
     await stack.start_worker()
     await stack.send(chat, "two", message_id="m2")  # a new workflow task: today's code replays it
-    failed_run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=(await handle.describe()).run_id)
+    failed_run = stack.client.get_workflow_handle(
+        tk.workflow_id(chat), run_id=(await handle.describe()).run_id
+    )
     await _until_failing_and_marked(stack, chat, failed_run.run_id or "")
     await stack.send(chat, "three", message_id="m3")  # joins the failing run, behind "two"
     assert (await failed_run.describe()).status == WorkflowExecutionStatus.RUNNING
@@ -451,9 +541,12 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
     summary = await run_pass(stack)
     assert (summary.ended_wedged, summary.handed_on) == (1, 3), summary
     assert (await failed_run.describe()).status == WorkflowExecutionStatus.TERMINATED
+
     async def answered() -> bool:
-        return [r["role"] for r in await stack.history(chat)][-1:] == ["assistant"] \
-            and await _user_rows(stack, chat) == ["one", "two", "three"]
+        return [r["role"] for r in await stack.history(chat)][-1:] == ["assistant"] and await _user_rows(
+            stack, chat
+        ) == ["one", "two", "three"]
+
     await until_async(answered, timeout=30, what="the three messages answered, in order")
     await _answers_next_message(stack, chat)
 
@@ -468,10 +561,15 @@ async def _until_failing_and_marked(stack: Stack, chat: str, run_id: str) -> Non
 
     async def failing_and_marked() -> bool:
         described = await run.describe()
-        return (described.status == WorkflowExecutionStatus.RUNNING
-                and described.raw_description.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
-                and [r.run_id async for r in stack.client.list_workflows(marked)] == [run_id])
-    await until_async(failing_and_marked, timeout=30, what="the run's task failing again and again, and marked so")
+        return (
+            described.status == WorkflowExecutionStatus.RUNNING
+            and described.raw_description.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
+            and [r.run_id async for r in stack.client.list_workflows(marked)] == [run_id]
+        )
+
+    await until_async(
+        failing_and_marked, timeout=30, what="the run's task failing again and again, and marked so"
+    )
 
 
 async def _has_timer(handle: Any) -> bool:
@@ -506,9 +604,11 @@ async def test_a_follow_up_of_a_run_that_ended_abnormally_survives_a_newer_messa
         await (await stack.send(chat, "three", message_id="m3")).result()  # closes turn 1
         await asyncio.sleep(1)  # visibility shows the close a moment later
         assert (await run_pass(stack)).handed_on == 1
+
         async def answered() -> bool:
             rows = await _user_rows(stack, chat)
             return "two" in rows and [r["role"] for r in await stack.history(chat)][-1] == "assistant"
+
         await until_async(answered, timeout=30, what="the follow-up answered")
         assert sorted(await _user_rows(stack, chat)) == ["one", "three", "two"]
         assert (await run_pass(stack)).handed_on == 0  # once
@@ -530,7 +630,9 @@ async def _losing_the_first_model_call(stack: Stack) -> AsyncIterator[Any]:
     store = open_store(settings)
     await store.open()
     activities = build_activities(settings, store, load_provider(settings.model), default_registry())
-    [real] = [a for a in activities if activity._Definition.must_from_callable(a).name == activity_io.MODEL_CALL]
+    [real] = [
+        a for a in activities if activity._Definition.must_from_callable(a).name == activity_io.MODEL_CALL
+    ]
     calls: list[activity_io.ModelCallInput] = []
 
     @activity.defn(name=activity_io.MODEL_CALL)
@@ -541,9 +643,13 @@ async def _losing_the_first_model_call(stack: Stack) -> AsyncIterator[Any]:
         return await real(inp)
 
     try:
-        async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          activities=[model_call if a is real else a for a in activities],
-                          interceptors=[StepTimeouts(settings)]):
+        async with Worker(
+            stack.client,
+            task_queue=stack.task_queue,
+            workflows=[ChatTurn],
+            activities=[model_call if a is real else a for a in activities],
+            interceptors=[StepTimeouts(settings)],
+        ):
             yield store
     finally:
         await store.close()
@@ -574,9 +680,11 @@ async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_o
         async def begin_then_ended_elsewhere(chat_id: str, run_id: str, message_ids: list[str]) -> Any:
             begun = await begin(chat_id, run_id, message_ids)
             if chat_id == chat and begun.turn == 1:  # what another writer did meanwhile: a Stop's end
-                assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED,
-                                                                   reason=Reason.STOPPED))
+                assert await store.finish_turn(
+                    chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED)
+                )
             return begun
+
         store.begin_turn = begin_then_ended_elsewhere
         await stack.send(chat, "hello", message_id="m1")
         await _turn_1_stopped_and_its_message_answered_in_turn_2(stack, chat)
@@ -595,8 +703,11 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
         await stack.send(chat, "hello", message_id="m1")
         gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
         assert gate.reason == Reason.RESTART_REQUIRES_CONFIRMATION and gate.pending_followups == ["m1"]
-        assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED,
-                                                           recovery_id=gate.recovery_id))
+        assert await store.finish_turn(
+            chat,
+            1,
+            TurnUpdate(status=TurnStatus.RECOVERED, reason=Reason.STOPPED, recovery_id=gate.recovery_id),
+        )
         answer = await stack.decide(chat, "continue", gate.recovery_id)
         assert answer.status == TurnStatus.RESUMING  # judged against the gate the run showed
         await _turn_1_stopped_and_its_message_answered_in_turn_2(stack, chat)
@@ -630,6 +741,7 @@ async def test_a_stop_while_the_first_model_call_waits_for_the_store_loses_no_me
 
         async def answered() -> bool:
             return [r["content"] for r in await stack.history(chat)] == ["one", "answered after the stop"]
+
         await until_async(answered, timeout=60, what="the message answered once")
         assert len(server.requests) == 2
         await _answers_next_message(stack, chat)
@@ -648,14 +760,19 @@ class _FailsEveryTask:
 @contextlib.asynccontextmanager
 async def _failing_run(stack: Stack, chat: str) -> AsyncIterator[tuple[Any, str]]:
     """The chat's run, started by "hello" (m1), while a worker fails its every task."""
-    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[_FailsEveryTask],
-                      workflow_runner=UnsandboxedWorkflowRunner()):
+    async with Worker(
+        stack.client,
+        task_queue=stack.task_queue,
+        workflows=[_FailsEveryTask],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
         handle = await stack.send(chat, "hello", message_id="m1")
         yield handle, (await handle.describe()).run_id
 
 
 async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_recovered(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Running to the server and going nowhere: a pass leaves such a run alone for a
     minute of failures, then ends it and recovers the turn like any run that ended
     abnormally. Its message is kept, and the chat answers again."""
@@ -673,6 +790,7 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
         async def failing() -> bool:
             raw = (await handle.describe()).raw_description
             return raw.pending_workflow_task.attempt > wedged_runs.WEDGED_TASK_FAILURES
+
         await until_async(failing, what="the run's task failing again and again")
         shown = await cli(stack, "status", chat)  # says so, not that no worker serves
         assert shown.returncode == 0 and "workflow task keeps failing" in shown.stderr, shown.stderr
@@ -695,7 +813,8 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
 
 @pytest.mark.parametrize("turn", ["never numbered", "closed"])
 async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_messages_kept_in_order(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch, turn: str) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, turn: str
+) -> None:
     """A run can wedge where no open turn row leads to it: before the store numbered
     its turn, or after its turn closed while it held the next turn's messages. The
     server marks it (TemporalReportedProblems); a pass ends it and hands its messages
@@ -713,7 +832,9 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
         if turn == "closed":  # as the run had done before it wedged: "hello" answered, its turn closed
             await store.begin_turn(chat, run_id, ["m1"])
             await store.commit_user_messages(chat, 1, [UserMessage(message_id="m1", text="hello")])
-            assert await store.finish_turn(chat, 1, TurnUpdate(status=TurnStatus.COMPLETED), closing_text="hi")
+            assert await store.finish_turn(
+                chat, 1, TurnUpdate(status=TurnStatus.COMPLETED), closing_text="hi"
+            )
         await stack.send(chat, "two", message_id="m2")
         await stack.send(chat, "three", message_id="m3")
         await _until_failing_and_marked(stack, chat, run_id)
@@ -738,27 +859,39 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
 
 
 async def test_refusals_made_while_the_runs_last_events_are_written_are_announced(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The turn has ended, and its run's announcement of a refused message waits out
     a store outage; a message refused meanwhile is announced too, in order, and the
     run ends only after both are written: neither is dropped with it."""
     from turnkeeper.activities.store import StoreUnavailable
     from turnkeeper.activities.store.core import SQLStore
     from turnkeeper.models import NewEvent
+
     written = SQLStore.append_events
     outage = {"on": True}
 
-    async def append_events(self: SQLStore, chat_id: str, events: list[NewEvent],
-                            keys: list[str] | None = None) -> None:
+    async def append_events(
+        self: SQLStore, chat_id: str, events: list[NewEvent], keys: list[str] | None = None
+    ) -> None:
         if outage["on"] and any(e.type == "message_rejected" for e in events):
             raise StoreUnavailable("the store is out (test)")
         await written(self, chat_id, events, keys=keys)
 
     ledger = stack.dir / "ledger.txt"
     monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tool runs in this process
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"})
-    stack.script([{"tool_calls": [{"name": "slow_write", "arguments": {"path": "k.txt", "content": "x",
-                                                                        "seconds": 30}}]}])
+    stack.env_extra.update(
+        {"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write"}
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}
+                ]
+            }
+        ]
+    )
     await stack.start_worker(TURNKEEPER_MAX_MESSAGE_BYTES="200")
     chat = stack.chat()
     handle = await stack.send(chat, "one", message_id="m1")
@@ -772,6 +905,7 @@ async def test_refusals_made_while_the_runs_last_events_are_written_are_announce
     async def closed() -> bool:
         record = await store.get_turn(chat, 1)
         return record is not None and record.status == TurnStatus.RECOVERED
+
     await until_async(closed, what="the stopped turn closed in the store")
     await asyncio.sleep(1.0)
     # The turn has ended; its run waits to write the first refusal.
@@ -797,13 +931,19 @@ async def test_a_run_started_by_hand_with_a_blank_chat_id_fails_once(stack: Stac
     await stack.start_worker()
     blank = " "
     handle = await stack.client.start_workflow(
-        tk.WORKFLOW_TYPE, ChatTurnInput(chat_id=blank), id=tk.workflow_id(blank),
-        task_queue=stack.settings().task_queue, start_signal="user_message",
+        tk.WORKFLOW_TYPE,
+        ChatTurnInput(chat_id=blank),
+        id=tk.workflow_id(blank),
+        task_queue=stack.settings().task_queue,
+        start_signal="user_message",
         start_signal_args=[UserMessage(message_id="m1", text="hello")],
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING)
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
     await until_async(lambda: _status_is(handle, WorkflowExecutionStatus.FAILED), what="the run to fail")
     query = f"WorkflowId = '{tk.workflow_id(blank)}' AND ExecutionStatus = 'Failed'"
-    await until_async(lambda: _listed(stack, query), what="the failed run in visibility, where a pass finds it")
+    await until_async(
+        lambda: _listed(stack, query), what="the failed run in visibility, where a pass finds it"
+    )
 
     reconciler = Reconciler(stack.settings(), await stack.store())
     env = ActivityEnvironment(client=stack.client)

@@ -3,6 +3,7 @@ the pure verdict (activities/reconcile_verdict.py) on a turn's history, then rea
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, the cost of a pass over many healthy chats, and quiet passes
 deleted by the passes after them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,15 +44,14 @@ from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities import quiet_passes, reconcile_verdict
 from turnkeeper.activities.assemble import build_activities
-from turnkeeper.activities.reconcile_verdict import UnansweredCall
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.quiet_passes import QuietPasses, quiet_passes_query
+from turnkeeper.activities.reconcile_verdict import UnansweredCall
 from turnkeeper.activities.reconciler import Reconciler
 from turnkeeper.activities.store import SessionStore, StoreError
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
 from turnkeeper.dev_server import temporal_binary
-from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     ChatMessage,
@@ -74,11 +74,11 @@ from turnkeeper.reconcile_io import (
     pass_workflow_id,
 )
 from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
+from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.testing import FakeChatServer
 from turnkeeper.worker import run_worker
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
-
 
 # -- reconcile_verdict.py on a run's history --------------------------------------------------
 #
@@ -87,11 +87,19 @@ from turnkeeper.workflows.reconcile import Reconcile
 # (the final answer "a.txt says alpha"), the run completed. The tests cut or edit it.
 
 USER = ChatMessage(role="user", content="write then read")
-ASK_0 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_0_0", name="write_file",
-                                                             arguments='{"path": "notes/a.txt", "content": "alpha"}')])
-DONE_0 = ChatMessage(role="tool", content="wrote 5 bytes to notes/a.txt", tool_call_id="call_0_0", name="write_file")
-ASK_1 = ChatMessage(role="assistant", tool_calls=[ToolCall(id="call_1_0", name="read_file",
-                                                             arguments='{"path": "notes/a.txt"}')])
+ASK_0 = ChatMessage(
+    role="assistant",
+    tool_calls=[
+        ToolCall(id="call_0_0", name="write_file", arguments='{"path": "notes/a.txt", "content": "alpha"}')
+    ],
+)
+DONE_0 = ChatMessage(
+    role="tool", content="wrote 5 bytes to notes/a.txt", tool_call_id="call_0_0", name="write_file"
+)
+ASK_1 = ChatMessage(
+    role="assistant",
+    tool_calls=[ToolCall(id="call_1_0", name="read_file", arguments='{"path": "notes/a.txt"}')],
+)
 DONE_1 = ChatMessage(role="tool", content="alpha", tool_call_id="call_1_0", name="read_file")
 FINAL = ChatMessage(role="assistant", content="a.txt says alpha")
 
@@ -111,28 +119,49 @@ class Recorded:
 
 
 @pytest.fixture(scope="module")
-async def recorded(temporal_env: Any, temporal_address: str, temporal_http_address: str,
-                   tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Recorded]:
-    stack = Stack(temporal_env.client, temporal_address, tmp_path_factory.mktemp("verdict"),
-                  http_address=temporal_http_address)
+async def recorded(
+    temporal_env: Any,
+    temporal_address: str,
+    temporal_http_address: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Recorded]:
+    stack = Stack(
+        temporal_env.client,
+        temporal_address,
+        tmp_path_factory.mktemp("verdict"),
+        http_address=temporal_http_address,
+    )
     try:
-        stack.script([
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "notes/a.txt", "content": "alpha"}}]},
-            {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes/a.txt"}}]},
-            {"text": "a.txt says alpha"},
-        ])
+        stack.script(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "write_file", "arguments": {"path": "notes/a.txt", "content": "alpha"}}
+                    ]
+                },
+                {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes/a.txt"}}]},
+                {"text": "a.txt says alpha"},
+            ]
+        )
         await stack.start_worker()
         handle = await stack.send(stack.chat(), "write then read")
         assert (await handle.result()).status == TurnStatus.COMPLETED
-        history = await stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id
-                                                         ).fetch_history()
+        history = await stack.client.get_workflow_handle(
+            handle.id, run_id=handle.first_execution_run_id
+        ).fetch_history()
     finally:
         await stack.close()
     raw = cast(dict[str, Any], json.loads(history.to_json()))
-    scheduled = {int(e["eventId"]): e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
-                 for e in raw["events"] if "activityTaskScheduledEventAttributes" in e}
-    completed = {int(e["eventId"]): int(e["activityTaskCompletedEventAttributes"]["scheduledEventId"])
-                 for e in raw["events"] if "activityTaskCompletedEventAttributes" in e}
+    scheduled = {
+        int(e["eventId"]): e["activityTaskScheduledEventAttributes"]["activityType"]["name"]
+        for e in raw["events"]
+        if "activityTaskScheduledEventAttributes" in e
+    }
+    completed = {
+        int(e["eventId"]): int(e["activityTaskCompletedEventAttributes"]["scheduledEventId"])
+        for e in raw["events"]
+        if "activityTaskCompletedEventAttributes" in e
+    }
 
     def of(name: str) -> tuple[list[int], list[int]]:
         ids = sorted(i for i, n in scheduled.items() if n == name)
@@ -173,7 +202,9 @@ def test_a_final_answer_in_the_history_is_restored(recorded: Recorded) -> None:
 
 def test_a_persisted_completion_wins(recorded: Recorded) -> None:
     raw = recorded.copy()
-    _payload(raw, recorded.tool_completed[0])["metadata"]["encoding"] = base64.b64encode(b"binary/encrypted").decode()
+    _payload(raw, recorded.tool_completed[0])["metadata"]["encoding"] = base64.b64encode(
+        b"binary/encrypted"
+    ).decode()
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
     assert verdict.reason == Reason.COMMITTED and verdict.closes_turn
 
@@ -184,24 +215,34 @@ def test_a_tool_scheduled_without_a_close_event_may_have_acted(recorded: Recorde
     assert (verdict.reason, verdict.can_continue) == (Reason.TOOL_STATE_UNKNOWN, True)
     assert verdict.unanswered == (UnansweredCall("call_1_0", "read_file", started=True),)
     # Once its interrupted row exists, nothing is left to answer (idempotent).
-    answered = ChatMessage(role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file")
-    again = reconcile_verdict.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1, answered])
+    answered = ChatMessage(
+        role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file"
+    )
+    again = reconcile_verdict.judge_history(
+        _events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1, answered]
+    )
     assert again.reason == Reason.TOOL_STATE_UNKNOWN and again.unanswered == ()
 
 
 def test_only_completed_steps_ask_to_restart(recorded: Recorded) -> None:
-    lost_model_call = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_scheduled[1]),
-                                                      [USER, ASK_0, DONE_0])
-    assert (lost_model_call.reason, lost_model_call.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
+    lost_model_call = reconcile_verdict.judge_history(
+        _events(recorded.raw, recorded.model_scheduled[1]), [USER, ASK_0, DONE_0]
+    )
+    assert (lost_model_call.reason, lost_model_call.can_continue) == (
+        Reason.RESTART_REQUIRES_CONFIRMATION,
+        True,
+    )
     assert lost_model_call.unanswered == ()
     # A reply whose tool was never scheduled: it did not run, and its row says so.
-    unscheduled = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_completed[1]),
-                                                  [USER, ASK_0, DONE_0, ASK_1])
+    unscheduled = reconcile_verdict.judge_history(
+        _events(recorded.raw, recorded.model_completed[1]), [USER, ASK_0, DONE_0, ASK_1]
+    )
     assert unscheduled.reason == Reason.RESTART_REQUIRES_CONFIRMATION
     assert unscheduled.unanswered == (UnansweredCall("call_1_0", "read_file", started=False),)
     # The resumed step lost again: the live run would have said loop_guard too.
-    resumed = reconcile_verdict.judge_history(_events(recorded.raw, recorded.model_scheduled[1]),
-                                              [USER, ASK_0, DONE_0], resuming=True)
+    resumed = reconcile_verdict.judge_history(
+        _events(recorded.raw, recorded.model_scheduled[1]), [USER, ASK_0, DONE_0], resuming=True
+    )
     assert resumed.reason == Reason.LOOP_GUARD
 
 
@@ -209,9 +250,13 @@ def test_only_completed_steps_ask_to_restart(recorded: Recorded) -> None:
 def test_an_undecodable_payload_is_checkpoint_unknown(recorded: Recorded, case: str) -> None:
     raw = recorded.copy()
     if case == "encoding":
-        _payload(raw, recorded.model_completed[1])["metadata"]["encoding"] = base64.b64encode(b"json/protobuf").decode()
+        _payload(raw, recorded.model_completed[1])["metadata"]["encoding"] = base64.b64encode(
+            b"json/protobuf"
+        ).decode()
     elif case == "schema":
-        _payload(raw, recorded.model_completed[1])["data"] = base64.b64encode(b'{"schema": 99, "reply": "v2"}').decode()
+        _payload(raw, recorded.model_completed[1])["data"] = base64.b64encode(
+            b'{"schema": 99, "reply": "v2"}'
+        ).decode()
     else:
         _edit(raw, recorded.tool_scheduled[1], lambda body: body.pop("call"))
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
@@ -230,16 +275,23 @@ def _blank_answer(body: dict[str, Any]) -> None:
     body["reply"]["text"] = "  "
 
 
-@pytest.mark.parametrize("where,change,why", [
-    ("second reply", _rename_call, "appears twice"),
-    ("second tool", _ghost_call, "no model reply asked for it"),
-    ("final answer", _blank_answer, "empty"),
-])
-def test_a_malformed_history_is_checkpoint_invalid(recorded: Recorded, where: str,
-                                                   change: Callable[[dict[str, Any]], None], why: str) -> None:
+@pytest.mark.parametrize(
+    "where,change,why",
+    [
+        ("second reply", _rename_call, "appears twice"),
+        ("second tool", _ghost_call, "no model reply asked for it"),
+        ("final answer", _blank_answer, "empty"),
+    ],
+)
+def test_a_malformed_history_is_checkpoint_invalid(
+    recorded: Recorded, where: str, change: Callable[[dict[str, Any]], None], why: str
+) -> None:
     raw = recorded.copy()
-    event_id = {"second reply": recorded.model_completed[1], "second tool": recorded.tool_scheduled[1],
-                "final answer": recorded.model_completed[2]}[where]
+    event_id = {
+        "second reply": recorded.model_completed[1],
+        "second tool": recorded.tool_scheduled[1],
+        "final answer": recorded.model_completed[2],
+    }[where]
     _edit(raw, event_id, change)
     verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
@@ -248,8 +300,10 @@ def test_a_malformed_history_is_checkpoint_invalid(recorded: Recorded, where: st
 
 def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate(recorded: Recorded) -> None:
     raw = recorded.copy()
-    start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
-        turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False))
+    start = ChatTurnInput(
+        chat_id="c-a46b3629",
+        recovery=RecoveryStart(turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False),
+    )
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
     verdict = reconcile_verdict.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
@@ -258,10 +312,16 @@ def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate(recorded: Rec
 def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve(recorded: Recorded) -> None:
     """Its waiting calls were never scheduled: the reconciler answers them as not run."""
     raw = recorded.copy()
-    start = ChatTurnInput(chat_id="c-a46b3629", recovery=RecoveryStart(
-        turn=1, reason=Reason.APPROVAL_REQUIRED, approvals=[ToolCall(id="call_0_0", name="write_file")]))
+    start = ChatTurnInput(
+        chat_id="c-a46b3629",
+        recovery=RecoveryStart(
+            turn=1, reason=Reason.APPROVAL_REQUIRED, approvals=[ToolCall(id="call_0_0", name="write_file")]
+        ),
+    )
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = reconcile_verdict.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER, ASK_0])
+    verdict = reconcile_verdict.judge_history(
+        _events(raw, through=recorded.model_scheduled[0] - 1), [USER, ASK_0]
+    )
     assert (verdict.reason, verdict.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert verdict.unanswered == (UnansweredCall("call_0_0", "write_file", started=False),)
 
@@ -270,7 +330,8 @@ def _event_with(kind: str, payload: Any, signal: str | None = None) -> HistoryEv
     event = HistoryEvent(event_type=getattr(EventType, f"EVENT_TYPE_WORKFLOW_EXECUTION_{kind}"))
     if kind == "STARTED":
         event.workflow_execution_started_event_attributes.input.payloads.extend(
-            pydantic_data_converter.payload_converter.to_payloads([payload]))
+            pydantic_data_converter.payload_converter.to_payloads([payload])
+        )
     else:
         attrs = event.workflow_execution_signaled_event_attributes
         attrs.signal_name = signal or "user_message"
@@ -281,15 +342,18 @@ def _event_with(kind: str, payload: Any, signal: str | None = None) -> HistoryEv
 def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
     """The run's input first (messages an earlier run handed on), then its message
     signals in history order: each once, and none the run refused as unreadable."""
+
     def message(i: str) -> UserMessage:
         return UserMessage(message_id=i, text=f"text of {i}")
 
-    events = [_event_with("STARTED", ChatTurnInput(chat_id="c", pending=[message("m1"), message("m2")])),
-              _event_with("SIGNALED", message("m3")),
-              _event_with("SIGNALED", {"recovery_id": "r"}, signal="dismiss"),
-              _event_with("SIGNALED", {"message_id": "bad", "text": 5}),
-              _event_with("SIGNALED", message("m2")),  # a client's retry
-              _event_with("SIGNALED", message("m4"))]
+    events = [
+        _event_with("STARTED", ChatTurnInput(chat_id="c", pending=[message("m1"), message("m2")])),
+        _event_with("SIGNALED", message("m3")),
+        _event_with("SIGNALED", {"recovery_id": "r"}, signal="dismiss"),
+        _event_with("SIGNALED", {"message_id": "bad", "text": 5}),
+        _event_with("SIGNALED", message("m2")),  # a client's retry
+        _event_with("SIGNALED", message("m4")),
+    ]
     assert [m.message_id for m in reconcile_verdict.acknowledged(events)] == ["m1", "m2", "m3", "m4"]
 
 
@@ -316,14 +380,18 @@ async def contract_schedule_points_nowhere(client: Client) -> None:
     """Every worker creates `turnkeeper-reconcile` when missing, on its own task queue.
     These tests share one server: make sure it exists on a queue no worker polls, so a
     scheduled pass never races the passes a test runs itself."""
-    await ensure_reconcile_schedule(client, Settings(task_queue="turnkeeper-tests-nowhere", reconcile_every=3600))
-
+    await ensure_reconcile_schedule(
+        client, Settings(task_queue="turnkeeper-tests-nowhere", reconcile_every=3600)
+    )
 
 
 async def run_pass(stack: Stack) -> ReconcileSummary:
     return await stack.client.execute_workflow(
-        RECONCILE_WORKFLOW, id=f"reconcile-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue,
-        result_type=ReconcileSummary)
+        RECONCILE_WORKFLOW,
+        id=f"reconcile-{uuid.uuid4().hex[:8]}",
+        task_queue=stack.task_queue,
+        result_type=ReconcileSummary,
+    )
 
 
 def raw_db(stack: Stack) -> sqlite3.Connection:
@@ -345,9 +413,12 @@ async def terminate(stack: Stack, chat: str) -> str:
 async def delete_history(client: Client, chat: str, run_id: str) -> None:
     """Delete a run with its history. Done while it runs: the server then terminates
     and deletes it at once (a closed run's deletion is queued for ~30 s)."""
-    await client.workflow_service.delete_workflow_execution(DeleteWorkflowExecutionRequest(
-        namespace=client.namespace,
-        workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat), run_id=run_id)))
+    await client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=tk.workflow_id(chat), run_id=run_id),
+        )
+    )
     handle = client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
     await until(lambda: _gone(handle), "the run's history is deleted")
 
@@ -384,14 +455,23 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
     def answer(request: dict[str, Any]) -> dict[str, Any]:
         first = next(m["content"] for m in request["messages"] if m["role"] == "user")
         if first.startswith("slow tool"):
-            return {"tool_calls": [{"name": "slow_write",
-                                    "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}]}
+            return {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "k.txt", "content": "x", "seconds": 30}}
+                ]
+            }
         return {"text": "too late", "delay": 90}  # a model call still under way
 
     with FakeChatServer(responder=answer) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k", "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                                "TURNKEEPER_TOOLS": "slow_write,read_file"})
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake-model",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "k",
+                "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+                "TURNKEEPER_TOOLS": "slow_write,read_file",
+            }
+        )
         await stack.start_worker()
         store = await stack.store()
         names = ["tool", "followup", "model", "corrupt", "saved", "nothing", "raising", "done", "healthy"]
@@ -412,7 +492,9 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
         await until(lambda: _has_signal(stack, chat["followup"], "later"), "the follow-up is in the history")
 
         with raw_db(stack) as db:
-            db.execute("UPDATE messages SET body = '{\"role\": \"robot\"}' WHERE chat_id = ?", (chat["corrupt"],))
+            db.execute(
+                'UPDATE messages SET body = \'{"role": "robot"}\' WHERE chat_id = ?', (chat["corrupt"],)
+            )
         await store.record_assistant(chat["done"], 1, 0, ModelReply(text="all done"), final=False)
         gone = ("saved", "nothing")  # deleted while running: ended, and no history left
         dead = {n: await terminate(stack, chat[n]) for n in names if n not in gone and n != "healthy"}
@@ -425,8 +507,11 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
 
         summary = await run_pass(stack)
         assert summary.outcomes == {
-            Reason.TOOL_STATE_UNKNOWN: 2, Reason.RESTART_REQUIRES_CONFIRMATION: 1, Reason.CHECKPOINT_INVALID: 1,
-            Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1, Reason.INTERRUPTED_WITHOUT_CHECKPOINT: 1,
+            Reason.TOOL_STATE_UNKNOWN: 2,
+            Reason.RESTART_REQUIRES_CONFIRMATION: 1,
+            Reason.CHECKPOINT_INVALID: 1,
+            Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1,
+            Reason.INTERRUPTED_WITHOUT_CHECKPOINT: 1,
             Reason.COMMITTED: 1,
         }, summary
         assert (summary.healthy, summary.failed, summary.examined) == (1, 1, 9)
@@ -438,28 +523,50 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
             assert last["role"] == "tool" and last["content"] == INTERRUPTED_TOOL_TEXT, n
         done = await store.get_turn(chat["done"], 1)
         assert done is not None and (done.status, done.reason) == (TurnStatus.RECOVERED, Reason.COMMITTED)
-        assert (await stack.event_types(chat["done"]))[-3:] == ["recovery_state", "session_updated", "turn_end"]
+        assert (await stack.event_types(chat["done"]))[-3:] == [
+            "recovery_state",
+            "session_updated",
+            "turn_end",
+        ]
         raising = await store.get_turn(chat["raising"], 1)
         assert raising is not None and (raising.status, raising.reason, raising.can_continue) == (
-            TurnStatus.FAILED, Reason.RECOVERY_FAILED, False)
+            TurnStatus.FAILED,
+            Reason.RECOVERY_FAILED,
+            False,
+        )
         assert raising.recovery_id
 
         # The recovery runs (chat_turn.py's recovery mode) open their gates: state
         # query, store turn row and search attributes agree.
-        gates = {"tool": (Reason.TOOL_STATE_UNKNOWN, True), "followup": (Reason.TOOL_STATE_UNKNOWN, True),
-                 "model": (Reason.RESTART_REQUIRES_CONFIRMATION, True),
-                 "corrupt": (Reason.CHECKPOINT_INVALID, False), "saved": (Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True),
-                 "nothing": (Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False)}
+        gates = {
+            "tool": (Reason.TOOL_STATE_UNKNOWN, True),
+            "followup": (Reason.TOOL_STATE_UNKNOWN, True),
+            "model": (Reason.RESTART_REQUIRES_CONFIRMATION, True),
+            "corrupt": (Reason.CHECKPOINT_INVALID, False),
+            "saved": (Reason.INTERRUPTED_WITH_SAVED_CONTEXT, True),
+            "nothing": (Reason.INTERRUPTED_WITHOUT_CHECKPOINT, False),
+        }
         for n, (reason, can_continue) in gates.items():
-            state = await stack.wait_state(chat[n], lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20)
+            state = await stack.wait_state(
+                chat[n], lambda s: s.status == TurnStatus.AWAITING_USER, timeout=20
+            )
             assert (state.turn, state.reason, state.can_continue) == (1, reason, can_continue), n
             assert state.recovery_id
             record = await store.get_turn(chat[n], 1)
             assert record is not None and record.run_id != dead[n], n
             assert (record.status, record.reason, record.can_continue, record.recovery_id) == (
-                TurnStatus.AWAITING_USER, reason, can_continue, state.recovery_id), n
-            attrs = (await stack.client.get_workflow_handle(tk.workflow_id(chat[n])).describe()).typed_search_attributes
-            assert (attrs.get(TURN_STATUS_ATTR), attrs.get(RECOVERY_REASON_ATTR)) == ("awaiting_user", reason.value), n
+                TurnStatus.AWAITING_USER,
+                reason,
+                can_continue,
+                state.recovery_id,
+            ), n
+            attrs = (
+                await stack.client.get_workflow_handle(tk.workflow_id(chat[n])).describe()
+            ).typed_search_attributes
+            assert (attrs.get(TURN_STATUS_ATTR), attrs.get(RECOVERY_REASON_ATTR)) == (
+                "awaiting_user",
+                reason.value,
+            ), n
 
         # The next pass finds them healthy and writes nothing anywhere.
         before = await events_of(stack, list(chat.values()))
@@ -476,6 +583,7 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
         async def closed() -> bool:  # the closing store write follows the answer
             record = await store.get_turn(chat["followup"], 1)
             return record is not None and record.status == TurnStatus.RECOVERED
+
         await until(closed, "the dismissed turn closed in the store")
         assert [m.get("content") for m in await stack.history(chat["followup"])].count("and then?") == 1
 
@@ -518,14 +626,22 @@ async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack:
     summary = await run_pass(stack)
     assert summary.outcomes == {Reason.ANSWER_RESTORED: 2}, summary
     for chat in (terminated, completed):
-        assert await stack.history(chat) == [{"role": "user", "content": "question"},
-                                             {"role": "assistant", "content": "the answer"}]
+        assert await stack.history(chat) == [
+            {"role": "user", "content": "question"},
+            {"role": "assistant", "content": "the answer"},
+        ]
         record = await store.get_turn(chat, 1)
-        assert record is not None and (record.status, record.reason) == (TurnStatus.RECOVERED,
-                                                                          Reason.ANSWER_RESTORED)
+        assert record is not None and (record.status, record.reason) == (
+            TurnStatus.RECOVERED,
+            Reason.ANSWER_RESTORED,
+        )
         events = await store.events(chat)
-        assert [e.type for e in events[-4:]] == ["assistant_message", "recovery_state", "session_updated",
-                                                 "turn_end"]
+        assert [e.type for e in events[-4:]] == [
+            "assistant_message",
+            "recovery_state",
+            "session_updated",
+            "turn_end",
+        ]
         assert events[-1].payload == {"turn": 1, "status": "recovered", "reason": "answer_restored"}
     # No recovery run, no model call: the terminated run is still the chat's latest.
     latest = await stack.client.get_workflow_handle(tk.workflow_id(terminated)).describe()
@@ -535,8 +651,11 @@ async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack:
 
 async def _has_signal(stack: Stack, chat: str, message_id: str) -> bool:
     history = await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()
-    return any(message_id.encode() in e.workflow_execution_signaled_event_attributes.input.payloads[0].data
-               for e in history.events if e.HasField("workflow_execution_signaled_event_attributes"))
+    return any(
+        message_id.encode() in e.workflow_execution_signaled_event_attributes.input.payloads[0].data
+        for e in history.events
+        if e.HasField("workflow_execution_signaled_event_attributes")
+    )
 
 
 def _turn_status(stack: Stack, chat: str, status: str) -> bool:
@@ -556,8 +675,9 @@ async def test_the_worker_creates_the_schedule_and_a_trigger_runs_a_pass(stack: 
     await store.record_assistant(chat, 1, 0, ModelReply(text="hello"), final=False)
 
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(settings, client=stack.client, stop=stop,
-                                            reconcile_schedule_id=schedule_id))
+    worker = asyncio.create_task(
+        run_worker(settings, client=stack.client, stop=stop, reconcile_schedule_id=schedule_id)
+    )
     schedule = stack.client.get_schedule_handle(schedule_id)
     try:
         await until(lambda: _exists(schedule), "the worker created the schedule")
@@ -565,18 +685,31 @@ async def test_the_worker_creates_the_schedule_and_a_trigger_runs_a_pass(stack: 
         action = described.action
         assert isinstance(action, ScheduleActionStartWorkflow)
         assert (action.workflow, action.task_queue, action.id) == (
-            RECONCILE_WORKFLOW, stack.task_queue, pass_workflow_id(schedule_id))
+            RECONCILE_WORKFLOW,
+            stack.task_queue,
+            pass_workflow_id(schedule_id),
+        )
         assert [i.every.total_seconds() for i in described.spec.intervals] == [3600]
         assert described.policy.overlap == ScheduleOverlapPolicy.SKIP
         # Several workers starting at once: the schedule exists, nobody fails.
-        assert await asyncio.gather(*(ensure_reconcile_schedule(stack.client, settings, schedule_id)
-                                      for _ in range(3))) == [False, False, False]
+        assert await asyncio.gather(
+            *(ensure_reconcile_schedule(stack.client, settings, schedule_id) for _ in range(3))
+        ) == [False, False, False]
 
         # What an operator runs (with our schedule id): a pass at once.
         trigger = await asyncio.create_subprocess_exec(
-            temporal_binary(), "schedule", "trigger", "--schedule-id", schedule_id,
-            "--address", stack.address, "--namespace", stack.client.namespace,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            temporal_binary(),
+            "schedule",
+            "trigger",
+            "--schedule-id",
+            schedule_id,
+            "--address",
+            stack.address,
+            "--namespace",
+            stack.client.namespace,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await trigger.communicate()
         assert trigger.returncode == 0, out.decode()
         await until(lambda: _turn_status(stack, chat, "recovered"), "the triggered pass closed the turn")
@@ -607,8 +740,19 @@ async def _exists(schedule: Any) -> bool:
 class CountingStore:
     """Records every store call with the chat it names, then passes it on."""
 
-    WRITES = frozenset({"begin_turn", "update_turn", "commit_user_messages", "record_assistant", "tool_started",
-                        "record_tool_result", "finish_turn", "adopt_turn", "append_events"})
+    WRITES = frozenset(
+        {
+            "begin_turn",
+            "update_turn",
+            "commit_user_messages",
+            "record_assistant",
+            "tool_started",
+            "record_tool_result",
+            "finish_turn",
+            "adopt_turn",
+            "append_events",
+        }
+    )
 
     def __init__(self, inner: SessionStore) -> None:
         self._inner = inner
@@ -621,6 +765,7 @@ class CountingStore:
             chat = args[0] if args and isinstance(args[0], str) else None
             self.calls.append((name, chat))
             return await method(*args, **kwargs)
+
         return counted
 
     def writes(self) -> list[tuple[str, str | None]]:
@@ -633,8 +778,13 @@ async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> No
     idle = f"idle-{uuid.uuid4().hex[:8]}"  # no worker polls it: these runs stay running
 
     async def open_turn(chat: str, *, terminated: bool = False) -> str:
-        handle = await client.start_workflow(ChatTurn.run, ChatTurnInput(chat_id=chat), id=tk.workflow_id(chat),
-                                             task_queue=idle, execution_timeout=timedelta(minutes=3))
+        handle = await client.start_workflow(
+            ChatTurn.run,
+            ChatTurnInput(chat_id=chat),
+            id=tk.workflow_id(chat),
+            task_queue=idle,
+            execution_timeout=timedelta(minutes=3),
+        )
         run_id = handle.result_run_id
         assert run_id
         await store.begin_turn(chat, run_id, ["m1"])
@@ -645,7 +795,7 @@ async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> No
 
     healthy = [stack.chat("healthy") for _ in range(200)]
     for i in range(0, len(healthy), 50):
-        await asyncio.gather(*(open_turn(c) for c in healthy[i:i + 50]))
+        await asyncio.gather(*(open_turn(c) for c in healthy[i : i + 50]))
     closed = [stack.chat("closed") for _ in range(50)]
     for chat in closed:  # completed long ago: not open, never looked at
         await store.begin_turn(chat, str(uuid.uuid4()), ["m1"])
@@ -654,8 +804,9 @@ async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> No
     restart, saved, done = stack.chat("restart"), stack.chat("saved"), stack.chat("done")
     await open_turn(restart, terminated=True)
     saved_run = await open_turn(saved)
-    await store.record_assistant(saved, 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="write_file")]),
-                                 final=False)
+    await store.record_assistant(
+        saved, 1, 0, ModelReply(tool_calls=[ToolCall(id="t1", name="write_file")]), final=False
+    )
     await delete_history(client, saved, saved_run)
     await store.begin_turn(done, str(uuid.uuid4()), ["m1"])
     await store.record_assistant(done, 1, 0, ModelReply(text="answered"), final=False)
@@ -668,8 +819,11 @@ async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> No
     summary = await env.run(reconciler.reconcile_pass)
     elapsed = time.monotonic() - started
     assert summary.healthy == 200 and summary.failed == 0, summary
-    assert summary.outcomes == {Reason.RESTART_REQUIRES_CONFIRMATION: 1, Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1,
-                                Reason.COMMITTED: 1}, summary
+    assert summary.outcomes == {
+        Reason.RESTART_REQUIRES_CONFIRMATION: 1,
+        Reason.INTERRUPTED_WITH_SAVED_CONTEXT: 1,
+        Reason.COMMITTED: 1,
+    }, summary
     assert [c for c in counting.calls if c[1] is None] == [("open_turn_refs", None)]
     assert {c[1] for c in counting.calls if c[1] is not None} == broken
     assert {c[1] for c in counting.writes()} == {saved, done}
@@ -718,8 +872,11 @@ class _HandsItselfOn:
     @workflow.run
     async def run(self, inp: ChatTurnInput) -> None:
         await workflow.execute_activity(
-            activity_io.MODEL_CALL, activity_io.ModelCallInput(chat_id=inp.chat_id, turn=1, step=0),
-            result_type=activity_io.ModelCallResult, start_to_close_timeout=timedelta(seconds=30))
+            activity_io.MODEL_CALL,
+            activity_io.ModelCallInput(chat_id=inp.chat_id, turn=1, step=0),
+            result_type=activity_io.ModelCallResult,
+            start_to_close_timeout=timedelta(seconds=30),
+        )
         workflow.continue_as_new(inp, task_queue=_HANDED_ON_QUEUE)
 
 
@@ -739,10 +896,20 @@ async def test_a_turn_whose_run_handed_itself_on_is_left_to_the_run_it_continued
         await store.record_assistant(chat, 1, 0, asks_for_a_tool, final=False)
         return activity_io.ModelCallResult(reply=asks_for_a_tool)
 
-    async with Worker(client, task_queue=stack.task_queue, workflows=[_HandsItselfOn], activities=[model_call],
-                      workflow_runner=UnsandboxedWorkflowRunner()):
-        handle = await client.start_workflow(_HandsItselfOn.run, ChatTurnInput(chat_id=chat), id=tk.workflow_id(chat),
-                                             task_queue=stack.task_queue, execution_timeout=timedelta(minutes=3))
+    async with Worker(
+        client,
+        task_queue=stack.task_queue,
+        workflows=[_HandsItselfOn],
+        activities=[model_call],
+        workflow_runner=UnsandboxedWorkflowRunner(),
+    ):
+        handle = await client.start_workflow(
+            _HandsItselfOn.run,
+            ChatTurnInput(chat_id=chat),
+            id=tk.workflow_id(chat),
+            task_queue=stack.task_queue,
+            execution_timeout=timedelta(minutes=3),
+        )
         first_run = handle.result_run_id
         assert first_run
         await store.begin_turn(chat, first_run, ["m1"])
@@ -792,7 +959,10 @@ async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack
     assert (first.deferred, first.failed, first.outcomes) == (1, 1, {Reason.COMMITTED: 1}), first
     record = await store.get_turn(bad, 1)
     assert record is not None and (record.status, record.reason, record.can_continue) == (
-        TurnStatus.FAILED, Reason.RECOVERY_FAILED, False)
+        TurnStatus.FAILED,
+        Reason.RECOVERY_FAILED,
+        False,
+    )
     untouched = await store.get_turn(locked, 1)
     assert untouched is not None and untouched.status == TurnStatus.RUNNING
 
@@ -806,7 +976,8 @@ async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack
 
 
 async def test_a_server_that_refuses_the_marked_runs_query_still_gets_the_rest_of_the_pass(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Runs with no open turn are listed by the server's TemporalReportedProblems mark;
     a server that does not know the attribute refuses that query, and the pass still
     judges its open turns and sweeps the runs that ended."""
@@ -823,6 +994,7 @@ async def test_a_server_that_refuses_the_marked_runs_query_still_gets_the_rest_o
         if query and "TemporalReportedProblems" in query:
             raise RPCError("invalid query: unknown search attribute", RPCStatusCode.INVALID_ARGUMENT, b"")
         return listed(self, query, **kwargs)
+
     monkeypatch.setattr(TemporalClient, "list_workflows", list_workflows)
     summary = await ActivityEnvironment(client=stack.client).run(Reconciler(settings, store).reconcile_pass)
     assert (summary.outcomes, summary.ended_wedged, summary.failed) == ({Reason.COMMITTED: 1}, 0, 0), summary
@@ -834,8 +1006,12 @@ async def test_a_server_that_refuses_the_marked_runs_query_still_gets_the_rest_o
 def test_a_pass_is_quiet_only_when_it_left_everything_as_it_was() -> None:
     assert ReconcileSummary(examined=3, healthy=1, settled=1, busy=1).outcome == PassOutcome.QUIET
     assert ReconcileSummary(deferred=1).outcome == PassOutcome.DEFERRED
-    for acted in (ReconcileSummary(outcomes={Reason.COMMITTED: 1}, deferred=1), ReconcileSummary(failed=1),
-                  ReconcileSummary(handed_on=2), ReconcileSummary(ended_wedged=1)):
+    for acted in (
+        ReconcileSummary(outcomes={Reason.COMMITTED: 1}, deferred=1),
+        ReconcileSummary(failed=1),
+        ReconcileSummary(handed_on=2),
+        ReconcileSummary(ended_wedged=1),
+    ):
         assert acted.outcome == PassOutcome.ACTED, acted
 
 
@@ -845,6 +1021,7 @@ async def _listed(client: Client, query: str) -> set[str]:
 
 async def _listed_becomes(client: Client, query: str, expected: set[str], what: str) -> None:
     """Temporal takes about half a minute to drop a deleted closed run from the list."""
+
     async def settled() -> bool:
         return await _listed(client, query) == expected
 
@@ -860,8 +1037,9 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
     schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"  # tests share one server
     passes_query = f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{stack.task_queue}'"
     stop = asyncio.Event()
-    worker = asyncio.create_task(run_worker(settings, client=stack.client, stop=stop,
-                                            reconcile_schedule_id=schedule_id))
+    worker = asyncio.create_task(
+        run_worker(settings, client=stack.client, stop=stop, reconcile_schedule_id=schedule_id)
+    )
     schedule = stack.client.get_schedule_handle(schedule_id)
     workflow_ids: dict[str, str] = {}  # run id -> workflow id
 
@@ -877,8 +1055,9 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
         action = (await schedule.describe()).info.recent_actions[-1].action
         assert isinstance(action, ScheduleActionExecutionStartWorkflow)
         workflow_ids[action.first_execution_run_id] = action.workflow_id
-        handle = stack.client.get_workflow_handle(action.workflow_id, run_id=action.first_execution_run_id,
-                                                  result_type=ReconcileSummary)
+        handle = stack.client.get_workflow_handle(
+            action.workflow_id, run_id=action.first_execution_run_id, result_type=ReconcileSummary
+        )
         return action.first_execution_run_id, await asyncio.wait_for(handle.result(), 60)
 
     async def outcome(run_id: str) -> str | None:
@@ -892,7 +1071,9 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
             run_id, summary = await scheduled_pass()
             assert summary.outcome == PassOutcome.QUIET, summary
             quiet.append(run_id)
-        await _listed_becomes(stack.client, passes_query, set(quiet[-2:]), "the latest two quiet passes are listed")
+        await _listed_becomes(
+            stack.client, passes_query, set(quiet[-2:]), "the latest two quiet passes are listed"
+        )
 
         store = await stack.store()
         chat = stack.chat("stale")  # its completion is stored; its run is long gone
@@ -902,8 +1083,12 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
         acted, summary = await scheduled_pass()
         assert summary.outcomes == {Reason.COMMITTED: 1} and summary.outcome == PassOutcome.ACTED, summary
         later = [(await scheduled_pass())[0] for _ in range(2)]
-        await _listed_becomes(stack.client, passes_query, {acted, *later},
-                              "the pass that acted and the latest two quiet ones are listed")
+        await _listed_becomes(
+            stack.client,
+            passes_query,
+            {acted, *later},
+            "the pass that acted and the latest two quiet ones are listed",
+        )
         assert (await outcome(acted), await outcome(later[-1])) == ("acted", "quiet")
 
         described = await schedule.describe()
@@ -913,7 +1098,9 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
         if os.environ.get("TK_RECORD_HISTORIES"):  # for tests/replay/test_replay.py
             HISTORIES.mkdir(exist_ok=True)
             for name, run_id in (("reconcile_pass_that_acted", acted), ("reconcile_quiet_pass", later[-1])):
-                history = await stack.client.get_workflow_handle(workflow_ids[run_id], run_id=run_id).fetch_history()
+                history = await stack.client.get_workflow_handle(
+                    workflow_ids[run_id], run_id=run_id
+                ).fetch_history()
                 (HISTORIES / f"{name}.json").write_text(history.to_json())
     finally:
         stop.set()
@@ -924,7 +1111,8 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
 
 @pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_latest(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Real `Reconcile` runs over stub activities, then the real deletion: only completed
     quiet runs are deleted, never the latest, at most DELETES_PER_PASS a call, and a
     repeated call is harmless. A run whose cleanup failed or found the attribute
@@ -953,13 +1141,17 @@ async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_lat
         return step[0][2]
 
     runs: dict[str, str] = {}
-    async with Worker(stack.client, task_queue=stack.task_queue, workflows=[Reconcile],
-                      activities=[fake_pass, fake_cleanup]):
+    async with Worker(
+        stack.client, task_queue=stack.task_queue, workflows=[Reconcile], activities=[fake_pass, fake_cleanup]
+    ):
         for name, summary, cleanup in plan:
             step[:] = [(name, summary, cleanup)]
             handle = await stack.client.start_workflow(
-                RECONCILE_WORKFLOW, id=f"reconcile-{name}-{uuid.uuid4().hex[:8]}", task_queue=stack.task_queue,
-                result_type=ReconcileSummary)
+                RECONCILE_WORKFLOW,
+                id=f"reconcile-{name}-{uuid.uuid4().hex[:8]}",
+                task_queue=stack.task_queue,
+                result_type=ReconcileSummary,
+            )
             assert await handle.result() == summary
             runs[name] = handle.result_run_id or ""
 
@@ -968,11 +1160,16 @@ async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_lat
         return found[0].typed_search_attributes.get(RECONCILE_OUTCOME_ATTR) if found else None
 
     assert [await outcome(n) for n in ("acted", "deferred", "unregistered", "cleanup_failed")] == [
-        "acted", "deferred", None, None]
+        "acted",
+        "deferred",
+        None,
+        None,
+    ]
     query = quiet_passes_query(stack.task_queue)
     everyone = f"WorkflowType = '{RECONCILE_WORKFLOW}' AND TaskQueue = '{stack.task_queue}'"
-    await _listed_becomes(stack.client, query, {runs[n] for n in ("q1", "q2", "q3", "q4")},
-                          "the quiet runs are listed as quiet")
+    await _listed_becomes(
+        stack.client, query, {runs[n] for n in ("q1", "q2", "q3", "q4")}, "the quiet runs are listed as quiet"
+    )
 
     monkeypatch.setattr(quiet_passes, "DELETES_PER_PASS", 2)
     cleaner = QuietPasses(stack.settings())
@@ -986,5 +1183,7 @@ async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_lat
     await _listed_becomes(stack.client, everyone, kept - {runs["q1"]}, "only the latest quiet run is left")
 
     # An attribute the server does not know: no deletion, and the run is told not to set it.
-    monkeypatch.setattr(quiet_passes, "RECONCILE_OUTCOME_ATTR", SearchAttributeKey.for_keyword("NotRegistered"))
+    monkeypatch.setattr(
+        quiet_passes, "RECONCILE_OUTCOME_ATTR", SearchAttributeKey.for_keyword("NotRegistered")
+    )
     assert await env.run(cleaner.delete_quiet_passes) == QuietPassCleanup(outcome_attribute=False)

@@ -1,5 +1,6 @@
 """Gates, Continue and Dismiss, supersede, Stop, clean hand-off and the resume
 window, on a real dev server with real worker processes and SIGKILL/SIGTERM."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,15 +48,17 @@ def _call(name: str, **arguments: object) -> dict[str, Any]:
 
 
 def _slow_tools(stack: Stack, ledger: Path | None = None) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
-                            "TURNKEEPER_TOOLS": "slow_write,write_file"})
+    stack.env_extra.update(
+        {"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write,write_file"}
+    )
     if ledger is not None:
         stack.env_extra["TK_LEDGER"] = str(ledger)
 
 
 def _fake_model(stack: Stack, server: FakeChatServer) -> None:
-    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                            "OPENAI_API_KEY": "k"})
+    stack.env_extra.update(
+        {"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
+    )
 
 
 def _awaiting(s: TurnState) -> bool:
@@ -68,8 +71,13 @@ async def _eq(got: Awaitable[Any], want: Any) -> bool:
 
 async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) -> None:
     with FakeChatServer() as server:
-        server.script([{"text": "never delivered", "delay": 30}, {"text": "also lost", "delay": 30},
-                       {"text": "third time lucky"}])
+        server.script(
+            [
+                {"text": "never delivered", "delay": 30},
+                {"text": "also lost", "delay": 30},
+                {"text": "third time lucky"},
+            ]
+        )
         _fake_model(stack, server)
         first = stack.spawn_worker()
         chat = stack.chat()
@@ -83,7 +91,10 @@ async def test_lost_model_call_waits_then_continue_and_loop_guard(stack: Stack) 
 
         resumed = await stack.decide(chat, "continue", gate.recovery_id)
         assert (resumed.status, resumed.reason, resumed.attempts) == (
-            TurnStatus.RESUMING, Reason.USER_CONFIRMED, 1)
+            TurnStatus.RESUMING,
+            Reason.USER_CONFIRMED,
+            1,
+        )
         await until(lambda: len(server.requests) == 2, what="resumed model call")
         stack.kill(second)  # the resumed step is lost too: never retried by itself
         stack.spawn_worker()
@@ -125,11 +136,19 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
     store = await stack.store()
 
     async def rejected() -> list[tuple[str, str | None]]:
-        return [(e.payload["action"], e.payload["recovery_id"]) for e in await store.events(chat)
-                if e.type == "recovery_action_rejected"]
+        return [
+            (e.payload["action"], e.payload["recovery_id"])
+            for e in await store.events(chat)
+            if e.type == "recovery_action_rejected"
+        ]
 
-    want = [("continue", "not-the-id"), ("continue", "not-the-id"), ("dismiss", "also-wrong"),
-            ("continue", None), ("dismiss", None)]
+    want = [
+        ("continue", "not-the-id"),
+        ("continue", "not-the-id"),
+        ("dismiss", "also-wrong"),
+        ("continue", None),
+        ("dismiss", None),
+    ]
     await until_async(lambda: _eq(rejected(), want), what="every refusal recorded")
     assert (await stack.state(chat)).status == TurnStatus.AWAITING_USER
 
@@ -145,11 +164,17 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
     store = await stack.store()
     await store.begin_turn(other, "lost-run", ["m1"])
     from turnkeeper.models import UserMessage
+
     await store.commit_user_messages(other, 1, [UserMessage(message_id="m1", text="lost")])
     run = await stack.client.start_workflow(
-        "ChatTurn", ChatTurnInput(chat_id=other, recovery=RecoveryStart(
-            turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False)),
-        id=tk.workflow_id(other), task_queue=stack.task_queue)
+        "ChatTurn",
+        ChatTurnInput(
+            chat_id=other,
+            recovery=RecoveryStart(turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False),
+        ),
+        id=tk.workflow_id(other),
+        task_queue=stack.task_queue,
+    )
     gate = await stack.wait_state(other, _awaiting)
     assert gate.reason == Reason.CHECKPOINT_UNKNOWN and not gate.can_continue
     with pytest.raises(tk.DecisionRefused, match="context is unavailable"):
@@ -162,8 +187,7 @@ async def _stale_ids_double_continue_and_unavailable_context(stack: Stack) -> No
 
 async def test_pending_follow_ups_wait_and_a_newer_message_supersedes(stack: Stack) -> None:
     with FakeChatServer() as server:
-        server.script([{"status": 400, "message": "bad request", "delay": 1.5},
-                       {"text": "answering both"}])
+        server.script([{"status": 400, "message": "bad request", "delay": 1.5}, {"text": "answering both"}])
         _fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
@@ -183,7 +207,12 @@ async def test_pending_follow_ups_wait_and_a_newer_message_supersedes(stack: Sta
         assert (turn1.status, turn1.reason) == (TurnStatus.RECOVERED, Reason.SUPERSEDED)
         hist = await stack.history(chat)
         assert [m["content"] for m in hist] == [
-            "first", SUPERSEDED_TEXT, "pending before the gate", "newer", "answering both"]
+            "first",
+            SUPERSEDED_TEXT,
+            "pending before the gate",
+            "newer",
+            "answering both",
+        ]
 
 
 async def test_a_late_retry_of_a_committed_message_does_not_supersede(stack: Stack) -> None:
@@ -206,7 +235,8 @@ async def test_a_late_retry_of_a_committed_message_does_not_supersede(stack: Sta
 
 
 async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_supersede(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The gate asks the store whether a message is a retry of one it holds. A
     second retry that comes while it asks is judged on its own: whether the SDK
     hands it to the workflow before or after the store's answer must not matter
@@ -214,6 +244,7 @@ async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_superse
     signal in first). Earlier, a newcomer seen after the answer let the supersede
     stand, and a retry closed the turn."""
     from turnkeeper.activities.store.core import SQLStore
+
     checked = SQLStore.held_message_ids
 
     async def slow_check(self: SQLStore, chat_id: str, message_ids: list[str]) -> list[str]:
@@ -236,7 +267,11 @@ async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_superse
         await stack.send(chat, "text of m2", message_id="m2")
         await asyncio.sleep(4.5)  # both checks
         state = await stack.state(chat)
-        assert (state.turn, state.status, state.recovery_id) == (3, TurnStatus.AWAITING_USER, gate.recovery_id)
+        assert (state.turn, state.status, state.recovery_id) == (
+            3,
+            TurnStatus.AWAITING_USER,
+            gate.recovery_id,
+        )
         assert state.pending_followups == []
         monkeypatch.setattr(SQLStore, "held_message_ids", checked)
         done = await stack.decide(chat, "dismiss", gate.recovery_id)
@@ -267,8 +302,13 @@ async def test_dismiss_commits_pending_follow_ups_without_model_work(stack: Stac
 
 async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
     with FakeChatServer() as server:
-        server.script([{"status": 400, "message": "bad"}, {"text": "slow resumed answer", "delay": 20},
-                       {"text": "the new turn"}])
+        server.script(
+            [
+                {"status": 400, "message": "bad"},
+                {"text": "slow resumed answer", "delay": 20},
+                {"text": "the new turn"},
+            ]
+        )
         _fake_model(stack, server)
         await stack.start_worker()
         chat = stack.chat()
@@ -285,20 +325,31 @@ async def test_new_message_supersedes_a_running_recovery(stack: Stack) -> None:
         assert [m["content"] for m in hist] == ["one", SUPERSEDED_TEXT, "two", "the new turn"]
         # "two" supersedes only once the store has said it is no late retry: its check
         # comes first, then the resumed call is cancelled.
-        first = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.first_execution_run_id
-                                                       ).fetch_history()
-        assert _steps_around_the_cancel(first) == [activity_io.HELD_MESSAGES, f"cancel {activity_io.MODEL_CALL}"]
+        first = await stack.client.get_workflow_handle(
+            tk.workflow_id(chat), run_id=handle.first_execution_run_id
+        ).fetch_history()
+        assert _steps_around_the_cancel(first) == [
+            activity_io.HELD_MESSAGES,
+            f"cancel {activity_io.MODEL_CALL}",
+        ]
 
 
-async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_next_turn(stack: Stack) -> None:
+async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_next_turn(
+    stack: Stack,
+) -> None:
     """A newer message sent while a continued turn's tool runs and no worker takes
     workflow tasks, then a worker that caches no run (it replays the whole history
     at every task, as one taking the run over does): the message supersedes the
     continuation and starts the next turn, whichever of the two it takes first."""
     with FakeChatServer() as server:
-        server.script([{"status": 400, "message": "bad"},
-                       {"tool_calls": [_call("slow_write", path="s.txt", content="s", seconds=2)]},
-                       {"text": "continued answer"}, {"text": "the new turn"}])
+        server.script(
+            [
+                {"status": 400, "message": "bad"},
+                {"tool_calls": [_call("slow_write", path="s.txt", content="s", seconds=2)]},
+                {"text": "continued answer"},
+                {"text": "the new turn"},
+            ]
+        )
         _fake_model(stack, server)
         _slow_tools(stack)
         settings = stack.settings()
@@ -311,9 +362,15 @@ async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_
             return build_activities(settings, store, provider, default_registry())
 
         def workflows_only(cached: int = 100) -> Worker:  # workflow tasks only
-            return Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          no_remote_activities=True, max_cached_workflows=cached,
-                          interceptors=[StepTimeouts(settings)])
+            return Worker(
+                stack.client,
+                task_queue=stack.task_queue,
+                workflows=[ChatTurn],
+                no_remote_activities=True,
+                max_cached_workflows=cached,
+                interceptors=[StepTimeouts(settings)],
+            )
+
         steps = Worker(stack.client, task_queue=stack.task_queue, activities=activities())  # and store writes
         chat = stack.chat()
         try:
@@ -322,8 +379,9 @@ async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_
                     handle = await stack.send(chat, "one", message_id="m1")
                     gate = await stack.wait_state(chat, _awaiting)
                     await stack.decide(chat, "continue", gate.recovery_id)
-                    await stack.wait_state(chat, lambda s: any(c.status == ToolCallStatus.RUNNING
-                                                               for c in s.tool_calls))
+                    await stack.wait_state(
+                        chat, lambda s: any(c.status == ToolCallStatus.RUNNING for c in s.tool_calls)
+                    )
                 # No worker takes workflow tasks now: the message and the tool's end
                 # wait for the next one together.
                 await stack.send(chat, "two", message_id="m2")
@@ -331,7 +389,10 @@ async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_
 
                 async def tool_done() -> bool:
                     history = await events.fetch_history()
-                    return any(e.HasField("activity_task_completed_event_attributes") for e in history.events[-4:])
+                    return any(
+                        e.HasField("activity_task_completed_event_attributes") for e in history.events[-4:]
+                    )
+
                 await until_async(tool_done, timeout=20, what="the tool's end in the history")
                 # Caching no run, it replays the whole history at every task, as a worker
                 # that takes the run over does: there the message comes first.
@@ -339,7 +400,10 @@ async def test_a_newer_message_that_comes_with_a_continued_steps_end_starts_the_
                     done = await stack.wait_turn_done(chat, 2, timeout=30)
             assert done.status == TurnStatus.COMPLETED
             rows = await (await stack.store()).transcript_rows(chat)
-            assert [(r.message.content, r.turn) for r in rows if r.message.role == "user"] == [("one", 1), ("two", 2)]
+            assert [(r.message.content, r.turn) for r in rows if r.message.role == "user"] == [
+                ("one", 1),
+                ("two", 2),
+            ]
             turn2 = await (await stack.store()).get_turn(chat, 2)
             assert turn2 is not None and turn2.status == TurnStatus.COMPLETED
         finally:
@@ -367,13 +431,22 @@ def _steps_around_the_cancel(history: Any) -> list[str]:
 async def test_stop_keeps_completed_results_and_interrupts_running_tools(stack: Stack) -> None:
     ledger = stack.ws / "ledger.txt"  # in-process worker: the tools' default ledger
     _slow_tools(stack)
-    stack.script([{"tool_calls": [_call("write_file", path="fast.txt", content="f"),
-                                  _call("slow_write", path="slow.txt", content="s", seconds=20)]}])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    _call("write_file", path="fast.txt", content="f"),
+                    _call("slow_write", path="slow.txt", content="s", seconds=20),
+                ]
+            }
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "do both")
-    await stack.wait_state(chat, lambda s: [c.status for c in s.tool_calls] == [
-        ToolCallStatus.DONE, ToolCallStatus.RUNNING])
+    await stack.wait_state(
+        chat, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.DONE, ToolCallStatus.RUNNING]
+    )
     await stack.signal_undecodable(chat, "stop")  # Stop needs no argument: whatever it carries works
     final = await asyncio.wait_for(handle.result(), 30)
     assert (final.status, final.reason) == (TurnStatus.RECOVERED, Reason.STOPPED)
@@ -388,8 +461,13 @@ async def test_step_nobody_picks_up_within_the_resume_window_asks_the_user(stack
     stack.script([{"text": "finally"}])
     settings = stack.settings(TURNKEEPER_RESUME_WINDOW="2")
     # Workflow tasks only: no worker takes the model call (nor, for now, a store write).
-    workflows_only = Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                            no_remote_activities=True, interceptors=[StepTimeouts(settings)])
+    workflows_only = Worker(
+        stack.client,
+        task_queue=stack.task_queue,
+        workflows=[ChatTurn],
+        no_remote_activities=True,
+        interceptors=[StepTimeouts(settings)],
+    )
     chat = stack.chat()
     async with workflows_only:
         handle = await stack.send(chat, "anyone there?")
@@ -397,6 +475,7 @@ async def test_step_nobody_picks_up_within_the_resume_window_asks_the_user(stack
         async def window_passed() -> bool:
             events = (await handle.fetch_history()).events
             return any(e.HasField("activity_task_timed_out_event_attributes") for e in events)
+
         await until_async(window_passed, timeout=20, what="the model call's resume window passed")
         # A process: one client holds one worker per queue. It numbers the turn the lost
         # call never began, then writes the gate; serving before the decision, or the
@@ -430,8 +509,9 @@ async def test_sigterm_hands_a_model_call_to_the_next_worker(stack: Stack) -> No
 async def test_sigterm_lets_a_running_tool_finish_within_the_grace(stack: Stack) -> None:
     ledger = stack.dir / "ledger.txt"
     _slow_tools(stack, ledger)
-    stack.script([{"tool_calls": [_call("slow_write", path="g.txt", content="g", seconds=3)]},
-                  {"text": "finished"}])
+    stack.script(
+        [{"tool_calls": [_call("slow_write", path="g.txt", content="g", seconds=3)]}, {"text": "finished"}]
+    )
     first = stack.spawn_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "slow")
@@ -461,9 +541,14 @@ async def test_tool_outliving_the_grace_is_state_unknown(stack: Stack) -> None:
 
 async def test_21_follow_ups_around_a_kill_are_committed_once_in_order(stack: Stack) -> None:
     _slow_tools(stack)
-    stack.script([{"tool_calls": [_call("slow_write", path="k.txt", content="k", seconds=30)]},
-                  {"text": "unused: the superseded row is assistant call 1"},
-                  {"text": "read all 21"}] + [{"text": "spare"}] * 20)  # late ones may make more turns
+    stack.script(
+        [
+            {"tool_calls": [_call("slow_write", path="k.txt", content="k", seconds=30)]},
+            {"text": "unused: the superseded row is assistant call 1"},
+            {"text": "read all 21"},
+        ]
+        + [{"text": "spare"}] * 20
+    )  # late ones may make more turns
     first = stack.spawn_worker()
     chat = stack.chat()
     await stack.send(chat, "start", message_id="m00")
@@ -485,8 +570,12 @@ async def test_21_follow_ups_around_a_kill_are_committed_once_in_order(stack: St
         state = await stack.state(chat)
         hist = await stack.history(chat)
         users = [m["content"] for m in hist if m["role"] == "user"]
-        if (state.status == TurnStatus.COMPLETED and not state.pending_followups and len(users) >= 22
-                and hist[-1]["role"] == "assistant"):
+        if (
+            state.status == TurnStatus.COMPLETED
+            and not state.pending_followups
+            and len(users) >= 22
+            and hist[-1]["role"] == "assistant"
+        ):
             break
         await asyncio.sleep(0.2)
     assert users == expected, (state, hist)
@@ -512,8 +601,11 @@ async def test_an_unreadable_stored_row_asks_the_user_without_continue(stack: St
     gate = await stack.wait_state(chat, lambda s: s.turn == 2 and _awaiting(s))
     assert (gate.reason, gate.can_continue) == (Reason.CHECKPOINT_INVALID, False)
     failure = (await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()).events
-    assert any("message row id=2 does not decode" in e.activity_task_failed_event_attributes.failure.message
-               for e in failure if e.HasField("activity_task_failed_event_attributes"))
+    assert any(
+        "message row id=2 does not decode" in e.activity_task_failed_event_attributes.failure.message
+        for e in failure
+        if e.HasField("activity_task_failed_event_attributes")
+    )
     with pytest.raises(tk.DecisionRefused, match="context is unavailable"):
         await stack.decide(chat, "continue", gate.recovery_id)
     done = await stack.decide(chat, "dismiss", gate.recovery_id)
@@ -552,15 +644,18 @@ async def _answer(decision: Awaitable[TurnState]) -> TurnState | str:
 
 
 async def test_continue_dismiss_and_stop_within_milliseconds_after_a_crash_agree_with_the_turn(
-        stack: Stack) -> None:
+    stack: Stack,
+) -> None:
     """A gate after a crash, then Continue, Dismiss and Stop sent back to back, in
     every order: each client's answer holds. The turn ends as the accepted Dismiss or
     Stop said (a Continue accepted before it counts an attempt) in `state`, the store's
     row and the TurnStatus search attribute, and the run is not listed as open."""
     chats = [stack.chat(f"race{i}") for i in range(len(ORDERS))]
     # The first calls are lost with their worker; a resumed call outlasts the decisions.
-    with FakeChatServer([{"text": "never delivered", "delay": 60}] * len(chats),
-                        responder=lambda request: {"text": "resumed answer", "delay": 3}) as server:
+    with FakeChatServer(
+        [{"text": "never delivered", "delay": 60}] * len(chats),
+        responder=lambda request: {"text": "resumed answer", "delay": 3},
+    ) as server:
         _fake_model(stack, server)
         first = stack.spawn_worker()
         await stack.wait_serving(first)
@@ -572,24 +667,31 @@ async def test_continue_dismiss_and_stop_within_milliseconds_after_a_crash_agree
         for chat in chats:
             await stack.wait_state(chat, _awaiting, timeout=45)
 
-        for chat, order in zip(chats, ORDERS):
+        for chat, order in zip(chats, ORDERS, strict=False):
             handle = stack.client.get_workflow_handle(tk.workflow_id(chat))
             run_id = (await handle.describe()).run_id
             gate = await stack.state(chat)
             assert (gate.turn, gate.reason) == (1, Reason.RESTART_REQUIRES_CONFIRMATION)
             sent = []
             for action in order:  # each signal leaves a few milliseconds after the one before
-                sent.append(asyncio.create_task(_answer(tk.decide(
-                    stack.client, chat, action, gate.recovery_id, run_id=run_id, timeout=20))))
+                sent.append(
+                    asyncio.create_task(
+                        _answer(
+                            tk.decide(stack.client, chat, action, gate.recovery_id, run_id=run_id, timeout=20)
+                        )
+                    )
+                )
                 await asyncio.sleep(0.002)
-            answers = dict(zip(order, await asyncio.gather(*sent)))
+            answers = dict(zip(order, await asyncio.gather(*sent), strict=False))
             context = f"{chat}, sent {order}: {answers}"
 
             run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
-            judged = [e.workflow_execution_signaled_event_attributes.signal_name
-                      for e in (await run.fetch_history()).events
-                      if e.HasField("workflow_execution_signaled_event_attributes")
-                      and e.workflow_execution_signaled_event_attributes.signal_name != "user_message"]
+            judged = [
+                e.workflow_execution_signaled_event_attributes.signal_name
+                for e in (await run.fetch_history()).events
+                if e.HasField("workflow_execution_signaled_event_attributes")
+                and e.workflow_execution_signaled_event_attributes.signal_name != "user_message"
+            ]
             words = {a: None if isinstance(answer, TurnState) else answer for a, answer in answers.items()}
             assert words == _table_answers(judged), f"{context}; judged in the order {judged}"
             [ending] = [a for a in ("dismiss", "stop") if words[a] is None]
@@ -603,13 +705,23 @@ async def test_continue_dismiss_and_stop_within_milliseconds_after_a_crash_agree
             await until_async(partial(_closed, handle), timeout=30, what=f"{chat}'s runs closed")
             for final in (await run.query("state", result_type=TurnState), await stack.state(chat)):
                 assert (final.turn, final.status, final.reason, final.attempts) == (
-                    1, TurnStatus.RECOVERED, reason, attempts), f"{context}; state: {final}"
+                    1,
+                    TurnStatus.RECOVERED,
+                    reason,
+                    attempts,
+                ), f"{context}; state: {final}"
             record = await (await stack.store()).get_turn(chat, 1)
             assert record is not None
-            assert (record.status, record.reason, record.attempts) == (TurnStatus.RECOVERED, reason, attempts), context
+            assert (record.status, record.reason, record.attempts) == (
+                TurnStatus.RECOVERED,
+                reason,
+                attempts,
+            ), context
             attributes = (await run.describe()).typed_search_attributes
             assert (attributes.get(TURN_STATUS_ATTR), attributes.get(RECOVERY_REASON_ATTR)) == (
-                "recovered", reason.value), context
+                "recovered",
+                reason.value,
+            ), context
             closing = STOPPED_TEXT if ending == "stop" else DISMISSED_TEXT
             assert (await stack.history(chat))[-1]["content"] == closing, context
 
@@ -618,4 +730,5 @@ async def test_continue_dismiss_and_stop_within_milliseconds_after_a_crash_agree
 
             async def listed_open(query: str = query) -> bool:
                 return not [wf async for wf in stack.client.list_workflows(query)]
+
             await until_async(listed_open, timeout=10, what=f"{chat} no longer listed as open")

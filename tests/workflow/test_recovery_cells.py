@@ -6,6 +6,7 @@ runs close and none is left listed as open. The approval gate (`awaiting_user/ap
 a tool that asks first) is a column of its own. The crash inputs (a lost step, a shutdown, a run
 that ended abnormally) have their own tests in test_recovery.py and
 test_reconciler.py; the store outage in test_no_wedge.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,9 +44,14 @@ REACH: dict[Column, list[dict[str, Any]]] = {
 # "signal" sends it as any Temporal client can, without a request id.
 ACTIONS = [
     ("user_message", "signal", False),
-    ("continue", "decide", False), ("continue", "signal", False), ("continue", "decide", True),
-    ("dismiss", "decide", False), ("dismiss", "signal", False), ("dismiss", "signal", True),
-    ("stop", "decide", False), ("stop", "signal", False),
+    ("continue", "decide", False),
+    ("continue", "signal", False),
+    ("continue", "decide", True),
+    ("dismiss", "decide", False),
+    ("dismiss", "signal", False),
+    ("dismiss", "signal", True),
+    ("stop", "decide", False),
+    ("stop", "signal", False),
 ]
 CELLS = [(column, *action) for column in REACH for action in ACTIONS]
 
@@ -73,7 +79,9 @@ async def _reach(stack: Stack, chat: str, column: Column) -> TurnState:
     gate = await stack.wait_state(chat, lambda s: s.status == TurnStatus.AWAITING_USER)
     if status == TurnStatus.AWAITING_USER:
         return gate
-    decided = await stack.decide(chat, "continue" if status == TurnStatus.RESUMING else "dismiss", gate.recovery_id)
+    decided = await stack.decide(
+        chat, "continue" if status == TurnStatus.RESUMING else "dismiss", gate.recovery_id
+    )
     # The answer comes as the turn judges it; the store has it once the write that follows lands.
     await _until_turn(stack, chat, 1, (decided.status, decided.reason))
     return decided
@@ -105,8 +113,9 @@ async def _turn_status(stack: Stack, chat: str, turn: int) -> tuple[TurnStatus, 
     return record.status, record.reason
 
 
-async def _until_turn(stack: Stack, chat: str, turn: int, want: tuple[TurnStatus, Reason | None],
-                      timeout: float = 15.0) -> None:
+async def _until_turn(
+    stack: Stack, chat: str, turn: int, want: tuple[TurnStatus, Reason | None], timeout: float = 15.0
+) -> None:
     deadline = time.monotonic() + timeout
     got = None
     while time.monotonic() < deadline:
@@ -121,7 +130,9 @@ async def _until_turn(stack: Stack, chat: str, turn: int, want: tuple[TurnStatus
 def _refusal(column: Column, name: str, stale: bool, can_continue: bool) -> str | None:
     """The table's words for a refusal by an open run ("stale" with the id it names)."""
     status, reason = column
-    words = decide(status, Input(name), id_matches=not stale, can_continue=can_continue, reason=reason).refusal
+    words = decide(
+        status, Input(name), id_matches=not stale, can_continue=can_continue, reason=reason
+    ).refusal
     return "recovery id 'stale-id' is stale" if words == "stale" else words
 
 
@@ -130,13 +141,22 @@ def _expected(column: Column, name: str, stale: bool, can_continue: bool) -> Eff
     return decide(status, Input(name), id_matches=not stale, can_continue=can_continue, reason=reason).effect
 
 
-@pytest.mark.parametrize(("column", "name", "form", "stale"), CELLS,
-                         ids=[f"{_label(c)}-{n}-{f}{'-stale' if st else ''}" for c, n, f, st in CELLS])
+@pytest.mark.parametrize(
+    ("column", "name", "form", "stale"),
+    CELLS,
+    ids=[f"{_label(c)}-{n}-{f}{'-stale' if st else ''}" for c, n, f, st in CELLS],
+)
 async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: bool) -> None:
     status = column[0]
     with FakeChatServer(REACH[column], responder=_ok) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "k", "TURNKEEPER_CONFIRM_TOOLS": "write_file"})
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "k",
+                "TURNKEEPER_CONFIRM_TOOLS": "write_file",
+            }
+        )
         await stack.start_worker()
         chat = stack.chat()
         reached = await _reach(stack, chat, column)
@@ -145,7 +165,9 @@ async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: b
 
         started = time.monotonic()
         answer = await _act(stack, chat, name, form, "stale-id" if stale else reached.recovery_id)
-        assert time.monotonic() - started < ANSWER_WITHIN_S, f"{name} {form} answered after {time.monotonic() - started:.2f} s"
+        assert time.monotonic() - started < ANSWER_WITHIN_S, (
+            f"{name} {form} answered after {time.monotonic() - started:.2f} s"
+        )
 
         effect = _expected(column, name, stale, reached.can_continue)
         closed = status in (TurnStatus.COMPLETED, TurnStatus.RECOVERED)
@@ -191,11 +213,15 @@ async def test_cell(stack: Stack, column: Column, name: str, form: str, stale: b
             await asyncio.sleep(0.1)
         assert ids.count("probe") == 1
         # No run of the chat is left listed as open once all have closed.
-        query = f"WorkflowId='{tk.workflow_id(chat)}' AND TurnStatus IN ('running', 'awaiting_user', 'resuming')"
+        query = (
+            f"WorkflowId='{tk.workflow_id(chat)}' AND TurnStatus IN ('running', 'awaiting_user', 'resuming')"
+        )
         deadline = time.monotonic() + 10
         while listed := [wf.run_id async for wf in stack.client.list_workflows(query)]:
             assert time.monotonic() < deadline, f"closed runs listed as open: {listed}"
             await asyncio.sleep(0.2)
         # The asked-for tool ran once if the user approved it, and never otherwise.
         written = (stack.ws / "asked.txt").exists()
-        assert written == (effect == Effect.APPROVE), f"{effect}: the tool {'ran' if written else 'did not run'}"
+        assert written == (effect == Effect.APPROVE), (
+            f"{effect}: the tool {'ran' if written else 'did not run'}"
+        )

@@ -2,6 +2,7 @@
 sent while the turn's closing store write is under way, and one that lands while
 the run's last workflow task runs (the server refuses the run's end, and the
 retried task takes the message and hands it on)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,9 @@ class _AtTheEnd(Interceptor):
     def __init__(self, on_end: Callable[[], None]) -> None:
         self.on_end = on_end
 
-    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
         on_end = self.on_end
 
         class _Inbound(WorkflowInboundInterceptor):
@@ -47,8 +50,13 @@ class _AtTheEnd(Interceptor):
 
 
 @contextlib.asynccontextmanager
-async def _worker(stack: Stack, *, finish_delay: float = 0.0, on_finish: Callable[[], None] = lambda: None,
-                  on_end: Callable[[], None] = lambda: None) -> AsyncIterator[None]:
+async def _worker(
+    stack: Stack,
+    *,
+    finish_delay: float = 0.0,
+    on_finish: Callable[[], None] = lambda: None,
+    on_end: Callable[[], None] = lambda: None,
+) -> AsyncIterator[None]:
     """The workflows and every activity in this process (workflow tasks on a thread of
     their own); `finish_turn` writes call `on_finish` and take `finish_delay` seconds longer."""
     from turnkeeper.activities.assemble import build_activities
@@ -67,13 +75,17 @@ async def _worker(stack: Stack, *, finish_delay: float = 0.0, on_finish: Callabl
         on_finish()
         await asyncio.sleep(finish_delay)
         return await finish(*args, **kwargs)
+
     store.finish_turn = slow_finish  # type: ignore[method-assign]
     try:
-        async with Worker(stack.client, task_queue=stack.task_queue, workflows=[ChatTurn],
-                          activities=build_activities(settings, store, load_provider(settings.model),
-                                                      default_registry()),
-                          interceptors=[StepTimeouts(settings), _AtTheEnd(on_end)],
-                          workflow_runner=UnsandboxedWorkflowRunner()):
+        async with Worker(
+            stack.client,
+            task_queue=stack.task_queue,
+            workflows=[ChatTurn],
+            activities=build_activities(settings, store, load_provider(settings.model), default_registry()),
+            interceptors=[StepTimeouts(settings), _AtTheEnd(on_end)],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
             yield
     finally:
         await store.close()
@@ -85,7 +97,8 @@ async def _user_rows(stack: Stack, chat: str) -> list[str]:
 
 async def _answered(stack: Stack, chat: str, rows: list[str]) -> None:
     async def done() -> bool:
-        return [r["content"] for r in await stack.history(chat)][-len(rows):] == rows
+        return [r["content"] for r in await stack.history(chat)][-len(rows) :] == rows
+
     await until_async(done, timeout=15, what=f"the transcript to end with {rows}")
 
 
@@ -109,8 +122,12 @@ async def test_a_message_sent_while_a_dismissed_turn_writes_its_end_is_taken(sta
 
 @pytest.mark.parametrize("ending", ["answered", "dismissed"])
 async def test_a_message_that_lands_during_the_runs_last_task_is_taken(stack: Stack, ending: str) -> None:
-    stack.script([{"text": "first answer"} if ending == "answered" else {"error": "the model is down"},
-                  {"text": "answered"}])
+    stack.script(
+        [
+            {"text": "first answer"} if ending == "answered" else {"error": "the model is down"},
+            {"text": "answered"},
+        ]
+    )
     chat = stack.chat()
     loop = asyncio.get_running_loop()
     sent: list[bool] = []
@@ -119,7 +136,9 @@ async def test_a_message_that_lands_during_the_runs_last_task_is_taken(stack: St
         # The run's last task waits for this message to reach the server.
         if not sent:
             sent.append(True)
-            asyncio.run_coroutine_threadsafe(stack.send(chat, "late", message_id="m2"), loop).result(timeout=5)
+            asyncio.run_coroutine_threadsafe(stack.send(chat, "late", message_id="m2"), loop).result(
+                timeout=5
+            )
 
     async with _worker(stack, on_end=on_end):
         first = await stack.send(chat, "hello", message_id="m1")
@@ -130,9 +149,13 @@ async def test_a_message_that_lands_during_the_runs_last_task_is_taken(stack: St
         await _answered(stack, chat, ["late", "answered"])
     assert await _user_rows(stack, chat) == ["hello", "late"]
     # The server refused the run's end for the message, and the run handed it on.
-    history = await stack.client.get_workflow_handle(workflow_id(chat), run_id=first.first_execution_run_id
-                                                     ).fetch_history()
-    causes = [e.workflow_task_failed_event_attributes.cause for e in history.events
-              if e.HasField("workflow_task_failed_event_attributes")]
+    history = await stack.client.get_workflow_handle(
+        workflow_id(chat), run_id=first.first_execution_run_id
+    ).fetch_history()
+    causes = [
+        e.workflow_task_failed_event_attributes.cause
+        for e in history.events
+        if e.HasField("workflow_task_failed_event_attributes")
+    ]
     assert causes == [WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_UNHANDLED_COMMAND]
     assert history.events[-1].HasField("workflow_execution_continued_as_new_event_attributes")

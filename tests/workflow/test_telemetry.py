@@ -1,6 +1,7 @@
 """Metrics and traces (docs/operations.md): a real worker process serves /metrics
 with the SDK's and turnkeeper's metrics after real turns, a gate and a Continue;
 an in-memory span exporter sees one turn's span tree."""
+
 from __future__ import annotations
 
 import re
@@ -18,7 +19,7 @@ from turnkeeper.config import ConfigError, Settings
 from turnkeeper.models import TurnStatus
 from turnkeeper.testing import FakeChatServer
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -54,15 +55,25 @@ async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> Non
     call fails (a gate), Continue, and a second turn that completes."""
     address = free_address()
     with FakeChatServer() as server:
-        server.script([
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}},
-                            {"name": "no_such_tool", "arguments": {}}]},
-            {"status": 401, "message": "bad key"},  # permanent: the turn asks its user
-            {"text": "done after Continue"},
-            {"text": "second turn"},
-        ])
-        worker = stack.spawn_worker(TURNKEEPER_METRICS_ADDRESS=address, TURNKEEPER_MODEL="openai:fake-model",
-                                    OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="k")
+        server.script(
+            [
+                {
+                    "tool_calls": [
+                        {"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}},
+                        {"name": "no_such_tool", "arguments": {}},
+                    ]
+                },
+                {"status": 401, "message": "bad key"},  # permanent: the turn asks its user
+                {"text": "done after Continue"},
+                {"text": "second turn"},
+            ]
+        )
+        worker = stack.spawn_worker(
+            TURNKEEPER_METRICS_ADDRESS=address,
+            TURNKEEPER_MODEL="openai:fake-model",
+            OPENAI_BASE_URL=server.base_url,
+            OPENAI_API_KEY="k",
+        )
         await stack.wait_serving(worker)
         chat = stack.chat("metrics")
         await stack.send(chat, "write a.txt")
@@ -94,17 +105,33 @@ async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> Non
         try:
             await until_async(counted, timeout=15, what="the expected metrics")
         except AssertionError:
-            raise AssertionError("\n".join(line for line in text.splitlines() if "turnkeeper_" in line)) from None
+            raise AssertionError(
+                "\n".join(line for line in text.splitlines() if "turnkeeper_" in line)
+            ) from None
     # Only these turnkeeper series: the turn has no other end, the model no other tool.
     assert value(text, metrics.TURNS) == 2 and value(text, metrics.GATES) == 1
     assert value(text, metrics.TOOL_CALLS) == 2
     assert 0 < value(text, f"{metrics.MODEL_CALL_SECONDS}_sum") < 60
     assert value(text, f"{metrics.MODEL_CALL_SECONDS}_bucket", le="+Inf") == 4
     # The SDK's own, from the same endpoint, for our queue.
-    assert value(text, "temporal_workflow_task_execution_latency_count", task_queue=stack.task_queue,
-                 workflow_type="ChatTurn") > 0
-    assert value(text, "temporal_activity_execution_latency_count", task_queue=stack.task_queue,
-                 activity_type="turnkeeper.tool_call") == 2
+    assert (
+        value(
+            text,
+            "temporal_workflow_task_execution_latency_count",
+            task_queue=stack.task_queue,
+            workflow_type="ChatTurn",
+        )
+        > 0
+    )
+    assert (
+        value(
+            text,
+            "temporal_activity_execution_latency_count",
+            task_queue=stack.task_queue,
+            activity_type="turnkeeper.tool_call",
+        )
+        == 2
+    )
 
 
 def test_a_bad_metrics_address_is_refused_with_its_name() -> None:
@@ -128,7 +155,9 @@ def test_an_address_in_use_is_a_configuration_error() -> None:
 def test_traces_without_the_otel_extra_are_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as when it is not installed
     settings = Settings(otlp_endpoint="http://127.0.0.1:4318")
-    with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT is set, .*pip install 'turnkeeper\[otel\]'"):
+    with pytest.raises(
+        ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT is set, .*pip install 'turnkeeper\[otel\]'"
+    ):
         telemetry.check_tracing(settings)
     telemetry.check_tracing(Settings())  # unset: nothing to check
 
@@ -160,8 +189,12 @@ def spans() -> Iterator[Any]:
 
 
 async def test_a_turn_is_one_trace_of_its_workflow_model_and_tool_calls(stack: Stack, spans: Any) -> None:
-    stack.script([{"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
-                  {"text": "wrote a.txt"}])
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
+            {"text": "wrote a.txt"},
+        ]
+    )
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}  # unused: the provider above exports
     await stack.start_worker(**otel)
     settings = stack.settings(**otel)
@@ -171,8 +204,12 @@ async def test_a_turn_is_one_trace_of_its_workflow_model_and_tool_calls(stack: S
     assert (await handle.result()).status == TurnStatus.COMPLETED
 
     def tree() -> list[Any]:
-        roots = [s for s in spans.get_finished_spans() if s.name == "SignalWithStartWorkflow:ChatTurn"
-                 and s.attributes.get("temporalWorkflowID") == tk.workflow_id(chat)]
+        roots = [
+            s
+            for s in spans.get_finished_spans()
+            if s.name == "SignalWithStartWorkflow:ChatTurn"
+            and s.attributes.get("temporalWorkflowID") == tk.workflow_id(chat)
+        ]
         assert len(roots) == 1, roots
         return [s for s in spans.get_finished_spans() if s.context.trace_id == roots[0].context.trace_id]
 
@@ -203,4 +240,6 @@ async def test_a_turn_is_one_trace_of_its_workflow_model_and_tool_calls(stack: S
         assert all(r.end_time >= r.start_time for r in ran)
     # A plain turn's store writes ride in its steps: no other activity runs.
     assert sorted({s.name for s in trace_spans if s.name.startswith("RunActivity:")}) == [
-        "RunActivity:turnkeeper.model_call", "RunActivity:turnkeeper.tool_call"]
+        "RunActivity:turnkeeper.model_call",
+        "RunActivity:turnkeeper.tool_call",
+    ]

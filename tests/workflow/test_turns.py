@@ -1,5 +1,6 @@
 """ChatTurn end to end on a real dev server, with the real activities in an
 in-process worker and the scripted model (or the fake OpenAI server)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -10,9 +11,8 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.support import Stack, until
-from turnkeeper import activity_io
+from turnkeeper import activity_io, loop_activations
 from turnkeeper import client as tk
-from turnkeeper import loop_activations
 from turnkeeper.models import TURN_TASK_TIMEOUT, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.search_attributes import TURN_STATUS_ATTR
 from turnkeeper.testing import FakeChatServer
@@ -23,11 +23,13 @@ def _call(name: str, **arguments: object) -> dict:
 
 
 async def test_two_sequential_tool_calls(stack: Stack) -> None:
-    stack.script([
-        {"tool_calls": [_call("write_file", path="notes/a.txt", content="alpha")]},
-        {"tool_calls": [_call("read_file", path="notes/a.txt")]},
-        {"text": "a.txt says alpha"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("write_file", path="notes/a.txt", content="alpha")]},
+            {"tool_calls": [_call("read_file", path="notes/a.txt")]},
+            {"text": "a.txt says alpha"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "write then read")
@@ -45,33 +47,54 @@ async def test_two_sequential_tool_calls(stack: Stack) -> None:
     assert types.count("tool_started") == 2 and types.count("tool_finished") == 2
     # What a plain turn costs in round trips: its steps alone. The first model call
     # numbers the turn and the last one closes it; no store write of its own, no marker.
-    events = (await stack.client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)
-              .fetch_history()).events
-    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in events
-            if e.HasField("activity_task_scheduled_event_attributes")] == [
-        activity_io.MODEL_CALL, activity_io.TOOL_CALL, activity_io.MODEL_CALL, activity_io.TOOL_CALL,
-        activity_io.MODEL_CALL]
-    assert [e.marker_recorded_event_attributes.marker_name for e in events
-            if e.HasField("marker_recorded_event_attributes")] == []
-    listed = [wf.id async for wf in stack.client.list_workflows(
-        f"ChatId='{chat}' AND TurnStatus='completed'")]
+    events = (
+        await stack.client.get_workflow_handle(
+            handle.id, run_id=handle.first_execution_run_id
+        ).fetch_history()
+    ).events
+    assert [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ] == [
+        activity_io.MODEL_CALL,
+        activity_io.TOOL_CALL,
+        activity_io.MODEL_CALL,
+        activity_io.TOOL_CALL,
+        activity_io.MODEL_CALL,
+    ]
+    assert [
+        e.marker_recorded_event_attributes.marker_name
+        for e in events
+        if e.HasField("marker_recorded_event_attributes")
+    ] == []
+    listed = [
+        wf.id async for wf in stack.client.list_workflows(f"ChatId='{chat}' AND TurnStatus='completed'")
+    ]
     for _ in range(50):  # visibility is eventually consistent
         if listed:
             break
         await asyncio.sleep(0.1)
-        listed = [wf.id async for wf in stack.client.list_workflows(
-            f"ChatId='{chat}' AND TurnStatus='completed'")]
+        listed = [
+            wf.id async for wf in stack.client.list_workflows(f"ChatId='{chat}' AND TurnStatus='completed'")
+        ]
     assert listed == [tk.workflow_id(chat)]
 
 
 async def test_parallel_tool_calls_run_concurrently(stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
     stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
-    stack.script([
-        {"tool_calls": [_call("slow_write", path="x.txt", content="x", seconds=1.0),
-                        _call("slow_write", path="y.txt", content="y", seconds=1.0)]},
-        {"text": "both written"},
-    ])
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    _call("slow_write", path="x.txt", content="x", seconds=1.0),
+                    _call("slow_write", path="y.txt", content="y", seconds=1.0),
+                ]
+            },
+            {"text": "both written"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     final = await (await stack.send(chat, "two at once")).result()
@@ -88,10 +111,12 @@ async def test_parallel_tool_calls_run_concurrently(stack: Stack) -> None:
 async def test_follow_up_is_steered_into_the_running_turn(stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
     stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
-    stack.script([
-        {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.5)]},
-        {"text": "done, and noted your follow-up"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.5)]},
+            {"text": "done, and noted your follow-up"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "start", message_id="m1")
@@ -103,12 +128,15 @@ async def test_follow_up_is_steered_into_the_running_turn(stack: Stack) -> None:
     assert final.turn == 1 and final.status == TurnStatus.COMPLETED and final.pending_followups == []
     hist = await stack.history(chat)
     assert [(m["role"], m.get("content")) for m in hist if m["role"] == "user"] == [
-        ("user", "start"), ("user", "also this")]
+        ("user", "start"),
+        ("user", "also this"),
+    ]
     assert [m["role"] for m in hist] == ["user", "assistant", "tool", "user", "assistant"]
 
 
 async def test_the_worker_as_shipped_runs_a_turn_with_its_activations_on_its_event_loop(
-        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Unsandboxed workflow code (the default) runs on the worker's event loop thread
     (turnkeeper/loop_activations.py): a turn, a follow-up signalled while its tool
     runs, a `state` query and the next turn all work there."""
@@ -118,14 +146,17 @@ async def test_the_worker_as_shipped_runs_a_turn_with_its_activations_on_its_eve
     def run(*args: Any) -> None:
         ran_on.append(threading.get_ident())
         real_run(*args)
+
     monkeypatch.setattr(loop_activations, "_run", run)
     stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
     stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
-    stack.script([
-        {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.0)]},
-        {"text": "done, and noted your follow-up"},
-        {"text": "second turn"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("slow_write", path="f.txt", content="f", seconds=1.0)]},
+            {"text": "done, and noted your follow-up"},
+            {"text": "second turn"},
+        ]
+    )
     await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")
     chat = stack.chat()
     handle = await stack.send(chat, "start", message_id="m1")
@@ -165,7 +196,9 @@ async def test_message_during_the_final_model_call_becomes_the_next_turn(stack: 
         hist = await stack.history(chat)
         assert [m.get("content") for m in hist] == ["one", "answer one", "two", "answer two"]
         # The first run handed "two" on by continue-as-new.
-        desc = await stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=handle.result_run_id).describe()
+        desc = await stack.client.get_workflow_handle(
+            tk.workflow_id(chat), run_id=handle.result_run_id
+        ).describe()
         assert desc.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
         # Both runs keep the short workflow task timeout: a dead worker's task holds the turn 3 s, not 10.
         latest = await stack.client.get_workflow_handle(tk.workflow_id(chat)).describe()
@@ -206,8 +239,9 @@ async def test_unknown_tool_becomes_a_result_the_model_sees(stack: Stack) -> Non
 
 
 async def test_workspace_escape_is_refused(stack: Stack) -> None:
-    stack.script([{"tool_calls": [_call("write_file", path="../outside.txt", content="x")]},
-                  {"text": "refused"}])
+    stack.script(
+        [{"tool_calls": [_call("write_file", path="../outside.txt", content="x")]}, {"text": "refused"}]
+    )
     await stack.start_worker()
     chat = stack.chat()
     final = await (await stack.send(chat, "escape")).result()
@@ -218,13 +252,20 @@ async def test_workspace_escape_is_refused(stack: Stack) -> None:
 
 async def test_malformed_arguments_and_output_through_openai(stack: Stack) -> None:
     with FakeChatServer() as server:
-        server.script([
-            {"tool_calls": [{"name": "write_file", "arguments": "{not json"}]},
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "o.txt", "content": "ok"}}]},
-            {"raw": {"id": "x", "object": "chat.completion", "choices": []}},
-        ])
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model",
-                                "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-test-secret"})
+        server.script(
+            [
+                {"tool_calls": [{"name": "write_file", "arguments": "{not json"}]},
+                {"tool_calls": [{"name": "write_file", "arguments": {"path": "o.txt", "content": "ok"}}]},
+                {"raw": {"id": "x", "object": "chat.completion", "choices": []}},
+            ]
+        )
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake-model",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "sk-test-secret",
+            }
+        )
         await stack.start_worker()
         chat = stack.chat()
         await stack.send(chat, "go")
@@ -252,9 +293,14 @@ async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> Non
         tk.new_message("x" * (stack.settings().max_message_bytes + 1), stack.settings())
     # Straight to the workflow, bypassing the client's check: refused, nothing wedged.
     handle = await stack.client.start_workflow(
-        tk.WORKFLOW_TYPE, {"chat_id": chat}, id=tk.workflow_id(chat), task_queue=stack.task_queue,
-        start_signal="user_message", start_signal_args=[{"message_id": "big", "text": "y" * 70_000}],
-        result_type=TurnState)
+        tk.WORKFLOW_TYPE,
+        {"chat_id": chat},
+        id=tk.workflow_id(chat),
+        task_queue=stack.task_queue,
+        start_signal="user_message",
+        start_signal_args=[{"message_id": "big", "text": "y" * 70_000}],
+        result_type=TurnState,
+    )
     await handle.signal("user_message", {"text": "no id"})
     await handle.signal("user_message", "not an object")
     await handle.signal("user_message", {"message_id": "ok", "text": "hi"})
@@ -269,7 +315,6 @@ async def test_oversized_and_malformed_messages_are_refused(stack: Stack) -> Non
     big = [r for r in rejected if r["message_id"] == "big"]
     assert len(big) == 1 and "limit" in big[0]["reason"]
     assert all("malformed" in r["reason"] for r in rejected if r is not big[0])
-
 
 
 async def test_an_answer_over_the_payload_limit_still_completes_the_turn(stack: Stack) -> None:
@@ -303,11 +348,18 @@ async def test_undecodable_payloads_are_refused_at_once(stack: Stack) -> None:
         return Payloads(payloads=[Payload(metadata={"encoding": encoding}, data=data)])
 
     for i, signal_input in enumerate([raw(b"foo/bar", b"x"), raw(b"json/plain", b"{not json")]):
-        await stack.client.workflow_service.signal_with_start_workflow_execution(SignalWithStartWorkflowExecutionRequest(
-            namespace=stack.client.namespace, workflow_id=tk.workflow_id(chat), request_id=f"{chat}-{i}",
-            workflow_type=WorkflowType(name=tk.WORKFLOW_TYPE), task_queue=TaskQueue(name=stack.task_queue),
-            input=raw(b"json/plain", b'{"chat_id": "%s"}' % chat.encode()),
-            signal_name="user_message", signal_input=signal_input))
+        await stack.client.workflow_service.signal_with_start_workflow_execution(
+            SignalWithStartWorkflowExecutionRequest(
+                namespace=stack.client.namespace,
+                workflow_id=tk.workflow_id(chat),
+                request_id=f"{chat}-{i}",
+                workflow_type=WorkflowType(name=tk.WORKFLOW_TYPE),
+                task_queue=TaskQueue(name=stack.task_queue),
+                input=raw(b"json/plain", b'{"chat_id": "%s"}' % chat.encode()),
+                signal_name="user_message",
+                signal_input=signal_input,
+            )
+        )
     store = await stack.store()
     reasons: list[str] = []
     for _ in range(100):  # long before the run's idle timeout
@@ -315,8 +367,10 @@ async def test_undecodable_payloads_are_refused_at_once(stack: Stack) -> None:
         if len(reasons) == 2:
             break
         await asyncio.sleep(0.1)
-    assert reasons == ["malformed user_message payload: Unknown payload encoding foo/bar",
-                       reasons[1]] and reasons[1].startswith("malformed user_message payload: not JSON")
+    assert reasons == [
+        "malformed user_message payload: Unknown payload encoding foo/bar",
+        reasons[1],
+    ] and reasons[1].startswith("malformed user_message payload: not JSON")
     assert (await stack.state(chat)).turn == 0  # no turn began
 
     handle = await stack.send(chat, "hi")
@@ -326,14 +380,17 @@ async def test_undecodable_payloads_are_refused_at_once(stack: Stack) -> None:
     types = await stack.event_types(chat)
     assert types[:3] == ["message_rejected", "message_rejected", "turn_started"]
 
+
 async def test_next_message_closes_a_turn_that_ended_abnormally(stack: Stack) -> None:
     stack.env_extra["TURNKEEPER_TOOL_MODULES"] = "tests.ledger_tools"
     stack.env_extra["TURNKEEPER_TOOLS"] = "slow_write"
-    stack.script([
-        {"tool_calls": [_call("slow_write", path="t.txt", content="t", seconds=30)]},
-        {"text": "unused: the superseded row is assistant call 1"},
-        {"text": "fresh answer"},
-    ])
+    stack.script(
+        [
+            {"tool_calls": [_call("slow_write", path="t.txt", content="t", seconds=30)]},
+            {"text": "unused: the superseded row is assistant call 1"},
+            {"text": "fresh answer"},
+        ]
+    )
     await stack.start_worker()
     chat = stack.chat()
     handle = await stack.send(chat, "first")
@@ -383,7 +440,8 @@ async def test_cancelling_the_run_is_stop(stack: Stack) -> None:
         record = await (await stack.store()).get_turn(chat, 1)
         assert (record.status.value, record.reason and record.reason.value) == ("recovered", "stopped")
         assert "awaiting_user" not in await stack.event_types(chat) and not any(
-            e.payload.get("status") == "awaiting_user" for e in await (await stack.store()).events(chat))
+            e.payload.get("status") == "awaiting_user" for e in await (await stack.store()).events(chat)
+        )
 
 
 async def until_turn_row(stack: Stack, chat: str) -> None:
@@ -395,5 +453,6 @@ async def until_turn_row(stack: Stack, chat: str) -> None:
 
 
 def _use_fake_model(stack: Stack, server: FakeChatServer) -> None:
-    stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake-model", "OPENAI_BASE_URL": server.base_url,
-                            "OPENAI_API_KEY": "k"})
+    stack.env_extra.update(
+        {"TURNKEEPER_MODEL": "openai:fake-model", "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "k"}
+    )

@@ -1,5 +1,6 @@
 """`turnkeeper web`'s API on the real dev server, with a real worker: every
 endpoint and the answers it gives."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,7 +48,10 @@ async def test_send_read_follow_and_list(stack: Stack) -> None:
 
         rows = await request(web, "GET", f"/api/chats/{chat}/messages")
         assert rows.status == 200
-        assert rows.data == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello back"}]
+        assert rows.data == [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello back"},
+        ]
         assert rows.data == await stack.history(chat)  # as `history --json` prints it
         seq = int(rows.headers["x-event-seq"])
         assert seq == len(await stack.event_types(chat))
@@ -58,15 +62,17 @@ async def test_send_read_follow_and_list(stack: Stack) -> None:
         stored = await (await stack.store()).events(chat)
         assert [(e.id, e.type, e.data) for e in events] == [(e.seq, e.type, e.payload) for e in stored]
         user_seq = next(e.id for e in events if e.type == "user_message")
-        _, resumed = await read_events(web, f"/api/chats/{chat}/events", "turn_end",
-                                       headers={"Last-Event-ID": str(user_seq)})
+        _, resumed = await read_events(
+            web, f"/api/chats/{chat}/events", "turn_end", headers={"Last-Event-ID": str(user_seq)}
+        )
         assert [e.id for e in resumed] == [e.id for e in events if e.id > user_seq]
         _, by_query = await read_events(web, f"/api/chats/{chat}/events?after={user_seq}", "turn_end")
         assert [e.id for e in by_query] == [e.id for e in resumed]
 
         # The same id once more, after its turn ended: still one message, no new turn.
-        assert (await request(web, "POST", f"/api/chats/{chat}/messages",
-                              {"text": "hi", "message_id": "m1"})).status == 202
+        assert (
+            await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "hi", "message_id": "m1"})
+        ).status == 202
         await asyncio.sleep(1.0)
         assert [m["content"] for m in await stack.history(chat) if m["role"] == "user"] == ["hi"]
         fresh = await request(web, "POST", f"/api/chats/{chat}/messages", {"text": "no id"})
@@ -104,11 +110,15 @@ async def test_a_worker_in_the_web_process_starts_new_turns_eagerly(stack: Stack
         assert EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED not in kinds
         started = history.events[0].workflow_execution_started_event_attributes
         assert json.loads(started.input.payloads[0].data)["pending"][0]["message_id"] == "m1"
-        assert await stack.history(chat) == [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "answer 0"}]
+        assert await stack.history(chat) == [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "answer 0"},
+        ]
 
-        sends = [request(web, "POST", f"/api/chats/{chat}/messages", {"text": t, "message_id": t})
-                 for t in ("two", "three", "four")]
+        sends = [
+            request(web, "POST", f"/api/chats/{chat}/messages", {"text": t, "message_id": t})
+            for t in ("two", "three", "four")
+        ]
         assert [a.status for a in await asyncio.gather(*sends)] == [202, 202, 202]
 
         async def all_answered() -> bool:
@@ -129,10 +139,18 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
     await stack.start_worker()
     with serving(stack.settings()) as web:
         for bad in ("a" * 129, "a%20b", "a%2Fb", "%C3%BC", "a;b"):
-            for method, suffix in (("GET", ""), ("GET", "/messages"), ("POST", "/messages"),
-                                   ("POST", "/continue"), ("POST", "/dismiss"), ("POST", "/stop"),
-                                   ("GET", "/events")):
-                answer = await request(web, method, f"/api/chats/{bad}{suffix}", {"text": "x", "recovery_id": "r"})
+            for method, suffix in (
+                ("GET", ""),
+                ("GET", "/messages"),
+                ("POST", "/messages"),
+                ("POST", "/continue"),
+                ("POST", "/dismiss"),
+                ("POST", "/stop"),
+                ("GET", "/events"),
+            ):
+                answer = await request(
+                    web, method, f"/api/chats/{bad}{suffix}", {"text": "x", "recovery_id": "r"}
+                )
                 assert answer.status == 422, (bad, method, suffix, answer.status, answer.body)
                 assert "chat id" in answer.data["detail"]
         ok_id = "A-z_0.9:" + "x" * 120
@@ -140,12 +158,20 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
         assert (await request(web, "GET", f"/api/chats/{ok_id}")).status == 404  # valid, unknown
 
         path = f"/api/chats/{stack.chat('bad')}/messages"
-        for body in (b"not json", b"[1, 2]", b'{"message_id": "m"}', b'{"text": 5}', b'{"text": "  "}',
-                     b'{"text": "x", "message_id": ""}', b'{"text": "x", "message_id": 7}',
-                     json.dumps({"text": "x", "message_id": "m" * 201}).encode(),
-                     # JSON escapes what no payload (a lone surrogate) or PostgreSQL row (NUL) can carry.
-                     b'{"text": "\\ud800"}', b'{"text": "x", "message_id": "\\udfff"}',
-                     b'{"text": "x", "message_id": "a\\u0000b"}'):
+        for body in (
+            b"not json",
+            b"[1, 2]",
+            b'{"message_id": "m"}',
+            b'{"text": 5}',
+            b'{"text": "  "}',
+            b'{"text": "x", "message_id": ""}',
+            b'{"text": "x", "message_id": 7}',
+            json.dumps({"text": "x", "message_id": "m" * 201}).encode(),
+            # JSON escapes what no payload (a lone surrogate) or PostgreSQL row (NUL) can carry.
+            b'{"text": "\\ud800"}',
+            b'{"text": "x", "message_id": "\\udfff"}',
+            b'{"text": "x", "message_id": "a\\u0000b"}',
+        ):
             answer = await request(web, "POST", path, raw=body, headers={"Content-Type": "application/json"})
             assert answer.status == 422, (body, answer.status, answer.body)
             assert answer.data["detail"] and "internal error" not in answer.data["detail"]
@@ -161,8 +187,12 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
         assert (await request(web, "GET", "/api/nothing")).data == {"detail": "Not Found"}
 
         unknown = stack.chat("nobody")
-        for method, suffix, body in (("GET", "", None), ("POST", "/continue", {"recovery_id": "r"}),
-                                     ("POST", "/dismiss", {"recovery_id": "r"}), ("POST", "/stop", {})):
+        for method, suffix, body in (
+            ("GET", "", None),
+            ("POST", "/continue", {"recovery_id": "r"}),
+            ("POST", "/dismiss", {"recovery_id": "r"}),
+            ("POST", "/stop", {}),
+        ):
             answer = await request(web, method, f"/api/chats/{unknown}{suffix}", body)
             assert answer.status == 404, (suffix, answer.status, answer.body)
         assert (await request(web, "GET", f"/api/chats/{unknown}/messages")).data == []
@@ -170,8 +200,9 @@ async def test_malformed_requests_are_refused(stack: Stack) -> None:
             for decision in ("continue", "dismiss"):
                 answer = await request(web, "POST", f"/api/chats/{unknown}/{decision}", body)
                 assert answer.status == 422, (body, answer.status, answer.body)
-        status, _ = await read_events(web, f"/api/chats/{unknown}/events", "never",
-                                      headers={"Last-Event-ID": "x1"})
+        status, _ = await read_events(
+            web, f"/api/chats/{unknown}/events", "never", headers={"Last-Event-ID": "x1"}
+        )
         assert status == 422
 
 
@@ -191,7 +222,10 @@ async def test_continue_dismiss_and_stop(stack: Stack) -> None:
         resumed = await request(web, "POST", f"{base}/continue", {"recovery_id": gate["recovery_id"]})
         assert resumed.status == 200
         assert (resumed.data["status"], resumed.data["reason"], resumed.data["attempts"]) == (
-            "resuming", "user_confirmed", 1)
+            "resuming",
+            "user_confirmed",
+            1,
+        )
         again = await _wait_status(web, chat, ("awaiting_user",))  # the model fails again
         assert again["recovery_id"] == gate["recovery_id"]
         dismissed = await request(web, "POST", f"{base}/dismiss", {"recovery_id": gate["recovery_id"]})
@@ -208,23 +242,42 @@ async def test_continue_dismiss_and_stop(stack: Stack) -> None:
         await store.begin_turn(lost, "lost-run", ["m1"])
         await store.commit_user_messages(lost, 1, [UserMessage(message_id="m1", text="lost")])
         await stack.client.start_workflow(
-            "ChatTurn", ChatTurnInput(chat_id=lost, recovery=RecoveryStart(
-                turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False)),
-            id=tk.workflow_id(lost), task_queue=stack.task_queue)
+            "ChatTurn",
+            ChatTurnInput(
+                chat_id=lost,
+                recovery=RecoveryStart(turn=1, reason=Reason.CHECKPOINT_UNKNOWN, can_continue=False),
+            ),
+            id=tk.workflow_id(lost),
+            task_queue=stack.task_queue,
+        )
         waiting = await _wait_status(web, lost, ("awaiting_user",))
         assert not waiting["can_continue"]
-        refused = await request(web, "POST", f"/api/chats/{lost}/continue", {"recovery_id": waiting["recovery_id"]})
+        refused = await request(
+            web, "POST", f"/api/chats/{lost}/continue", {"recovery_id": waiting["recovery_id"]}
+        )
         assert refused.status == 409 and "context is unavailable" in refused.data["detail"]
 
         # A turn whose recovery failed, its runs gone: decided in the store.
         failed = stack.chat("failed")
         await store.begin_turn(failed, "run-long-gone", ["m1"])
         await store.commit_user_messages(failed, 1, [UserMessage(message_id="m1", text="deploy it")])
-        await store.update_turn(failed, 1, TurnUpdate(status=TurnStatus.FAILED, reason=Reason.RECOVERY_FAILED,
-                                                      recovery_id="rec-1", can_continue=False))
+        await store.update_turn(
+            failed,
+            1,
+            TurnUpdate(
+                status=TurnStatus.FAILED,
+                reason=Reason.RECOVERY_FAILED,
+                recovery_id="rec-1",
+                can_continue=False,
+            ),
+        )
         base = f"/api/chats/{failed}"
         shown = await request(web, "GET", base)
-        assert (shown.status, shown.data["status"], shown.data["reason"]) == (200, "failed", "recovery_failed")
+        assert (shown.status, shown.data["status"], shown.data["reason"]) == (
+            200,
+            "failed",
+            "recovery_failed",
+        )
         refused = await request(web, "POST", f"{base}/continue", {"recovery_id": "rec-1"})
         assert refused.status == 409 and "context is unavailable" in refused.data["detail"]
         stale = await request(web, "POST", f"{base}/dismiss", {"recovery_id": "rec-0"})
@@ -237,10 +290,22 @@ async def test_continue_dismiss_and_stop(stack: Stack) -> None:
 
 
 async def test_stop_while_a_tool_runs(stack: Stack) -> None:
-    stack.env_extra.update({"TURNKEEPER_TOOL_MODULES": "tests.ledger_tools", "TURNKEEPER_TOOLS": "slow_write",
-                            "TK_LEDGER": str(stack.dir / "ledger.txt")})
-    stack.script([{"tool_calls": [{"name": "slow_write",
-                                   "arguments": {"path": "s.txt", "content": "x", "seconds": 30}}]}])
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools",
+            "TURNKEEPER_TOOLS": "slow_write",
+            "TK_LEDGER": str(stack.dir / "ledger.txt"),
+        }
+    )
+    stack.script(
+        [
+            {
+                "tool_calls": [
+                    {"name": "slow_write", "arguments": {"path": "s.txt", "content": "x", "seconds": 30}}
+                ]
+            }
+        ]
+    )
     await stack.start_worker()
     slow = stack.chat("slow")
     with serving(stack.settings()) as web:
@@ -251,7 +316,9 @@ async def test_stop_while_a_tool_runs(stack: Stack) -> None:
         # The status says `stopped` at once; the tool shows interrupted once it has stopped.
         stopped = await _wait_status(web, slow, ("recovered",))
         assert stopped["reason"] == "stopped"
-        await stack.wait_state(slow, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.INTERRUPTED])
+        await stack.wait_state(
+            slow, lambda s: [c.status for c in s.tool_calls] == [ToolCallStatus.INTERRUPTED]
+        )
         again = await request(web, "POST", f"/api/chats/{slow}/stop", {})
         assert again.status == 409 and "is running" in again.data["detail"]
 
@@ -261,16 +328,28 @@ async def test_token_guards_the_api(stack: Stack) -> None:
     await stack.start_worker()
     chat = stack.chat("tok")
     with serving(stack.settings(), token="s3cret") as web:
-        for method, path in (("GET", "/api/chats"), ("GET", f"/api/chats/{chat}"),
-                             ("POST", f"/api/chats/{chat}/messages"), ("GET", f"/api/chats/{chat}/events"),
-                             ("POST", f"/api/chats/{chat}/continue"), ("POST", f"/api/chats/{chat}/stop"),
-                             ("GET", f"/api/chats/{chat}/messages"), ("POST", f"/api/chats/{chat}/dismiss")):
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
-                            {"Cookie": "turnkeeper_session=s3cret"}):
+        for method, path in (
+            ("GET", "/api/chats"),
+            ("GET", f"/api/chats/{chat}"),
+            ("POST", f"/api/chats/{chat}/messages"),
+            ("GET", f"/api/chats/{chat}/events"),
+            ("POST", f"/api/chats/{chat}/continue"),
+            ("POST", f"/api/chats/{chat}/stop"),
+            ("GET", f"/api/chats/{chat}/messages"),
+            ("POST", f"/api/chats/{chat}/dismiss"),
+        ):
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": "s3cret"},
+                {"Cookie": "turnkeeper_session=s3cret"},
+            ):
                 answer = await request(web, method, path, {"text": "x"}, headers=headers)
                 assert answer.status == 401, (method, path, headers, answer.status)
                 assert answer.headers["www-authenticate"] == "Bearer"
-        assert (await request(web, "GET", "/api/chats", headers={"Authorization": "Bearer s3cret"})).status == 200
+        assert (
+            await request(web, "GET", "/api/chats", headers={"Authorization": "Bearer s3cret"})
+        ).status == 200
         # Open without it: the page (its login form), its assets, the health check and the description.
         for path in ("/", f"/chats/{chat}", "/static/app.js", "/healthz", "/openapi.json"):
             assert (await request(web, "GET", path)).status == 200, path
@@ -296,7 +375,9 @@ async def test_other_sites_cannot_drive_it(stack: Stack) -> None:
     with serving(stack.settings()) as web:
         evil = await request(web, "POST", path, {"text": "x"}, headers={"Origin": "http://evil.example"})
         assert evil.status == 403 and "another site" in evil.data["detail"]
-        assert (await request(web, "POST", f"/api/chats/{chat}/stop", headers={"Origin": "null"})).status == 403
+        assert (
+            await request(web, "POST", f"/api/chats/{chat}/stop", headers={"Origin": "null"})
+        ).status == 403
         plain = await request(web, "POST", path, raw=b'{"text": "x"}', headers={"Content-Type": "text/plain"})
         assert plain.status == 415
         # A name that resolves here, as a rebinding site's would: nothing is served without a token.
@@ -308,8 +389,9 @@ async def test_other_sites_cannot_drive_it(stack: Stack) -> None:
         own = await request(web, "POST", path, {"text": "x"}, headers={"Origin": web.url})
         assert own.status == 202
     with serving(stack.settings(), token="t0ken") as web:
-        named = await request(web, "GET", "/api/chats", headers={"Host": "chat.example.org",
-                                                                 "Authorization": "Bearer t0ken"})
+        named = await request(
+            web, "GET", "/api/chats", headers={"Host": "chat.example.org", "Authorization": "Bearer t0ken"}
+        )
         assert named.status == 200
 
 
@@ -329,11 +411,18 @@ async def test_the_command_refuses_an_open_address_without_a_token(stack: Stack)
     assert "without a token" in refused.stderr and "TURNKEEPER_WEB_TOKEN" in refused.stderr
 
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([*cmd, "web"], env=stack.env(TURNKEEPER_WEB_ADDRESS=f"127.0.0.1:{port}"), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [*cmd, "web"],
+        env=stack.env(TURNKEEPER_WEB_ADDRESS=f"127.0.0.1:{port}"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         first = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
         assert first.strip() == f"turnkeeper web: http://127.0.0.1:{port}/ (no token: this machine only)"
@@ -378,8 +467,13 @@ async def test_the_answer_streams_as_deltas_before_it_is_recorded(stack: Stack) 
 
     words = "one two three four five six seven eight"
     with FakeChatServer([{"text": words, "chunk_delay": 0.15}]) as server:
-        stack.env_extra.update({"TURNKEEPER_MODEL": "openai:fake", "OPENAI_BASE_URL": server.base_url,
-                                "OPENAI_API_KEY": "test-key"})
+        stack.env_extra.update(
+            {
+                "TURNKEEPER_MODEL": "openai:fake",
+                "OPENAI_BASE_URL": server.base_url,
+                "OPENAI_API_KEY": "test-key",
+            }
+        )
         await stack.start_worker()
         chat = stack.chat("stream")
         with serving(stack.settings()) as web:
@@ -423,8 +517,20 @@ def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> 
         return None if line is None else json.loads(line.split("data: ", 1)[1])
 
     deltas = _Deltas()
-    assert payload(deltas.next(draft(1, "Hel"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "Hel", "offset": 0}
-    assert payload(deltas.next(draft(1, "Hello"))) == {"turn": 1, "step": 0, "attempt": 1, "text": "lo", "offset": 3}
+    assert payload(deltas.next(draft(1, "Hel"))) == {
+        "turn": 1,
+        "step": 0,
+        "attempt": 1,
+        "text": "Hel",
+        "offset": 0,
+    }
+    assert payload(deltas.next(draft(1, "Hello"))) == {
+        "turn": 1,
+        "step": 0,
+        "attempt": 1,
+        "text": "lo",
+        "offset": 3,
+    }
     assert deltas.next(draft(1, "Hello")) is None  # nothing new
     assert payload(deltas.next(draft(2, "Hi")))["offset"] == 0  # the call ran again
     assert deltas.next(draft(1, "Hello world")) is None  # the dead attempt
@@ -437,7 +543,9 @@ def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> 
 
 
 @pytest.mark.postgres
-async def test_on_postgresql_new_events_are_pushed_to_the_stream(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_on_postgresql_new_events_are_pushed_to_the_stream(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With a PostgreSQL store the stream is woken by LISTEN/NOTIFY when another
     process writes the chat's log: with both polls set to 30 s, events written
     by a store of their own still arrive at once."""

@@ -1,4 +1,5 @@
 """The /api handlers: the same calls the CLI makes, answered in HTTP."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -47,10 +48,18 @@ async def _described(handle: WorkflowHandle[Any, Any], chat_id: str) -> Any:
 
 async def list_chats(request: Request) -> Response:
     store = await backends(request).store()
-    return JSONResponse([
-        {"chat_id": r.chat_id, "turn": r.turn, "status": r.status.value,
-         "reason": r.reason.value if r.reason else None, "updated_at": r.updated_at.isoformat()}
-        for r in await store.list_chats(limit=CHAT_LIST_LIMIT)])
+    return JSONResponse(
+        [
+            {
+                "chat_id": r.chat_id,
+                "turn": r.turn,
+                "status": r.status.value,
+                "reason": r.reason.value if r.reason else None,
+                "updated_at": r.updated_at.isoformat(),
+            }
+            for r in await store.list_chats(limit=CHAT_LIST_LIMIT)
+        ]
+    )
 
 
 async def send_message(request: Request) -> Response:
@@ -96,8 +105,11 @@ async def get_state(request: Request) -> Response:
         state = await handle.query("state", result_type=TurnState, rpc_timeout=WORKER_TIMEOUT)
     except RPCError as err:
         # No worker answers: the store's record of the turn is what is known.
-        if err.status not in (RPCStatusCode.FAILED_PRECONDITION, RPCStatusCode.DEADLINE_EXCEEDED,
-                              RPCStatusCode.CANCELLED):
+        if err.status not in (
+            RPCStatusCode.FAILED_PRECONDITION,
+            RPCStatusCode.DEADLINE_EXCEEDED,
+            RPCStatusCode.CANCELLED,
+        ):
             raise
         record = await store.get_turn(chat_id)
         state = _state_of(record) if record else TurnState(chat_id=chat_id)
@@ -135,8 +147,9 @@ async def _decide(request: Request, action: str) -> Response:
     if desc.status != WorkflowExecutionStatus.RUNNING:
         return await _decide_without_run(request, chat_id, action, recovery_id)
     try:
-        state = await tk.decide(client, chat_id, action, recovery_id, run_id=desc.run_id,
-                                timeout=WORKER_TIMEOUT.total_seconds())
+        state = await tk.decide(
+            client, chat_id, action, recovery_id, run_id=desc.run_id, timeout=WORKER_TIMEOUT.total_seconds()
+        )
     except tk.DecisionRefused as err:
         raise ApiError(409, str(err)) from None
     except tk.DecisionPending:
@@ -176,7 +189,13 @@ async def stop(request: Request) -> Response:
     if desc.status != WorkflowExecutionStatus.RUNNING:
         raise ApiError(409, not_running)
     try:
-        await tk.decide(await backends(request).client(), chat_id, "stop", run_id=desc.run_id, timeout=WORKER_TIMEOUT.total_seconds())
+        await tk.decide(
+            await backends(request).client(),
+            chat_id,
+            "stop",
+            run_id=desc.run_id,
+            timeout=WORKER_TIMEOUT.total_seconds(),
+        )
     except tk.DecisionRefused as err:
         raise ApiError(409, f"{not_running}: {err}") from None
     except tk.DecisionPending:

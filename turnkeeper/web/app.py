@@ -1,4 +1,5 @@
 """The ASGI app: routes, the token gate, error answers and the page's headers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,10 @@ STATIC = Path(__file__).parent / "static"
 HEALTH_TIMEOUT_S = 3.0
 # The page runs only its own script and styles: markup that slipped into a
 # message could not run even if it were ever rendered as markup.
-PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
-               "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
 COMMON_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
 
 
@@ -51,8 +54,9 @@ class CommonHeaders:
 
 
 async def page(request: Request) -> Response:
-    return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": PAGE_POLICY,
-                                                        "Cache-Control": "no-cache"})
+    return FileResponse(
+        STATIC / "index.html", headers={"Content-Security-Policy": PAGE_POLICY, "Cache-Control": "no-cache"}
+    )
 
 
 async def openapi(request: Request) -> Response:
@@ -65,13 +69,13 @@ async def healthz(request: Request) -> Response:
         client = await backends(request).client()
         healthy = await client.service_client.check_health(timeout=timedelta(seconds=HEALTH_TIMEOUT_S))
         parts["temporal"] = "ok" if healthy else "not serving"
-    except Exception as err:  # noqa: BLE001  reported, not raised
+    except Exception as err:
         parts["temporal"] = getattr(err, "detail", None) or str(err) or type(err).__name__
     try:
         store = await backends(request).store()
         await asyncio.wait_for(_store_writable(store), HEALTH_TIMEOUT_S)
         parts["store"] = "ok"
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         parts["store"] = str(err) or type(err).__name__
     healthy = all(v == "ok" for v in parts.values())
     return JSONResponse(parts, status_code=200 if healthy else 503)
@@ -105,8 +109,9 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     if isinstance(exc, DecryptionError):
         return JSONResponse({"detail": f"the web process: {exc}"}, status_code=503)
     if isinstance(exc, WorkflowQueryFailedError) and names_decryption_error(exc.message):
-        return JSONResponse({"detail": f"the worker cannot read the run's history: {exc.message}"},
-                            status_code=503)
+        return JSONResponse(
+            {"detail": f"the worker cannot read the run's history: {exc.message}"}, status_code=503
+        )
     if isinstance(exc, RPCError):
         return JSONResponse({"detail": f"Temporal: {exc.message}"}, status_code=503)
     if isinstance(exc, StoreUnavailable):
@@ -145,9 +150,12 @@ def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
     chat = "/api/chats/{chat_id:path}"
     # The routes with a suffix come first: a path parameter would take "x/messages" too.
     routes = [
-        Route("/", page), Route("/chats/{chat_id:path}", page),
-        Route("/openapi.json", openapi), Route("/healthz", healthz),
-        Route("/login", login, methods=["POST"]), Route("/logout", logout, methods=["POST"]),
+        Route("/", page),
+        Route("/chats/{chat_id:path}", page),
+        Route("/openapi.json", openapi),
+        Route("/healthz", healthz),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
         Route("/api/chats", api.list_chats),
         Route(f"{chat}/messages", api.history, methods=["GET"]),
         Route(f"{chat}/messages", api.send_message, methods=["POST"]),
@@ -158,7 +166,9 @@ def create_app(settings: Settings, config: WebConfig) -> ASGIApp:
         Route(chat, api.get_state),
         Mount("/static", StaticFiles(directory=STATIC)),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={ApiError: _api_error, HTTPException: _http_error,
-                                        Exception: _unexpected})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
+    )
     return CommonHeaders(auth.Guard(app, config.token))

@@ -1,6 +1,7 @@
 """Who may call: with TURNKEEPER_WEB_TOKEN set, every /api request needs
 `Authorization: Bearer <token>` or the session cookie the page's login sets;
 and no other site's page may drive this one through the user's browser."""
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,11 @@ def authorized(request: Request, token: str) -> bool:
 
 
 def unauthorized() -> JSONResponse:
-    return JSONResponse({"detail": "a token is required: send Authorization: Bearer <token>, or log in"},
-                        status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    return JSONResponse(
+        {"detail": "a token is required: send Authorization: Bearer <token>, or log in"},
+        status_code=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -62,14 +66,16 @@ class Guard:
         request = Request(scope)
         host = request.headers.get("host", "")
         origin = request.headers.get("origin")
-        if scope["method"] not in SAFE_METHODS and origin is not None:
-            if origin.partition("://")[2] != host:
-                return _refused("a request from another site is refused")
+        if scope["method"] not in SAFE_METHODS and origin is not None and origin.partition("://")[2] != host:
+            return _refused("a request from another site is refused")
         if self.token is None and not addressed_to_loopback(host):
             return _refused("without TURNKEEPER_WEB_TOKEN only requests to 127.0.0.1 or localhost are served")
         path = scope["path"]
-        if self.token is not None and (path == "/api" or path.startswith("/api/")) \
-                and not authorized(request, self.token):
+        if (
+            self.token is not None
+            and (path == "/api" or path.startswith("/api/"))
+            and not authorized(request, self.token)
+        ):
             return unauthorized()
         return None
 
@@ -98,8 +104,9 @@ class LoginLimiter:
     """Failed logins per client address, in memory (each web process its own): at most
     `failures` within `window` seconds; a success forgets the address's failures."""
 
-    def __init__(self, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_S,
-                 addresses: int = LOGIN_ADDRESSES) -> None:
+    def __init__(
+        self, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_S, addresses: int = LOGIN_ADDRESSES
+    ) -> None:
         self.failures, self.window, self.addresses = failures, window, addresses
         self._failed: OrderedDict[str, deque[float]] = OrderedDict()  # address -> its recent failures' times
 
@@ -139,16 +146,25 @@ async def login(request: Request, token: str | None, body: dict, limiter: LoginL
     address = request.client.host if request.client is not None else ""
     wait = limiter.retry_after(address)
     if wait is not None:
-        return JSONResponse({"detail": f"too many failed logins from this address: try again in {wait} s"},
-                            status_code=429, headers={"Retry-After": str(wait)})
+        return JSONResponse(
+            {"detail": f"too many failed logins from this address: try again in {wait} s"},
+            status_code=429,
+            headers={"Retry-After": str(wait)},
+        )
     given = body.get("token")
     if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
         limiter.failed(address)
         return JSONResponse({"detail": "wrong token"}, status_code=401)
     limiter.succeeded(address)
     response = Response(status_code=204)
-    response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https", path="/")
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_value(token),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
     return response
 
 

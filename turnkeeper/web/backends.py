@@ -1,6 +1,7 @@
 """What the web process talks to (Temporal and the session store), connected on
 first use, so the page starts before the worker's dev server does; and the
 errors its handlers answer with."""
+
 from __future__ import annotations
 
 import asyncio
@@ -56,11 +57,12 @@ class Backends:
                 if self._client is None:
                     try:
                         client = await asyncio.wait_for(tk.connect(self.settings), CONNECT_TIMEOUT_S)
-                    except Exception as err:  # noqa: BLE001
+                    except Exception as err:
                         where = self.settings.temporal_address or f"127.0.0.1:{self.settings.dev_server_port}"
                         why = str(err) or f"no answer in {CONNECT_TIMEOUT_S:.0f} s"
-                        raise ApiError(503, f"cannot reach Temporal at {where} ({why}); "
-                                            "is the worker running?") from None
+                        raise ApiError(
+                            503, f"cannot reach Temporal at {where} ({why}); is the worker running?"
+                        ) from None
                     # Turns sent from the page are traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).
                     self._client = telemetry.traced(client, self.settings, "turnkeeper-web")
         return self._client

@@ -10,6 +10,7 @@ On PostgreSQL the store pushes (LISTEN/NOTIFY): a stream is woken when its
 chat's log grows, the reader when a draft is written, and both poll only as
 a fallback (`PUSHED_POLL_S`). On SQLite there is no push: they poll.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,9 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("turnkeeper.web")
 
-POLL_S = 0.02            # drafts, without push
-EVENTS_POLL_S = 0.15     # a stream's look at the log, without push
-PUSHED_POLL_S = 1.0      # either, with push: only in case a notification was missed
+POLL_S = 0.02  # drafts, without push
+EVENTS_POLL_S = 0.15  # a stream's look at the log, without push
+PUSHED_POLL_S = 1.0  # either, with push: only in case a notification was missed
 RELISTEN_S = 5.0
 PAGE = 1000
 
@@ -110,7 +111,7 @@ class ChatFeed:
         self._listen_after = loop.time() + RELISTEN_S
         try:
             self._stop_listening = await store.listen(self._on_change)
-        except Exception as err:  # noqa: BLE001  polling serves meanwhile
+        except Exception as err:
             log.warning("cannot listen for the store's changes: %s", err)
 
     async def _unlisten(self) -> None:
@@ -131,7 +132,7 @@ class ChatFeed:
                         self._version = await store.draft_version()
                     self._drafts_due.clear()
                     drafts = await store.drafts_since(self._version, limit=PAGE)
-                except Exception as err:  # noqa: BLE001  the store is back soon; streams go on with events
+                except Exception as err:
                     log.warning("drafts: %s", err)
                     await asyncio.sleep(1.0)
                     continue
@@ -141,6 +142,8 @@ class ChatFeed:
                         slot.put(draft)
                 if len(drafts) < PAGE:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._drafts_due.wait(), PUSHED_POLL_S if self.pushed else POLL_S)
+                        await asyncio.wait_for(
+                            self._drafts_due.wait(), PUSHED_POLL_S if self.pushed else POLL_S
+                        )
         finally:
             self._task = None

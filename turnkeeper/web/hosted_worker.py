@@ -7,6 +7,7 @@ worker, instead of through the task queue (`turnkeeper.client.send_message`,
 `eager=True`). Turns started elsewhere, and follow-ups to a running turn, go the
 ordinary way.
 """
+
 from __future__ import annotations
 
 import asyncio

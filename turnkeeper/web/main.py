@@ -3,6 +3,7 @@
 Above turnkeeper.web.server (the configuration, and uvicorn), which the codec
 server shares: that module never imports the app.
 """
+
 from __future__ import annotations
 
 from turnkeeper.config import Settings

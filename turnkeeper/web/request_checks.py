@@ -5,6 +5,7 @@ token, and a body read no further than its limit.
 Plain functions over header values and the body's stream: nothing here imports
 starlette, as the worker imports the codec server's module.
 """
+
 from __future__ import annotations
 
 import hmac

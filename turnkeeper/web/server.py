@@ -3,6 +3,7 @@
 `turnkeeper codec-server` reads its log level and runs under uvicorn the same
 way (`uvicorn_log_level`, `run_uvicorn`). Nothing here imports the web app:
 turnkeeper.web.main builds and serves it."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -41,8 +42,13 @@ class WebConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> WebConfig:
         env = os.environ if env is None else env
         host, port = parse_address(env.get("TURNKEEPER_WEB_ADDRESS") or DEFAULT_ADDRESS)
-        return cls(host=host, port=port, token=env.get("TURNKEEPER_WEB_TOKEN") or None,
-                   log_level=uvicorn_log_level(env), worker=web_worker(env))
+        return cls(
+            host=host,
+            port=port,
+            token=env.get("TURNKEEPER_WEB_TOKEN") or None,
+            log_level=uvicorn_log_level(env),
+            worker=web_worker(env),
+        )
 
     @property
     def url(self) -> str:
@@ -50,7 +56,9 @@ class WebConfig:
         return f"http://{host}:{self.port}/"
 
 
-def parse_address(raw: str, name: str = "TURNKEEPER_WEB_ADDRESS", example: str = DEFAULT_ADDRESS) -> tuple[str, int]:
+def parse_address(
+    raw: str, name: str = "TURNKEEPER_WEB_ADDRESS", example: str = DEFAULT_ADDRESS
+) -> tuple[str, int]:
     """`host:port` or `[ipv6]:port`."""
     host, sep, port = raw.strip().rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -92,7 +100,8 @@ def check_exposure(config: WebConfig) -> None:
     if config.token is None and not is_loopback(config.host):
         raise ConfigError(
             f"refusing to listen on {config.host}:{config.port} without a token: anyone who reaches it "
-            "could read and drive every chat. Set TURNKEEPER_WEB_TOKEN, or listen on 127.0.0.1")
+            "could read and drive every chat. Set TURNKEEPER_WEB_TOKEN, or listen on 127.0.0.1"
+        )
 
 
 def run_uvicorn(app: ASGIApp, host: str, port: int, log_level: str) -> None:
@@ -100,6 +109,14 @@ def run_uvicorn(app: ASGIApp, host: str, port: int, log_level: str) -> None:
     import uvicorn
 
     # One line per request only when debugging: the page polls, and shares a terminal with `make worker`.
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                access_log=log_level == "debug", server_header=False, http="h11",
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, h11_max_incomplete_event_size=MAX_HEAD_BYTES)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        server_header=False,
+        http="h11",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+    )

@@ -12,6 +12,7 @@ Between them, while a model call streams, `assistant_delta` events without an
 `offset` characters of that attempt's answer. A new stream first gets the
 whole text so far (offset 0); the `assistant_message` of that step ends them.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,13 @@ def format_event(seq: int, type_: str, payload: dict) -> str:
 
 
 def format_delta(draft: Draft, offset: int) -> str:
-    payload = {"turn": draft.turn, "step": draft.step, "attempt": draft.attempt,
-               "text": draft.text[offset:], "offset": offset}
+    payload = {
+        "turn": draft.turn,
+        "step": draft.step,
+        "attempt": draft.attempt,
+        "text": draft.text[offset:],
+        "offset": offset,
+    }
     return f"event: assistant_delta\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
@@ -104,7 +110,7 @@ async def events(request: Request) -> Response:
         deltas = _Deltas()
         try:
             first = await store.draft(chat_id)
-        except Exception as err:  # noqa: BLE001  a view: the events still come
+        except Exception as err:
             log.warning("draft of chat %s: %s", chat_id, err)
             first = None
         quiet_since = time.monotonic()
@@ -112,7 +118,7 @@ async def events(request: Request) -> Response:
             while True:
                 try:
                     page = await store.events(chat_id, after_seq=after, limit=PAGE)
-                except Exception as err:  # noqa: BLE001  the store is back soon, or the client gives up
+                except Exception as err:
                     log.warning("events of chat %s: %s", chat_id, err)
                     page = []
                     await asyncio.sleep(1.0)
@@ -147,5 +153,8 @@ async def events(request: Request) -> Response:
         finally:
             feed.unsubscribe(chat_id, slot)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
