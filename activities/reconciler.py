@@ -28,7 +28,7 @@ from turnkeeper.activities import reconcile_verdict, wedged_runs
 from turnkeeper.activities.run_sweep import ENDED, RunSweep, describe, readable, terminate
 from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.activities.store.base import TurnRef
-from turnkeeper.client import WORKFLOW_TYPE, workflow_id
+from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
@@ -194,6 +194,10 @@ class Reconciler:
                 id=workflow_id(ref.chat_id),
                 task_queue=self._settings.task_queue,
                 task_timeout=TURN_TASK_TIMEOUT,
+                static_summary=run_summary(
+                    ref.chat_id, f"turn {ref.turn} waits for its user ({verdict.reason.value})"
+                ),
+                static_details=RUN_DETAILS,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
             )

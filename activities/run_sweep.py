@@ -24,7 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from turnkeeper.activities import reconcile_verdict, wedged_runs
 from turnkeeper.activities.store import SessionStore
-from turnkeeper.client import WORKFLOW_TYPE, workflow_id
+from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
 from turnkeeper.encryption import DecryptionError
 from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, UserMessage
@@ -175,6 +175,8 @@ class RunSweep:
                 start_signal_args=[message],
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                 id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                static_summary=run_summary(chat_id),
+                static_details=RUN_DETAILS,
             )
 
 

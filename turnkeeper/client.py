@@ -46,6 +46,19 @@ def workflow_id(chat_id: str) -> str:
     return f"chat-{chat_id}"
 
 
+# The run's page in the Temporal UI: what the run is and how to steer it. No message
+# text: a summary is stored beside the history, and the text may be private.
+RUN_DETAILS = (
+    "One chat turn. `state` (query) tells its status; when it waits for its user, "
+    'signal `continue` or `dismiss` with `{"recovery_id": ...}` '
+    "(or `turnkeeper continue|dismiss <chat>`); `stop` (or Request Cancellation) stops it."
+)
+
+
+def run_summary(chat_id: str, why: str | None = None) -> str:
+    return f"chat {chat_id}: {why}" if why else f"chat {chat_id}: a turn"
+
+
 def data_converter(settings: Settings) -> DataConverter:
     """The one data converter of every client of ours (worker, CLI, web, reconciler):
     pydantic, encrypted under TURNKEEPER_ENCRYPTION_KEYS when set."""
@@ -192,6 +205,10 @@ def signal_with_start_request(settings: Settings, chat_id: str, message_id: str,
         "signalInput": {
             "payloads": [json_payload(model_json({"message_id": message_id, "text": text, "sender": None}))]
         },
+        "userMetadata": {
+            "summary": json_payload(json.dumps(run_summary(chat_id)).encode()),
+            "details": json_payload(json.dumps(RUN_DETAILS).encode()),
+        },
     }
 
 
@@ -238,6 +255,8 @@ async def send_message(
         ),
         "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         "result_type": TurnState,
+        "static_summary": run_summary(chat_id),
+        "static_details": RUN_DETAILS,
     }
     if eager:
         from temporalio.exceptions import WorkflowAlreadyStartedError

@@ -490,7 +490,10 @@ def test_send_over_http_sends_the_bytes_the_sdk_sends(chat_id: str, message_id: 
         "workflowIdConflictPolicy",
         "searchAttributes",
         "signalInput",
+        "userMetadata",
     }
+    assert request.user_metadata.summary == converter.to_payload(tk.run_summary(chat_id))
+    assert request.user_metadata.details == converter.to_payload(tk.RUN_DETAILS)
 
 
 def test_the_message_ids_send_sends_plainly_are_those_the_model_takes() -> None:
