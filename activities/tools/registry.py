@@ -23,7 +23,7 @@ from pydantic_core import to_jsonable_python
 
 from turnkeeper.models import EffectClass, ToolSpec
 
-from .schema import EffectLike, RegisteredTool, ToolContext, build_tool
+from .schema import EffectLike, ExternalTool, RegisteredTool, ToolContext, build_tool
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,6 +66,18 @@ class ToolRegistry:
             raise ValueError(f"tool {entry.name!r} is already registered by {_origin(existing.fn)}")
         self._tools[entry.name] = entry
         return entry
+
+    def add(self, entry: RegisteredTool) -> None:
+        """Register a tool built elsewhere (an MCP server's); refused if its name is taken."""
+        if entry.name in self._tools:
+            raise ValueError(f"tool {entry.name!r} is already registered")
+        self._tools[entry.name] = entry
+
+    def copy(self) -> ToolRegistry:
+        """A registry holding these tools, for a worker to add its own to."""
+        other = ToolRegistry()
+        other._tools = dict(self._tools)
+        return other
 
     @overload
     def tool(self, fn: F, /) -> F: ...
@@ -151,6 +163,8 @@ class ToolRegistry:
                 max_output_bytes,
             )
 
+        if entry.external is not None:
+            return await _run_external(name, entry.external, arguments, ctx, max_output_bytes)
         try:
             validated = entry.args_model.model_validate(arguments)
         except ValidationError as e:
@@ -170,9 +184,7 @@ class ToolRegistry:
                 if inspect.isawaitable(result):
                     result = await result
         except Exception as e:
-            message = str(e)
-            text = f"Error: {type(e).__name__}: {message}" if message else f"Error: {type(e).__name__}"
-            return _error(text, max_output_bytes)
+            return _error(_raised(e), max_output_bytes)
         return ToolOutcome(status="done", content=truncate_output(_render(result), max_output_bytes))
 
 
@@ -261,6 +273,24 @@ def truncate_output(text: str, max_bytes: int) -> str:
 
 def _error(text: str, max_bytes: int) -> ToolOutcome:
     return ToolOutcome(status="error", content=truncate_output(text, max_bytes))
+
+
+def _raised(e: Exception) -> str:
+    message = str(e)
+    return f"Error: {type(e).__name__}: {message}" if message else f"Error: {type(e).__name__}"
+
+
+async def _run_external(
+    name: str, tool: ExternalTool, arguments: dict[str, Any], ctx: ToolContext, max_bytes: int
+) -> ToolOutcome:
+    problem = tool.check(arguments)
+    if problem is not None:
+        return _error(f"Error: invalid arguments for {name!r}: {problem}", max_bytes)
+    try:
+        failed, text = await tool(arguments, ctx)
+    except Exception as e:
+        return _error(_raised(e), max_bytes)
+    return ToolOutcome(status="error" if failed else "done", content=truncate_output(text, max_bytes))
 
 
 def _loop_heartbeat(ctx: ToolContext, beat: Callable[[], None]) -> ToolContext:

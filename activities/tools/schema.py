@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, Protocol, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -36,7 +36,8 @@ class ToolContext:
     tool_call_id: str
     idempotency_key: str  # "<chat_id>/<turn>/<tool_call_id>": stable across retries of the call
     exec_timeout: float
-    heartbeat: Callable[[], None] | None = None
+    # Details, if any, go with the beat (an MCP server's progress).
+    heartbeat: Callable[..., None] | None = None
 
     @classmethod
     def for_call(
@@ -47,7 +48,7 @@ class ToolContext:
         turn: int,
         tool_call_id: str,
         exec_timeout: float,
-        heartbeat: Callable[[], None] | None = None,
+        heartbeat: Callable[..., None] | None = None,
     ) -> ToolContext:
         return cls(
             workspace=workspace,
@@ -58,6 +59,19 @@ class ToolContext:
             exec_timeout=exec_timeout,
             heartbeat=heartbeat,
         )
+
+
+class ExternalTool(Protocol):
+    """A tool served from elsewhere (an MCP server's): it checks its arguments
+    against its own JSON schema, and says whether its call failed."""
+
+    def check(self, arguments: dict[str, Any]) -> str | None:
+        """Why `arguments` do not fit the tool's schema; None when they do."""
+        ...
+
+    async def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> tuple[bool, str]:
+        """(whether the call failed, what the model reads)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,8 @@ class RegisteredTool:
     parameters_schema: dict[str, Any]
     confirm: bool = False
     """Never run on the model's word alone: the turn waits for the user's approval first."""
+    external: ExternalTool | None = None
+    """Set for a tool served from elsewhere: the registry calls it with the arguments as given."""
 
     @property
     def spec(self) -> ToolSpec:
@@ -139,6 +155,35 @@ def build_tool(
         confirm=confirm,
     )
 
+
+def external_tool(
+    tool: ExternalTool,
+    *,
+    name: str,
+    description: str,
+    parameters: dict[str, Any],
+    effect: EffectLike,
+    confirm: bool = False,
+) -> RegisteredTool:
+    """A tool whose schema and checks are its server's; raises for a name a model could not call."""
+    if not _NAME_RE.match(name):
+        raise ValueError(f"{name!r} is not a valid tool name: use 1-64 letters, digits, '_' or '-'")
+    return RegisteredTool(
+        name=name,
+        description=description,
+        effect=EffectClass(effect),
+        fn=tool.__call__,
+        args_model=_ANY_ARGUMENTS,
+        params=(),
+        ctx_params=(),
+        parameters_schema=parameters,
+        confirm=confirm,
+        external=tool,
+    )
+
+
+# Unused for an external tool (it checks its own arguments); a model for the field's type.
+_ANY_ARGUMENTS = create_model("external_arguments", __config__=ConfigDict(extra="allow"))
 
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 _SCHEMA_DATA = frozenset({"default", "const", "enum", "examples", "required"})
