@@ -12,7 +12,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-setup: $(BIN)/.installed
+# The MCP tool tests' Node server, from the committed lock (skipped without npm:
+# those tests then say why they skip).
+NPM_SERVERS := tests/npm/node_modules/.package-lock.json
+$(NPM_SERVERS): tests/npm/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/npm --no-audit --no-fund --loglevel=error; \
+	else echo "npm not found: the MCP tests that need Node's server-everything are skipped"; fi
+
+setup: $(BIN)/.installed $(NPM_SERVERS)
 
 # The page runs next to the worker (it waits for the dev server the worker starts),
 # and with TURNKEEPER_ENCRYPTION_KEYS set the codec server for the dev server's UI;
@@ -31,4 +38,4 @@ bench: setup
 	$(BIN)/python bench/turn_latency.py
 
 clean:
-	rm -rf $(VENV) .turnkeeper build *.egg-info
+	rm -rf $(VENV) .turnkeeper build *.egg-info tests/npm/node_modules
