@@ -259,6 +259,8 @@ class _Connection:
                     scope.deadline = math.inf
                     self._ready.set_result((client, tools))
                     await self.ended.wait()
+                    if not self._closing:
+                        log.warning("MCP server %r went away; it is connected again at its next call", name)
             if scope.cancelled_caught and not self._ready.done():
                 raise TimeoutError(f"no answer to the handshake and the tool listing within {timeout:g} s")
         except Exception as err:
@@ -266,9 +268,6 @@ class _Connection:
                 self._ready.set_exception(err)
             elif not self._closing:
                 log.warning("MCP server %r: the connection broke: %s", name, reason(err))
-        else:
-            if not self._closing:
-                log.warning("MCP server %r went away; it is connected again at its next call", name)
         finally:
             self.ended.set()
             if not self._ready.done():
@@ -357,14 +356,12 @@ def _progress_beats(ctx: ToolContext) -> Callable[[float, float | None, str | No
 
 def render(result: types.CallToolResult) -> str:
     """Text as given; images, audio and binary resources as a line naming them (their
-    bytes never reach the model or the transcript); structured content as JSON unless
-    a text block already carries it, as servers are asked to."""
+    bytes never reach the model or the transcript); structured content as JSON when
+    no text came with it (servers are asked to send it as text too)."""
     parts: list[str] = []
-    texts: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
             parts.append(block.text)
-            texts.append(block.text)
         elif isinstance(block, types.ImageContent | types.AudioContent):
             parts.append(f"[{block.type}: {block.mime_type}, {_decoded_size(block.data)} bytes, not shown]")
         elif isinstance(block, types.ResourceLink):
@@ -377,7 +374,7 @@ def render(result: types.CallToolResult) -> str:
                 mime = f"{res.mime_type}, " if res.mime_type else ""
                 parts.append(f"[resource: {res.uri}, {mime}{_decoded_size(res.blob)} bytes, not shown]")
     structured = result.structured_content
-    if structured is not None and not any(_same_json(t, structured) for t in texts):
+    if structured is not None and not any(isinstance(b, types.TextContent) for b in result.content):
         parts.append(json.dumps(structured, ensure_ascii=False))
     text = "\n".join(parts)
     if result.is_error:
@@ -410,13 +407,6 @@ def _decoded_size(data: str) -> int:
         return len(base64.b64decode(data, validate=False))
     except (binascii.Error, ValueError):
         return len(data)
-
-
-def _same_json(text: str, value: Any) -> bool:
-    try:
-        return json.loads(text) == value
-    except (json.JSONDecodeError, RecursionError):
-        return False
 
 
 def _first_line(err: BaseException) -> str:
