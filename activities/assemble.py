@@ -7,13 +7,13 @@ from typing import Any
 
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider
-from turnkeeper.activities.quiet_passes import QuietPasses
-from turnkeeper.activities.reconciler import Reconciler
-from turnkeeper.activities.store import SessionStore
+from turnkeeper.activities.reconcile.quiet_passes import QuietPasses
+from turnkeeper.activities.reconcile.reconciler import Reconciler
 from turnkeeper.activities.store_activities import StoreActivities
 from turnkeeper.activities.tool_call import ToolCallActivity
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
+from turnkeeper.store import SessionStore
 
 
 def build_activities(

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.providers.base import SummaryRequest, ensure_tool_call_ids
-from turnkeeper.activities.store import ContextRows, SessionStore, StoredRow, Summary
 from turnkeeper.config import Settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec
+from turnkeeper.store import ContextRows, SessionStore, StoredRow, Summary
 
 BYTES_PER_TOKEN = 4
 ROW_TOKENS = 4

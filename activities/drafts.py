@@ -12,7 +12,7 @@ import asyncio
 import logging
 from types import TracebackType
 
-from turnkeeper.activities.store import SessionStore
+from turnkeeper.store import SessionStore
 
 log = logging.getLogger("turnkeeper.drafts")
 

@@ -15,20 +15,21 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeeper import activity_io, metrics
+from turnkeeper import activity_io
 from turnkeeper.activities.context import ContextBuilder, context_budget
 from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.providers.base import well_formed
-from turnkeeper.activities.store import (
+from turnkeeper.activities.tools import ToolRegistry
+from turnkeeper.config import Settings
+from turnkeeper.store import (
     CorruptRowError,
     SessionStore,
     StoreUnavailable,
     inline_calls,
 )
-from turnkeeper.activities.tools import ToolRegistry
-from turnkeeper.config import Settings
+from turnkeeper.telemetry import metrics
 
 T = TypeVar("T")
 

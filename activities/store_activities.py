@@ -8,9 +8,9 @@ from __future__ import annotations
 from temporalio import activity
 
 from turnkeeper import activity_io
-from turnkeeper.activities.store import SessionStore, TurnUpdate
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
+from turnkeeper.store import SessionStore, TurnUpdate
 
 
 class StoreActivities:

@@ -11,11 +11,12 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from turnkeeper import activity_io, metrics
+from turnkeeper import activity_io
 from turnkeeper.activities.heartbeat import heartbeating
-from turnkeeper.activities.store import SessionStore, StoreUnavailable, inline_calls
 from turnkeeper.activities.tools import ToolContext, ToolRegistry
 from turnkeeper.config import Settings
+from turnkeeper.store import SessionStore, StoreUnavailable, inline_calls
+from turnkeeper.telemetry import metrics
 
 ALREADY_STARTED_TEXT = "Error: this tool call was started before and may have acted; it is not run again."
 # The `outcome` label of turnkeeper_tool_calls_total: `done` and `error` are the

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import WorkflowHistory
 
-from turnkeeper.dev_server import is_healthy, start_dev_command
+from turnkeeper.worker.dev_server import is_healthy, start_dev_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

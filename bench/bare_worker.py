@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 from bench._common import run_and_exit
 from bench.bare_loop import BareTurn
 from bench.turn_latency import BareActivities, Steps
-from turnkeeper.worker import STICKY_SCHEDULE_TO_START
+from turnkeeper.worker.main import STICKY_SCHEDULE_TO_START
 
 
 async def serve(address: str, task_queue: str, workspace: Path) -> None:

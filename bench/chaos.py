@@ -75,7 +75,7 @@ probe message, and the runs still running are looked at twice. The checker
    benign "unhandled command" (a signal that raced a completion), and every
    run's history replays against today's `ChatTurn` (`Replayer`); the
    report also counts the runs the reconciler ended because their workflow task
-   kept failing (activities/wedged_runs.py: what a history that no longer
+   kept failing (activities/reconcile/wedged_runs.py: what a history that no longer
    replays comes to);
 5. every transcript is balanced: one tool row per tool call, no orphan tool
    row (a provider refuses anything else);

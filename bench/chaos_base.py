@@ -155,7 +155,7 @@ class Report:
     workflow_task_timeouts: int = 0
     replayed_histories: int = 0
     # Runs the reconciler ended because their workflow task kept failing (a history
-    # the workers' code does not replay, say): activities/wedged_runs.py.
+    # the workers' code does not replay, say): activities/reconcile/wedged_runs.py.
     runs_ended_by_reconciler: int = 0
     invariants: dict[str, int] = field(default_factory=dict)
     details: dict[str, int] = field(default_factory=dict)

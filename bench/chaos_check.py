@@ -23,9 +23,9 @@ from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Repor
 from bench.chaos_infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
-from turnkeeper.activities.store import SessionStore, TranscriptRow, open_store
 from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
 from turnkeeper.replay_watch import FailureWatch
+from turnkeeper.store import SessionStore, TranscriptRow, open_store
 
 if TYPE_CHECKING:
     from bench.chaos import Chaos
@@ -49,8 +49,8 @@ ABNORMAL_RUN = (
     WorkflowExecutionStatus.TIMED_OUT,
     WorkflowExecutionStatus.CANCELED,
 )
-# How the reconciler's terminate (activities/run_sweep.py) names itself: it ends a run
-# whose workflow task keeps failing (activities/wedged_runs.py).
+# How the reconciler's terminate (activities/reconcile/run_sweep.py) names itself: it ends a run
+# whose workflow task keeps failing (activities/reconcile/wedged_runs.py).
 RECONCILER_TERMINATES = "turnkeeper reconciler:"
 # invariant -> the details it sums
 INVARIANTS: dict[str, tuple[str, ...]] = {
@@ -156,7 +156,7 @@ def held_by_killed_workers(
 
 def ended_by_reconciler(histories: list[WorkflowHistory]) -> dict[str, str]:
     """Run id -> the reason, for each run the reconciler terminated because its
-    workflow task kept failing (activities/wedged_runs.py), as a run whose history
+    workflow task kept failing (activities/reconcile/wedged_runs.py), as a run whose history
     the workers' code does not replay would be."""
     ended: dict[str, str] = {}
     for hist in histories:

@@ -129,7 +129,7 @@ def unanswered_tool_calls(messages: list[dict[str, Any]]) -> list[str]:
 
 # -- worker processes -------------------------------------------------------------------
 
-# The worker's own line once it is about to poll (turnkeeper/worker.py).
+# The worker's own line once it is about to poll (turnkeeper/worker/main.py).
 SERVING_LINE = re.compile(
     rb"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO turnkeeper\.worker: worker serving"
 )

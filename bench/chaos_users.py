@@ -19,8 +19,8 @@ from temporalio.client import WorkflowExecutionStatus
 
 from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
 from turnkeeper import client as tk
-from turnkeeper.activities.store import SessionStore, StoreError, open_store
 from turnkeeper.models import UserMessage
+from turnkeeper.store import SessionStore, StoreError, open_store
 
 if TYPE_CHECKING:
     import random

@@ -42,7 +42,7 @@ from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.models import TURN_TASK_TIMEOUT, TurnState, TurnStatus
-from turnkeeper.worker import run_worker
+from turnkeeper.worker.main import run_worker
 from turnkeeper.workflows import history_bound
 from turnkeeper.workflows.chat_turn import ChatTurn
 

@@ -55,7 +55,7 @@ from bench.process_throughput import (
 from bench.turn_latency import TURN_TIMEOUT_S, PairedRatio, proto_size, ratio_of_rounds, turnkeeper_turn
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.encryption import ENCODING, EncryptionCodec
+from turnkeeper.payloads.encryption import ENCODING, EncryptionCodec
 
 GOAL_THROUGHPUT_ON_VS_OFF = 0.95
 HISTORY_SAMPLES = 5

@@ -9,7 +9,7 @@ worker on its own task queue:
 
   turnkeeper           turnkeeper as shipped: the real worker (`worker.run_worker`)
                        on a dev server started as the embedded one is
-                       (`turnkeeper.dev_server.start_dev_command`); a turn is
+                       (`turnkeeper.worker.dev_server.start_dev_command`); a turn is
                        `turnkeeper.client.send_message`, then the run's result
   bare, stock server   bench/bare_loop.py (its worker unsandboxed, as turnkeeper's)
                        on `temporal server start-dev` with the CLI's defaults
@@ -23,7 +23,7 @@ worker on its own task queue:
                        instead of signal-with-start, which cannot start eagerly)
   (--loop-variant)     the bare loop on the tuned server with its workflow
                        activations on the worker's event loop, as turnkeeper's
-                       worker runs them (`turnkeeper.loop_activations`): what
+                       worker runs them (`turnkeeper.worker.loop_activations`): what
                        that setting alone gives the floor
   (--previous-variant) the bare loop on the embedded server's settings before
                        the task-dispatch settings (the 50 ms tick back), so the
@@ -94,11 +94,11 @@ from bench.turn_latency import (
 )
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
-from turnkeeper.activities.store import SQLiteStore
-from turnkeeper.dev_server import TASK_DISPATCH, server_settings
-from turnkeeper.loop_activations import LoopActivations
 from turnkeeper.models import TurnStatus
-from turnkeeper.worker import STICKY_SCHEDULE_TO_START, event_loop_factory
+from turnkeeper.store import SQLiteStore
+from turnkeeper.worker.dev_server import TASK_DISPATCH, server_settings
+from turnkeeper.worker.loop_activations import LoopActivations
+from turnkeeper.worker.main import STICKY_SCHEDULE_TO_START, event_loop_factory
 
 WARMUP_TURNS = 5
 IN_FLIGHT = 50

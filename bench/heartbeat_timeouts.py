@@ -41,7 +41,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from bench._common import dev_server, event_s, progress, run_and_exit
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.config import Settings
-from turnkeeper.worker import heartbeat_throttle
+from turnkeeper.worker.main import heartbeat_throttle
 
 HANG_S = 30.0  # far past any timeout measured here
 

@@ -25,7 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.worker import run_worker
+from turnkeeper.worker.main import run_worker
 
 
 async def main(turns: int) -> None:

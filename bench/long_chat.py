@@ -51,11 +51,11 @@ from turnkeeper import activity_io as io
 from turnkeeper.activities.model_call import ModelCallActivity
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION, SummaryRequest, listed_summary
-from turnkeeper.activities.store import SQLiteStore
-from turnkeeper.activities.store.transaction import Transaction
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec, UserMessage
+from turnkeeper.store import SQLiteStore
+from turnkeeper.store.transaction import Transaction
 
 T = TypeVar("T")
 CHAT = "long-chat"

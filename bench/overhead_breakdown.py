@@ -55,7 +55,7 @@ from bench._common import alternate_rounds, dev_server, p90, progress, run_and_e
 from bench.breakdown_loops import NOOP, Plain, Signalled, WithLocalActivity, WithPatch
 from bench.turn_latency import BareActivities, Steps, Turnkeeper, cpu_seconds
 from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
-from turnkeeper.worker import STICKY_SCHEDULE_TO_START, event_loop_factory
+from turnkeeper.worker.main import STICKY_SCHEDULE_TO_START, event_loop_factory
 
 IN_FLIGHT = 50
 WARMUP_TURNS = 5

@@ -28,10 +28,10 @@ from temporalio.testing import ActivityEnvironment
 
 from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
-from turnkeeper.activities.reconciler import Reconciler
-from turnkeeper.activities.store import SQLiteStore
+from turnkeeper.activities.reconcile.reconciler import Reconciler
 from turnkeeper.config import Settings
 from turnkeeper.models import ChatTurnInput, ModelReply, UserMessage
+from turnkeeper.store import SQLiteStore
 
 PASSES = 3
 

@@ -63,11 +63,11 @@ from bench._common import (
 from turnkeeper import client as tk
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import Reason, TurnState, TurnStatus
 from turnkeeper.reconcile_io import SCHEDULE_ID
 from turnkeeper.testing import FakeChatServer
-from turnkeeper.worker import heartbeat_throttle
+from turnkeeper.worker.dev_server import temporal_binary
+from turnkeeper.worker.main import heartbeat_throttle
 
 TOOL_SECONDS = 30  # slow_write: far longer than any measurement
 MODEL_DELAY_S = 30  # the fake model's first answer: likewise

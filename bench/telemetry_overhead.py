@@ -37,7 +37,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from bench._common import alternate_rounds, dev_server, free_port, median_interval, run_and_exit
 from bench.process_throughput import IN_FLIGHT, WARMUP_TURNS, TurnkeeperProcess, burst, spawn_and_warm
-from turnkeeper import telemetry
+from turnkeeper.telemetry import exporters as telemetry
 
 
 class OtlpSink:

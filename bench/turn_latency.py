@@ -64,12 +64,12 @@ from bench._common import (
 from bench.bare_loop import MODEL, TOOL, BareModelInput, BareToolInput, BareTurn
 from turnkeeper import client as tk
 from turnkeeper.activities.providers import ScriptedProvider
-from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.activities.tools import ToolContext, ToolRegistry, default_registry
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import server_settings
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, TurnStatus, UserMessage
-from turnkeeper.worker import STICKY_SCHEDULE_TO_START, run_worker
+from turnkeeper.store import SQLiteStore
+from turnkeeper.worker.dev_server import server_settings
+from turnkeeper.worker.main import STICKY_SCHEDULE_TO_START, run_worker
 
 # One benchmark turn. The scripted model answers item i for the i-th assistant
 # message of the chat, so every turn runs in a fresh chat to replay the same script.

@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support import Stack
 from turnkeeper.client import data_converter
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import DYNAMIC_CONFIG, temporal_binary
 from turnkeeper.search_attributes import SEARCH_ATTRIBUTE_KEYS
+from turnkeeper.worker.dev_server import DYNAMIC_CONFIG, temporal_binary
 
 _exit_status = 0
 

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 import pytest
 
-from turnkeeper.activities.store.postgres import display_url
+from turnkeeper.store.postgres import display_url
 
 PG_URL = os.environ.get("TURNKEEPER_TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 SKIP_PG = os.environ.get("TURNKEEPER_TEST_SKIP_POSTGRES", "").strip().lower() in ("1", "true", "yes")

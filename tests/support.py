@@ -19,10 +19,10 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from turnkeeper import client as tk
-from turnkeeper.activities.store import SessionStore, open_store
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState
-from turnkeeper.worker import run_worker
+from turnkeeper.store import SessionStore, open_store
+from turnkeeper.worker.main import run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"

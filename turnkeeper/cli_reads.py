@@ -36,16 +36,16 @@ from turnkeeper.config import Settings
 if TYPE_CHECKING:
     import asyncio
 
-    from turnkeeper.activities.store import SessionStore
     from turnkeeper.models import ChatMessage, Event, TurnState
+    from turnkeeper.store import SessionStore
 
-# activities/store/schema.py's SCHEMA_VERSION (that module imports the models; a
+# turnkeeper/store/schema.py's SCHEMA_VERSION (that module imports the models; a
 # test keeps the two equal): a file of another version is read through the store.
 STORE_SCHEMA_VERSION = 2
-# The store's own wait for a lock (activities/store/sqlite.py, BUSY_TIMEOUT_S).
+# The store's own wait for a lock (turnkeeper/store/sqlite.py, BUSY_TIMEOUT_S).
 BUSY_TIMEOUT_S = 1.0
 _SQLITE_PREFIX = "sqlite:///"
-# The `turns` columns cli_views.turn_row_state decodes (activities/store/codec.py's, a test keeps them equal).
+# The `turns` columns cli_views.turn_row_state decodes (turnkeeper/store/codec.py's, a test keeps them equal).
 TURN_COLUMNS = (
     "chat_id",
     "turn",
@@ -121,7 +121,7 @@ class Reads:
         if self._runner is None:
             import asyncio
 
-            from turnkeeper.cli_common import open_session_store
+            from turnkeeper.cli.common import open_session_store
 
             runner = asyncio.Runner()
             try:
@@ -197,7 +197,7 @@ class Reads:
                     "SELECT 1 FROM messages WHERE chat_id = ? AND message_id = ?", (chat_id, message_id)
                 ).fetchone()
             ):
-                # activities/store/codec.py's seq_before_message
+                # turnkeeper/store/codec.py's seq_before_message
                 for row in db.execute(
                     "SELECT seq, payload FROM events WHERE chat_id = ? AND type = 'user_message'"
                     " ORDER BY seq",

@@ -5,7 +5,7 @@ log, decoded without pydantic.
 Importing pydantic and the models takes longer than `turnkeeper status` may
 take in all. So `status`, `history` and `events` decode what they read into
 the views below, which have the models' attributes (all that
-turnkeeper.cli_output uses). The views decode strictly: anything the models
+turnkeeper.cli.output uses). The views decode strictly: anything the models
 would read otherwise (a value they would coerce, a field unknown here, a row
 that does not decode) is never guessed at: the decoders raise `NotPlain`, and
 the command reads it the models' way instead, so that it prints the same

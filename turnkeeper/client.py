@@ -62,7 +62,7 @@ def run_summary(chat_id: str, why: str | None = None) -> str:
 def data_converter(settings: Settings) -> DataConverter:
     """The one data converter of every client of ours (worker, CLI, web, reconciler):
     pydantic, encrypted under TURNKEEPER_ENCRYPTION_KEYS when set."""
-    from turnkeeper.encryption import data_converter as converter
+    from turnkeeper.payloads.encryption import data_converter as converter
 
     return converter(settings.encryption_keys)
 
@@ -83,7 +83,7 @@ async def connect(settings: Settings, *, start_dev_server: bool = False) -> Clie
         return await Client.connect(**config, data_converter=converter)
     address = f"127.0.0.1:{settings.dev_server_port}"
     if start_dev_server:
-        from turnkeeper.dev_server import ensure_dev_server
+        from turnkeeper.worker.dev_server import ensure_dev_server
 
         address = await ensure_dev_server(settings)
     return await Client.connect(address, namespace=settings.namespace, data_converter=converter)
@@ -97,7 +97,7 @@ async def ensure_search_attributes(client: Client, namespace: str) -> list[str]:
         ListSearchAttributesRequest,
     )
 
-    from turnkeeper.dev_server import SEARCH_ATTRIBUTES
+    from turnkeeper.worker.dev_server import SEARCH_ATTRIBUTES
 
     listed = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=namespace)

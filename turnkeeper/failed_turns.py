@@ -15,7 +15,7 @@ from turnkeeper.models import DISMISSED_TEXT, Reason, TurnRecord, TurnState, Tur
 from turnkeeper.workflows import recovery
 
 if TYPE_CHECKING:
-    from turnkeeper.activities.store import SessionStore
+    from turnkeeper.store import SessionStore
 
 
 class NotDecided(Exception):
@@ -54,7 +54,7 @@ async def decide_failed_turn(
         raise NotDecided(refusal)
     if action != "dismiss":  # the rules refuse Continue in `failed`; say so if they ever do not
         raise NotDecided(recovery.CONTEXT_UNAVAILABLE)
-    from turnkeeper.activities.store import TurnUpdate  # the store's module only where a turn is decided
+    from turnkeeper.store import TurnUpdate  # the store's module only where a turn is decided
 
     recovery.end_recovered(state, Reason.DISMISSED)
     await store.close_unanswered_calls(chat_id, record.turn)

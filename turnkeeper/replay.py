@@ -33,7 +33,7 @@ WORKFLOW_TYPES = ("ChatTurn", "Reconcile")
 
 
 def registered_workflows() -> list[type]:
-    """The workflow classes a worker registers (turnkeeper/worker.py uses this list)."""
+    """The workflow classes a worker registers (turnkeeper/worker/main.py uses this list)."""
     from turnkeeper.workflows.chat_turn import ChatTurn
     from turnkeeper.workflows.reconcile import Reconcile
 

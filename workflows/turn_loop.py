@@ -30,7 +30,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io, metrics
+    from turnkeeper import activity_io
     from turnkeeper import models as rows
     from turnkeeper.models import (
         OPEN_STATUSES,
@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         RECOVERY_REASON_ATTR,
         TURN_STATUS_ATTR,
     )
+    from turnkeeper.telemetry import metrics
     from turnkeeper.workflows import recovery, steps
     from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.workflows.input_queue import InputQueue

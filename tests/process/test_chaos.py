@@ -229,8 +229,8 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))
     log.write_text(
-        f"{stamp},250 INFO turnkeeper.worker: registered search attributes []\n"
-        f"{stamp},500 INFO turnkeeper.worker: worker serving task queue 'q' (model demo)\n"
+        f"{stamp},250 INFO turnkeeper.worker.main: registered search attributes []\n"
+        f"{stamp},500 INFO turnkeeper.worker.main: worker serving task queue 'q' (model demo)\n"
     )
     w = WorkerProc(0, proc=None, log=log, started=time.monotonic() - 6)  # type: ignore[arg-type]
     w.look_for_serving()
@@ -239,7 +239,7 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
 
 
 async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the_history() -> None:
-    """The reason is the reconciler's own (activities/run_sweep.py terminate), read back
+    """The reason is the reconciler's own (activities/reconcile/run_sweep.py terminate), read back
     from the run's history; an operator's terminate is not counted."""
     from datetime import datetime
 
@@ -247,7 +247,7 @@ async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the
     from temporalio.api.history.v1 import HistoryEvent
     from temporalio.client import WorkflowHistory
 
-    from turnkeeper.activities import run_sweep, wedged_runs
+    from turnkeeper.activities.reconcile import run_sweep, wedged_runs
 
     class Handle:
         reason = ""

@@ -36,15 +36,15 @@ HEAVY = (
     "turnkeeper.activities.providers",
     "turnkeeper.activities.model_call",
     "turnkeeper.activities.tool_call",
-    "turnkeeper.activities.store.postgres",
+    "turnkeeper.store.postgres",
     "temporalio.worker",
     "turnkeeper.workflows.chat_turn",
     "turnkeeper.workflows.reconcile",
-    "turnkeeper.worker",
+    "turnkeeper.worker.main",
     "turnkeeper.web",
     "starlette",
     "uvicorn",
-    "turnkeeper.codec_server",
+    "turnkeeper.payloads.codec_server",
     # Payload encryption: only when TURNKEEPER_ENCRYPTION_KEYS is set (it is not here).
     "cryptography",
 )
@@ -65,8 +65,8 @@ NOT_PLAIN = (
     "turnkeeper.activities",
     "turnkeeper.workflows",
     "turnkeeper.failed_turns",
-    "turnkeeper.encryption",
-    "turnkeeper.telemetry",
+    "turnkeeper.payloads.encryption",
+    "turnkeeper.telemetry.exporters",
 )
 
 
@@ -142,6 +142,6 @@ async def test_common_commands_import_no_heavy_modules(stack: Stack) -> None:
             # Following the turn reads the store (pydantic); a turn that ends needs no SDK.
             sdk = _loaded(modules, ("temporalio",))
             assert not sdk, f"turnkeeper {' '.join(args)} sent over HTTP, yet imported {sdk}"
-            assert "turnkeeper.activities.store" in modules
+            assert "turnkeeper.store" in modules
         else:
             assert "temporalio.client" in modules

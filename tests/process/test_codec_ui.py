@@ -18,9 +18,9 @@ from tests.support import ROOT
 from tests.workflow.test_encryption import KEYS_1, CodecServer, free_port
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import ensure_dev_server, stop_dev_server
 from turnkeeper.models import TurnStatus
-from turnkeeper.worker import run_worker
+from turnkeeper.worker.dev_server import ensure_dev_server, stop_dev_server
+from turnkeeper.worker.main import run_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

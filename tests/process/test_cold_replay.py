@@ -12,8 +12,8 @@ import pytest
 
 from tests.support import Stack, until
 from turnkeeper import client as tk
-from turnkeeper.dev_server import SIGNALS_PER_RUN
 from turnkeeper.models import TURN_TASK_TIMEOUT, TurnStatus
+from turnkeeper.worker.dev_server import SIGNALS_PER_RUN
 
 pytestmark = pytest.mark.crash
 

@@ -21,9 +21,9 @@ from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from tests.support import Stack
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import Reason, TurnStatus
-from turnkeeper.worker import deployment_config
+from turnkeeper.worker.dev_server import temporal_binary
+from turnkeeper.worker.main import deployment_config
 
 pytestmark = pytest.mark.crash
 

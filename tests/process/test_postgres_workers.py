@@ -11,8 +11,8 @@ import pytest
 
 from tests.pg import pg_schema, url_with_search_path
 from tests.support import Stack
-from turnkeeper.activities.store import PostgresStore
 from turnkeeper.models import TurnStatus
+from turnkeeper.store import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

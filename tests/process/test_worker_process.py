@@ -17,7 +17,7 @@ from temporalio.client import Client
 from tests.support import Stack
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import is_healthy, stop_dev_server
+from turnkeeper.worker.dev_server import is_healthy, stop_dev_server
 
 pytestmark = pytest.mark.crash
 

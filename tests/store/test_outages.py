@@ -1,6 +1,6 @@
 """Store outages end by themselves: once the cause is gone, the next call succeeds.
 
-What the backends promise (activities/store/sqlite.py and postgres.py, "Outages
+What the backends promise (turnkeeper/store/sqlite.py and postgres.py, "Outages
 end by themselves"): the first call made once the cause is gone succeeds, with
 no wait of the store's own. These tests make each outage for real:
 
@@ -38,14 +38,14 @@ import pytest
 from starlette.requests import Request
 
 from tests.pg import PG_URL, pg_admin, pg_schema
-from turnkeeper.activities.store import (
+from turnkeeper.models import NewEvent
+from turnkeeper.store import (
     PostgresStore,
     SessionStore,
     SQLiteStore,
     StoreUnavailable,
     inline_calls,
 )
-from turnkeeper.models import NewEvent
 from turnkeeper.web.app import healthz
 from turnkeeper.web.backends import ApiError
 

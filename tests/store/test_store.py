@@ -1,4 +1,4 @@
-"""The session stores against the SessionStore contract (activities/store/base.py).
+"""The session stores against the SessionStore contract (turnkeeper/store/base.py).
 
 Every contract test runs on SQLite and on PostgreSQL (`backend` fixture); the
 PostgreSQL server and how to skip it: tests/pg.py.
@@ -22,7 +22,17 @@ import asyncpg
 import pytest
 
 from tests.pg import PG_URL, pg_schema
-from turnkeeper.activities.store import (
+from turnkeeper.config import Settings
+from turnkeeper.models import (
+    ChatMessage,
+    ModelReply,
+    NewEvent,
+    Reason,
+    ToolCall,
+    TurnStatus,
+    UserMessage,
+)
+from turnkeeper.store import (
     INTERRUPTED_TOOL_TEXT,
     SUPERSEDED_TEXT,
     CorruptRowError,
@@ -37,19 +47,9 @@ from turnkeeper.activities.store import (
     inline_calls,
     open_store,
 )
-from turnkeeper.activities.store import sqlite as sqlite_store
-from turnkeeper.activities.store.postgres import _CHAT_LOCK_SPACE
-from turnkeeper.activities.store.schema import SCHEMA_VERSION
-from turnkeeper.config import Settings
-from turnkeeper.models import (
-    ChatMessage,
-    ModelReply,
-    NewEvent,
-    Reason,
-    ToolCall,
-    TurnStatus,
-    UserMessage,
-)
+from turnkeeper.store import sqlite as sqlite_store
+from turnkeeper.store.postgres import _CHAT_LOCK_SPACE
+from turnkeeper.store.schema import SCHEMA_VERSION
 
 CHAT = "chat-1"
 
@@ -472,7 +472,7 @@ async def test_sqlite_runs_every_call_on_its_thread_unless_the_caller_allows_it_
 ) -> None:
     """Local activities, the web process and the CLI call the store outside
     `inline_calls`: their calls keep to the store thread, as a local activity's
-    timing must (activities/store/base.py)."""
+    timing must (turnkeeper/store/base.py)."""
     store = await _sqlite_store(tmp_path)
     try:
         seen = _spy_threads(store, monkeypatch, {"_tool_result_tx": "result"})
@@ -1389,7 +1389,7 @@ async def test_pg_a_server_that_never_answers_is_unavailable_within_the_connect_
     the store and listening for its changes fail in seconds, not asyncpg's 60."""
     import socket
 
-    from turnkeeper.activities.store import postgres
+    from turnkeeper.store import postgres
 
     monkeypatch.setattr(postgres, "CONNECT_TIMEOUT_S", 0.5)
     silent = socket.socket()

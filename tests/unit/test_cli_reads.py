@@ -30,8 +30,7 @@ from temporalio.converter import DataConverter, encode_search_attributes
 
 from turnkeeper import cli_reads, cli_views, http_api
 from turnkeeper import client as tk
-from turnkeeper.activities.store import CorruptRowError, SQLiteStore, TurnUpdate, codec, schema, sqlite
-from turnkeeper.cli_output import describe_gate, event_line, event_text, transcript_line
+from turnkeeper.cli.output import describe_gate, event_line, event_text, transcript_line
 from turnkeeper.cli_reads import Reads
 from turnkeeper.cli_views import NotPlain, StateView
 from turnkeeper.config import Settings
@@ -51,6 +50,7 @@ from turnkeeper.models import (
     UserMessage,
 )
 from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
+from turnkeeper.store import CorruptRowError, SQLiteStore, TurnUpdate, codec, schema, sqlite
 
 # The strategies below are composed deeply: Hypothesis warns that their repr is long.
 pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")

@@ -17,9 +17,9 @@ import yaml
 
 from tests.support import ROOT
 from turnkeeper import config
-from turnkeeper.activities.store import PostgresStore, open_store
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import HISTORY_LIMITS, TASK_DISPATCH, TASK_PROBLEMS
+from turnkeeper.store import PostgresStore, open_store
+from turnkeeper.worker.dev_server import HISTORY_LIMITS, TASK_DISPATCH, TASK_PROBLEMS
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -307,7 +307,7 @@ def test_the_ui_decodes_through_the_codec_server(services: dict[str, dict[str, A
     """codec-server is the worker's image running `turnkeeper codec-server` with the
     workers' keys, published on loopback where the UI's page looks for it, and it
     lets that page's origin in."""
-    from turnkeeper.codec_server import CodecConfig
+    from turnkeeper.payloads.codec_server import CodecConfig
 
     codec, worker = services["codec-server"], services["worker"]
     assert codec["command"] == ["turnkeeper", "codec-server"] and codec["build"] == worker["build"]

@@ -9,7 +9,7 @@ import uvloop
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
 from turnkeeper.config import ConfigError, Settings, event_loop_choice
-from turnkeeper.worker import WORKFLOW_TASK_POLLS, event_loop_factory, poller_behaviors
+from turnkeeper.worker.main import WORKFLOW_TASK_POLLS, event_loop_factory, poller_behaviors
 
 
 def test_defaults_without_any_variable() -> None:

@@ -24,8 +24,8 @@ from turnkeeper.activities.context import (
 )
 from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.providers.base import SummaryRequest, TextSink
-from turnkeeper.activities.store import SQLiteStore, StoredRow
 from turnkeeper.models import ChatMessage, ModelReply, ToolCall, ToolSpec, UserMessage
+from turnkeeper.store import SQLiteStore, StoredRow
 
 CHAT = "long"
 

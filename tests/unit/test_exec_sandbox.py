@@ -25,7 +25,7 @@ from turnkeeper.activities.tools import (
     sandbox,
 )
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.worker import check_tools
+from turnkeeper.worker.main import check_tools
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the sandbox is bubblewrap's, Linux only"

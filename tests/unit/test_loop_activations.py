@@ -1,5 +1,5 @@
 """The executor that runs workflow activations on the worker's event loop
-(turnkeeper/loop_activations.py)."""
+(turnkeeper/worker/loop_activations.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from turnkeeper import loop_activations
-from turnkeeper.loop_activations import LoopActivations
+from turnkeeper.worker import loop_activations
+from turnkeeper.worker.loop_activations import LoopActivations
 
 
 async def test_a_call_runs_on_the_loop_thread_outside_the_task_that_submitted_it() -> None:

@@ -11,9 +11,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import WorkflowSerializationContext
 
 from turnkeeper.config import EncryptionKey
-from turnkeeper.encryption import data_converter
 from turnkeeper.models import ChatTurnInput, TurnState, TurnStatus, UserMessage
-from turnkeeper.payload_converter import SharedPayloadConverter
+from turnkeeper.payloads.converter import SharedPayloadConverter
+from turnkeeper.payloads.encryption import data_converter
 
 
 def _inner(converter: object) -> object:

@@ -562,7 +562,7 @@ def test_only_an_openai_model_imports_openai(tmp_path: Path) -> None:
     script.write_text(json.dumps([{"text": "hi"}]))
     code = (
         "import sys\n"
-        "from turnkeeper import worker\n"
+        "from turnkeeper.worker import main\n"
         "from turnkeeper.activities.providers import load_provider\n"
         "load_provider('demo'); load_provider('scripted:' + sys.argv[1])\n"
         "assert 'openai' not in sys.modules, 'imported by the worker, or demo and scripted'\n"

@@ -1,4 +1,4 @@
-"""Which runs the reconciler ends for a workflow task that keeps failing (activities/wedged_runs.py)."""
+"""Which runs the reconciler ends for a workflow task that keeps failing (activities/reconcile/wedged_runs.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
 
-from turnkeeper.activities import wedged_runs
+from turnkeeper.activities.reconcile import wedged_runs
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -94,6 +94,6 @@ async def test_retries_the_history_does_not_show_count() -> None:
 def test_the_server_marks_failing_runs_as_soon_as_the_reconciler_would_end_them() -> None:
     """The embedded server's TemporalReportedProblems threshold is the rule's count:
     a run with no open turn is listed by the time it has failed enough to be ended."""
-    from turnkeeper.dev_server import TASK_PROBLEMS_MARKED_AFTER
+    from turnkeeper.worker.dev_server import TASK_PROBLEMS_MARKED_AFTER
 
     assert TASK_PROBLEMS_MARKED_AFTER == wedged_runs.WEDGED_TASK_FAILURES

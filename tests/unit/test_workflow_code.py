@@ -83,10 +83,11 @@ def _turnkeeper_imports(tree: ast.AST) -> set[Path]:
         else:
             continue
         for parts in candidates:
-            if len(parts) == 2 and parts[0] == "turnkeeper" and parts[1] not in ("workflows", "activities"):
-                path = ROOT / "turnkeeper" / f"{parts[1]}.py"
-                if path.exists():
-                    found.add(path)
+            if len(parts) >= 2 and parts[0] == "turnkeeper" and parts[1] not in ("workflows", "activities"):
+                module = ROOT.joinpath(*parts)  # a module, or a package's __init__
+                for path in (module.with_suffix(".py"), module / "__init__.py"):
+                    if path.exists():
+                        found.add(path)
     return found
 
 
@@ -176,12 +177,14 @@ def test_the_check_catches_what_it_is_for() -> None:
 
 def test_the_walk_follows_imports_into_turnkeeper() -> None:
     tree = ast.parse(
-        "from turnkeeper import activity_io, metrics\nfrom turnkeeper.models import X\n"
+        "from turnkeeper import activity_io\nfrom turnkeeper.telemetry import metrics\n"
+        "from turnkeeper.models import X\n"
         "from turnkeeper.workflows import recovery\nimport turnkeeper.statuses\n"
     )
-    assert {p.name for p in _turnkeeper_imports(tree)} == {
-        "activity_io.py",
-        "metrics.py",
-        "models.py",
-        "statuses.py",
+    assert {p.relative_to(ROOT).as_posix() for p in _turnkeeper_imports(tree)} == {
+        "turnkeeper/activity_io.py",
+        "turnkeeper/telemetry/__init__.py",  # run by the import of the module in it
+        "turnkeeper/telemetry/metrics.py",
+        "turnkeeper/models.py",
+        "turnkeeper/statuses.py",
     }

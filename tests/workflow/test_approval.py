@@ -15,7 +15,6 @@ from temporalio.testing import ActivityEnvironment
 from tests.support import Stack, until_async
 from turnkeeper import activity_io
 from turnkeeper import client as tk
-from turnkeeper.activities.store import SQLiteStore
 from turnkeeper.activities.tool_call import NOT_APPROVED_TEXT, ToolCallActivity
 from turnkeeper.activities.tools import ToolRegistry, default_registry, load_tool_modules
 from turnkeeper.config import Settings
@@ -31,6 +30,7 @@ from turnkeeper.models import (
     TurnState,
     TurnStatus,
 )
+from turnkeeper.store import SQLiteStore
 
 
 def _call(name: str, **arguments: object) -> dict[str, Any]:
@@ -153,7 +153,7 @@ async def test_a_continue_after_the_store_closed_the_turn_runs_nothing(stack: St
     store write went through (a signal arrived meanwhile: UnhandledCommand); its
     retry may then meet the user's Continue first. The store's ending stands: the
     held call never runs, and the chat answers its next message."""
-    from turnkeeper.activities.store.base import TurnUpdate
+    from turnkeeper.store.base import TurnUpdate
 
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
@@ -278,7 +278,7 @@ async def test_a_wait_survives_sigkilled_workers_and_runs_once_approved(stack: S
 
 async def test_confirm_tools_from_the_environment_and_the_decorator(stack: Stack) -> None:
     """TURNKEEPER_CONFIRM_TOOLS makes a built-in ask first; the CLI's status lists the call."""
-    from turnkeeper.cli_output import describe_gate
+    from turnkeeper.cli.output import describe_gate
 
     stack.env_extra["TURNKEEPER_CONFIRM_TOOLS"] = "write_file"
     stack.script([{"tool_calls": [_call("write_file", path="e.txt", content="e")]}, {"text": "ok"}])

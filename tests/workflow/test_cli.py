@@ -486,8 +486,8 @@ async def test_send_waiting_on_a_turn_a_newer_message_superseded_returns(stack: 
 async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack) -> None:
     """The reconciler marks the turn `send` waits on failed/recovery_failed: no run
     will ever end it, so `send` shows what the user can do and exits 3."""
-    from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import Reason, ToolCallStatus, TurnStatus
+    from turnkeeper.store import TurnUpdate
 
     stack.env_extra.update(
         {
@@ -527,7 +527,6 @@ async def test_send_waiting_on_a_turn_whose_recovery_failed_exits_3(stack: Stack
 async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) -> None:
     """No run waits for a decision on a failed/recovery_failed turn: `status` shows it
     from the store, and Dismiss closes it there, once."""
-    from turnkeeper.activities.store import TurnUpdate
     from turnkeeper.models import (
         DISMISSED_TEXT,
         INTERRUPTED_TOOL_TEXT,
@@ -537,6 +536,7 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
         TurnStatus,
         UserMessage,
     )
+    from turnkeeper.store import TurnUpdate
 
     stack.script([{"text": "first answer"}])
     await stack.start_worker()

@@ -35,18 +35,11 @@ from temporalio.exceptions import ApplicationError
 from tests.support import Stack, until
 from tests.web_support import request, serving
 from turnkeeper import client as tk
-from turnkeeper.activities import reconcile_verdict
-from turnkeeper.activities.run_sweep import readable as _readable
+from turnkeeper.activities.reconcile import verdict as reconcile_verdict
+from turnkeeper.activities.reconcile.run_sweep import readable as _readable
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.dev_server import (
-    codec_endpoint,
-    ensure_dev_server,
-    is_healthy,
-    start_dev_command,
-    stop_dev_server,
-    temporal_binary,
-)
-from turnkeeper.encryption import (
+from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.payloads.encryption import (
     ENCODING,
     KEY_ID_METADATA,
     DecryptionError,
@@ -54,9 +47,16 @@ from turnkeeper.encryption import (
     PlaintextCodec,
     data_converter,
 )
-from turnkeeper.models import Reason, TurnState, TurnStatus
 from turnkeeper.reconcile_io import RECONCILE_WORKFLOW, ReconcileSummary
-from turnkeeper.worker import run_worker
+from turnkeeper.worker.dev_server import (
+    codec_endpoint,
+    ensure_dev_server,
+    is_healthy,
+    start_dev_command,
+    stop_dev_server,
+    temporal_binary,
+)
+from turnkeeper.worker.main import run_worker
 
 TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
 KEY_1, KEY_2 = (base64.b64encode(secrets.token_bytes(32)).decode() for _ in range(2))
@@ -413,7 +413,7 @@ def test_the_codec_server_refuses_a_body_over_its_limit_before_it_arrives(
 async def test_the_codec_server_stops_reading_a_chunked_body_past_its_limit() -> None:
     """A body with no length (chunked) is counted as it arrives: refused (413) once it
     passes the limit, the rest never read. The ASGI app called directly."""
-    from turnkeeper.codec_server import MAX_BODY_BYTES, CodecConfig, create_app
+    from turnkeeper.payloads.codec_server import MAX_BODY_BYTES, CodecConfig, create_app
 
     app = create_app(Settings.from_env({"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1}), CodecConfig())
     chunk, total = b"x" * 65536, 5 * 1024 * 1024

@@ -515,7 +515,7 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
     long enough, a reconcile pass ends the run and hands its messages on in order,
     and the chat answers."""
     from tests.workflow.test_reconciler import run_pass
-    from turnkeeper.activities import wedged_runs
+    from turnkeeper.activities.reconcile import wedged_runs
 
     # One or two turns, as the hand-on finds the messages, then the probe's.
     stack.script([{"text": "answered"}, {"text": "answered again"}, {"text": "and again"}])
@@ -554,7 +554,7 @@ async def test_a_run_whose_history_does_not_replay_is_recovered(
 async def _until_failing_and_marked(stack: Stack, chat: str, run_id: str) -> None:
     """The run still runs, its task has failed more often than the wedge rule counts,
     and the server has marked it (TemporalReportedProblems), so a pass can list it."""
-    from turnkeeper.activities import wedged_runs
+    from turnkeeper.activities.reconcile import wedged_runs
 
     run = stack.client.get_workflow_handle(tk.workflow_id(chat), run_id=run_id)
     marked = f"WorkflowId = '{tk.workflow_id(chat)}' AND {wedged_runs.REPORTED_PROBLEMS} IS NOT NULL"
@@ -621,9 +621,9 @@ async def _losing_the_first_model_call(stack: Stack) -> AsyncIterator[Any]:
     every later one made as usual. Yields the store, whose methods a test may wrap."""
     from turnkeeper.activities.assemble import build_activities
     from turnkeeper.activities.providers import load_provider
-    from turnkeeper.activities.store import open_store
     from turnkeeper.activities.tools import default_registry
     from turnkeeper.step_timeouts import StepTimeouts
+    from turnkeeper.store import open_store
     from turnkeeper.workflows.chat_turn import ChatTurn
 
     settings = stack.settings()
@@ -670,7 +670,7 @@ async def test_a_gate_that_finds_its_turn_closed_hands_the_lost_calls_messages_o
     numbering the turn for its gate and the gate's first write, another writer ended
     the turn. The gate follows the store, and the message starts the next turn
     instead of vanishing with the lost call."""
-    from turnkeeper.activities.store.base import TurnUpdate
+    from turnkeeper.store.base import TurnUpdate
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
@@ -695,7 +695,7 @@ async def test_a_continue_that_finds_its_turn_closed_hands_the_lost_calls_messag
     """As above, at the Continue: the gate opened and was answered, and the store
     write of the Continue finds the turn ended by another writer. The ending stands,
     nothing is resumed, and the lost call's message starts the next turn."""
-    from turnkeeper.activities.store.base import TurnUpdate
+    from turnkeeper.store.base import TurnUpdate
 
     stack.script([{"text": "answered in turn 2"}, {"text": "ok"}])
     chat = stack.chat()
@@ -778,8 +778,8 @@ async def test_a_run_whose_workflow_task_keeps_failing_is_ended_and_its_turn_rec
     abnormally. Its message is kept, and the chat answers again."""
     from temporalio.testing import ActivityEnvironment
 
-    from turnkeeper.activities import wedged_runs
-    from turnkeeper.activities.reconciler import Reconciler
+    from turnkeeper.activities.reconcile import wedged_runs
+    from turnkeeper.activities.reconcile.reconciler import Reconciler
 
     stack.script([{"text": "answered after the recovery"}, {"text": "ok"}])
     chat = stack.chat()
@@ -821,10 +821,10 @@ async def test_a_failing_run_that_no_open_turn_leads_to_is_ended_and_its_message
     on at once, in order, so a message sent right after the pass comes after them."""
     from temporalio.testing import ActivityEnvironment
 
-    from turnkeeper.activities import wedged_runs
-    from turnkeeper.activities.reconciler import Reconciler
-    from turnkeeper.activities.store import TurnUpdate
+    from turnkeeper.activities.reconcile import wedged_runs
+    from turnkeeper.activities.reconcile.reconciler import Reconciler
     from turnkeeper.models import UserMessage
+    from turnkeeper.store import TurnUpdate
 
     chat = stack.chat()
     store = await stack.store()
@@ -864,9 +864,9 @@ async def test_refusals_made_while_the_runs_last_events_are_written_are_announce
     """The turn has ended, and its run's announcement of a refused message waits out
     a store outage; a message refused meanwhile is announced too, in order, and the
     run ends only after both are written: neither is dropped with it."""
-    from turnkeeper.activities.store import StoreUnavailable
-    from turnkeeper.activities.store.core import SQLStore
     from turnkeeper.models import NewEvent
+    from turnkeeper.store import StoreUnavailable
+    from turnkeeper.store.core import SQLStore
 
     written = SQLStore.append_events
     outage = {"on": True}
@@ -925,7 +925,7 @@ async def test_a_run_started_by_hand_with_a_blank_chat_id_fails_once(stack: Stac
     from temporalio.common import WorkflowIDConflictPolicy
     from temporalio.testing import ActivityEnvironment
 
-    from turnkeeper.activities.reconciler import Reconciler
+    from turnkeeper.activities.reconcile.reconciler import Reconciler
     from turnkeeper.models import ChatTurnInput, UserMessage
 
     await stack.start_worker()

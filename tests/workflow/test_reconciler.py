@@ -1,5 +1,5 @@
 """The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
-the pure verdict (activities/reconcile_verdict.py) on a turn's history, then real passes on the dev
+the pure verdict (activities/reconcile/verdict.py) on a turn's history, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, the cost of a pass over many healthy chats, and quiet passes
 deleted by the passes after them."""
@@ -42,16 +42,15 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from tests.support import HISTORIES, Stack
 from turnkeeper import activity_io
 from turnkeeper import client as tk
-from turnkeeper.activities import quiet_passes, reconcile_verdict
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
-from turnkeeper.activities.quiet_passes import QuietPasses, quiet_passes_query
-from turnkeeper.activities.reconcile_verdict import UnansweredCall
-from turnkeeper.activities.reconciler import Reconciler
-from turnkeeper.activities.store import SessionStore, StoreError
+from turnkeeper.activities.reconcile import quiet_passes
+from turnkeeper.activities.reconcile import verdict as reconcile_verdict
+from turnkeeper.activities.reconcile.quiet_passes import QuietPasses, quiet_passes_query
+from turnkeeper.activities.reconcile.reconciler import Reconciler
+from turnkeeper.activities.reconcile.verdict import UnansweredCall
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.config import Settings
-from turnkeeper.dev_server import temporal_binary
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     ChatMessage,
@@ -73,10 +72,12 @@ from turnkeeper.reconcile_io import (
     ReconcileSummary,
     pass_workflow_id,
 )
-from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
+from turnkeeper.store import SessionStore, StoreError
 from turnkeeper.testing import FakeChatServer
-from turnkeeper.worker import run_worker
+from turnkeeper.worker.dev_server import temporal_binary
+from turnkeeper.worker.main import run_worker
+from turnkeeper.worker.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 

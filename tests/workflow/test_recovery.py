@@ -21,7 +21,6 @@ from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
-from turnkeeper.activities.store import open_store
 from turnkeeper.activities.tools import default_registry
 from turnkeeper.models import (
     DISMISSED_TEXT,
@@ -36,8 +35,9 @@ from turnkeeper.models import (
 )
 from turnkeeper.search_attributes import RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.step_timeouts import StepTimeouts
+from turnkeeper.store import open_store
 from turnkeeper.testing import FakeChatServer
-from turnkeeper.worker import check_tools
+from turnkeeper.worker.main import check_tools
 from turnkeeper.workflows.chat_turn import ChatTurn
 
 pytestmark = pytest.mark.crash
@@ -243,7 +243,7 @@ async def test_a_retry_that_comes_while_the_gate_checks_another_does_not_superse
     (here before: the check outlives the workflow task, whose heartbeat brings the
     signal in first). Earlier, a newcomer seen after the answer let the supersede
     stand, and a retry closed the turn."""
-    from turnkeeper.activities.store.core import SQLStore
+    from turnkeeper.store.core import SQLStore
 
     checked = SQLStore.held_message_ids
 

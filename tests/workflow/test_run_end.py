@@ -61,9 +61,9 @@ async def _worker(
     their own); `finish_turn` writes call `on_finish` and take `finish_delay` seconds longer."""
     from turnkeeper.activities.assemble import build_activities
     from turnkeeper.activities.providers import load_provider
-    from turnkeeper.activities.store import open_store
     from turnkeeper.activities.tools import default_registry
     from turnkeeper.step_timeouts import StepTimeouts
+    from turnkeeper.store import open_store
     from turnkeeper.workflows.chat_turn import ChatTurn
 
     settings = stack.settings()

@@ -14,9 +14,10 @@ import pytest
 
 from tests.support import Stack, until_async
 from turnkeeper import client as tk
-from turnkeeper import metrics, telemetry
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.models import TurnStatus
+from turnkeeper.telemetry import exporters as telemetry
+from turnkeeper.telemetry import metrics
 from turnkeeper.testing import FakeChatServer
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")

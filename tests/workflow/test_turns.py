@@ -11,11 +11,12 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.support import Stack, until
-from turnkeeper import activity_io, loop_activations
+from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.models import TURN_TASK_TIMEOUT, ToolCallStatus, TurnState, TurnStatus
 from turnkeeper.search_attributes import TURN_STATUS_ATTR
 from turnkeeper.testing import FakeChatServer
+from turnkeeper.worker import loop_activations
 
 
 def _call(name: str, **arguments: object) -> dict:
@@ -138,7 +139,7 @@ async def test_the_worker_as_shipped_runs_a_turn_with_its_activations_on_its_eve
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Unsandboxed workflow code (the default) runs on the worker's event loop thread
-    (turnkeeper/loop_activations.py): a turn, a follow-up signalled while its tool
+    (turnkeeper/worker/loop_activations.py): a turn, a follow-up signalled while its tool
     runs, a `state` query and the next turn all work there."""
     ran_on: list[int] = []
     real_run = loop_activations._run

@@ -19,8 +19,8 @@ from tests.pg import pg_schema, url_with_search_path
 from tests.support import ROOT, Stack
 from tests.web_support import read_events, request, serving
 from turnkeeper import client as tk
-from turnkeeper.activities.store import TurnUpdate
 from turnkeeper.models import ChatTurnInput, Reason, RecoveryStart, ToolCallStatus, TurnStatus, UserMessage
+from turnkeeper.store import TurnUpdate
 
 
 async def _wait_status(server, chat: str, statuses: tuple[str, ...], timeout: float = 30.0) -> dict:
@@ -507,7 +507,7 @@ def test_a_stream_sends_each_attempt_from_its_start_and_drops_the_dead_one() -> 
     """What one event stream makes of the drafts it is handed: pieces after what it
     sent; a newer attempt (the call run again) from offset 0; an older attempt, or
     a draft read before its step's reply was recorded, not at all."""
-    from turnkeeper.activities.store import Draft
+    from turnkeeper.store import Draft
     from turnkeeper.web.sse import _Deltas
 
     def draft(attempt: int, text: str, step: int = 0, recorded: bool = False) -> Draft:
@@ -549,8 +549,8 @@ async def test_on_postgresql_new_events_are_pushed_to_the_stream(
     """With a PostgreSQL store the stream is woken by LISTEN/NOTIFY when another
     process writes the chat's log: with both polls set to 30 s, events written
     by a store of their own still arrive at once."""
-    from turnkeeper.activities.store.postgres import PostgresStore
     from turnkeeper.models import NewEvent
+    from turnkeeper.store.postgres import PostgresStore
     from turnkeeper.web import feed
 
     monkeypatch.setattr(feed, "EVENTS_POLL_S", 30.0)

@@ -25,7 +25,7 @@ from turnkeeper.web.openapi import SPEC
 from turnkeeper.web.server import WebConfig
 
 if TYPE_CHECKING:
-    from turnkeeper.activities.store import SessionStore
+    from turnkeeper.store import SessionStore
 
 log = logging.getLogger("turnkeeper.web")
 
@@ -102,8 +102,8 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError
 
-    from turnkeeper.activities.store.base import CorruptRowError, StoreError, StoreUnavailable
-    from turnkeeper.encryption import DecryptionError, names_decryption_error
+    from turnkeeper.payloads.encryption import DecryptionError, names_decryption_error
+    from turnkeeper.store.base import CorruptRowError, StoreError, StoreUnavailable
 
     # A key missing here or on the worker (TURNKEEPER_ENCRYPTION_KEYS): the words name its id, no content.
     if isinstance(exc, DecryptionError):

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 
 from turnkeeper import client as tk
-from turnkeeper import telemetry
 from turnkeeper.chat_ids import CHAT_ID_RULE, valid_chat_id
 from turnkeeper.config import Settings
+from turnkeeper.telemetry import exporters as telemetry
 from turnkeeper.web.feed import ChatFeed
 from turnkeeper.web.request_checks import BodyTooLarge, read_body
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from turnkeeper.activities.store import SessionStore
+    from turnkeeper.store import SessionStore
 
 # Continue, Dismiss, Stop and the login carry a few short fields.
 SMALL_BODY_BYTES = 4096
@@ -71,7 +71,7 @@ class Backends:
         if self._store is None:
             async with self._store_lock:
                 if self._store is None:
-                    from turnkeeper.activities.store import open_store
+                    from turnkeeper.store import open_store
 
                     store = open_store(self.settings)
                     await store.open()

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from turnkeeper.activities.store import Draft, SessionStore
+    from turnkeeper.store import Draft, SessionStore
 
 log = logging.getLogger("turnkeeper.web")
 

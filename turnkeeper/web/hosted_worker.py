@@ -29,7 +29,7 @@ class HostedWorker:
 
     async def start(self) -> None:
         from turnkeeper import client as tk
-        from turnkeeper.worker import run_worker
+        from turnkeeper.worker.main import run_worker
 
         # Started as the worker starts it: the embedded dev server unless TEMPORAL_ADDRESS is set.
         client = await tk.connect(self._settings, start_dev_server=True)

@@ -12,7 +12,7 @@ from turnkeeper.web.server import WebConfig, check_exposure, run_uvicorn
 
 def serve(settings: Settings, config: WebConfig) -> int:
     check_exposure(config)
-    from turnkeeper.telemetry import check_tracing
+    from turnkeeper.telemetry.exporters import check_tracing
 
     check_tracing(settings)  # before it listens: the first send is not the place to find out
     from turnkeeper.web.app import create_app

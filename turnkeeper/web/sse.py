@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from turnkeeper.web.backends import ApiError, backends, chat_id_of
 
 if TYPE_CHECKING:
-    from turnkeeper.activities.store import Draft
+    from turnkeeper.store import Draft
 
 log = logging.getLogger("turnkeeper.web")
 

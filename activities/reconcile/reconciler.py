@@ -1,13 +1,13 @@
 """The reconciler (docs/contract.md, "Reconciler"): finds turns the store shows open whose run
-is no longer running, judges what remains (activities/reconcile_verdict.py) and either
+is no longer running, judges what remains (activities/reconcile/verdict.py) and either
 closes the turn (`committed`, `answer_restored`) or starts a `ChatTurn` run in
 recovery mode, which opens the gate and waits for Continue or Dismiss.
 
 A pass reads the open turns only, so its cost grows with open turns, not with
 all chats; a turn whose run is running costs one describe and nothing else, unless
 the run's workflow task keeps failing: a run that gets nowhere for a minute is
-ended and recovered like any other (activities/wedged_runs.py). Runs that no open
-turn leads to are swept at the end of the pass (activities/run_sweep.py).
+ended and recovered like any other (activities/reconcile/wedged_runs.py). Runs that no open
+turn leads to are swept at the end of the pass (activities/reconcile/run_sweep.py).
 """
 
 from __future__ import annotations
@@ -23,11 +23,9 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeeper import metrics
-from turnkeeper.activities import reconcile_verdict, wedged_runs
-from turnkeeper.activities.run_sweep import ENDED, RunSweep, describe, readable, terminate
-from turnkeeper.activities.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
-from turnkeeper.activities.store.base import TurnRef
+from turnkeeper.activities.reconcile import verdict as reconcile_verdict
+from turnkeeper.activities.reconcile import wedged_runs
+from turnkeeper.activities.reconcile.run_sweep import ENDED, RunSweep, describe, readable, terminate
 from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
 from turnkeeper.models import (
@@ -44,6 +42,9 @@ from turnkeeper.models import (
     UserMessage,
 )
 from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
+from turnkeeper.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
+from turnkeeper.store.base import TurnRef
+from turnkeeper.telemetry import metrics
 from turnkeeper.workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")

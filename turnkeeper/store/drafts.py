@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import Draft
-from turnkeeper.activities.store.schema import OPEN_SQL
-from turnkeeper.activities.store.transaction import ChatWrite, Transaction
+from turnkeeper.store import codec
+from turnkeeper.store.base import Draft
+from turnkeeper.store.schema import OPEN_SQL
+from turnkeeper.store.transaction import ChatWrite, Transaction
 
 
 class DraftsSQL:

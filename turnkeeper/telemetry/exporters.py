@@ -2,7 +2,7 @@
 
 Metrics: with TURNKEEPER_METRICS_ADDRESS set, the worker's Temporal runtime
 serves Prometheus text at http://ADDRESS/metrics: the SDK's `temporal_*`
-metrics and turnkeeper's (turnkeeper/metrics.py), on one exporter.
+metrics and turnkeeper's (turnkeeper/telemetry/metrics.py), on one exporter.
 
 Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set, Temporal's `TracingInterceptor`
 on the clients of the worker, the CLI and the web process sends spans of
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.metrics import MODEL_CALL_BUCKETS, MODEL_CALL_SECONDS
+from turnkeeper.telemetry.metrics import MODEL_CALL_BUCKETS, MODEL_CALL_SECONDS
 
 if TYPE_CHECKING:
     from temporalio.client import Client

@@ -32,7 +32,7 @@ class Refused(Exception):
 
 
 async def connect_client(settings: Settings) -> Client:
-    from turnkeeper import telemetry
+    from turnkeeper.telemetry import exporters as telemetry
 
     try:
         client = await tk.connect(settings)
@@ -61,7 +61,7 @@ class ClientOnDemand:
 
 
 async def open_session_store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light
-    from turnkeeper.activities.store import open_store
+    from turnkeeper.store import open_store
 
     store = open_store(settings)
     await store.open()
@@ -82,7 +82,7 @@ async def query_state(client: Client, chat_id: str) -> TurnState:
     from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError, RPCStatusCode
 
-    from turnkeeper.encryption import DecryptionError, names_decryption_error
+    from turnkeeper.payloads.encryption import DecryptionError, names_decryption_error
 
     try:
         return await tk.query_state(client, chat_id, rpc_timeout=QUERY_TIMEOUT)

@@ -47,10 +47,10 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from turnkeeper.activities.store.base import StoreError, StoreUnavailable
-from turnkeeper.activities.store.core import SQLStore
-from turnkeeper.activities.store.schema import SCHEMA_VERSION, schema, stored_version
-from turnkeeper.activities.store.transaction import Availability, Transaction
+from turnkeeper.store.base import StoreError, StoreUnavailable
+from turnkeeper.store.core import SQLStore
+from turnkeeper.store.schema import SCHEMA_VERSION, schema, stored_version
+from turnkeeper.store.transaction import Availability, Transaction
 
 T = TypeVar("T")
 

@@ -13,23 +13,6 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import (
-    INTERRUPTED_TOOL_TEXT,
-    SUPERSEDED_TEXT,
-    BeginTurn,
-    CorruptRowError,
-    SessionStore,
-    TranscriptRow,
-    TurnRef,
-    TurnUpdate,
-    recovery_state_payload,
-    superseded,
-)
-from turnkeeper.activities.store.drafts import DraftsSQL
-from turnkeeper.activities.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
-from turnkeeper.activities.store.summaries import SummariesSQL
-from turnkeeper.activities.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
 from turnkeeper.models import (
     OPEN_STATUSES,
     ChatMessage,
@@ -41,6 +24,23 @@ from turnkeeper.models import (
     TurnStatus,
     UserMessage,
 )
+from turnkeeper.store import codec
+from turnkeeper.store.base import (
+    INTERRUPTED_TOOL_TEXT,
+    SUPERSEDED_TEXT,
+    BeginTurn,
+    CorruptRowError,
+    SessionStore,
+    TranscriptRow,
+    TurnRef,
+    TurnUpdate,
+    recovery_state_payload,
+    superseded,
+)
+from turnkeeper.store.drafts import DraftsSQL
+from turnkeeper.store.schema import OPEN_SQL, SUPERSEDABLE_SQL
+from turnkeeper.store.summaries import SummariesSQL
+from turnkeeper.store.transaction import ChatWrite, Transaction, held_ids, turn_ref
 
 T = TypeVar("T")
 _OPEN_VALUES = frozenset(s.value for s in OPEN_STATUSES)

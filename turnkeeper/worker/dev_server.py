@@ -161,7 +161,7 @@ def codec_endpoint(settings: Settings) -> str | None:
     at TURNKEEPER_CODEC_ADDRESS, as the user's browser reaches it."""
     if not settings.encryption_keys:
         return None
-    from turnkeeper.codec_server import parse_address, url_of
+    from turnkeeper.payloads.codec_server import parse_address, url_of
 
     return url_of(*parse_address(settings.codec_address)).rstrip("/")
 

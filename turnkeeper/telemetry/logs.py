@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import traceback
 
-from turnkeeper.encryption import DecryptionError
+from turnkeeper.payloads.encryption import DecryptionError
 
 # The SDK's loggers that log exceptions raised by workflow and activity code or by the codec.
 SDK_LOGGERS = (
@@ -57,7 +57,7 @@ def redacted_traceback(exc: BaseException) -> str:
 
 class WorkerLogFilter(logging.Filter):
     def __init__(self, encrypted: bool) -> None:
-        super().__init__("turnkeeper.worker_logs")
+        super().__init__("turnkeeper.telemetry.logs")
         self.encrypted = encrypted
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -27,16 +27,9 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from turnkeeper import telemetry, worker_logs
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.activities.providers import load_provider
-from turnkeeper.activities.store import (
-    SessionStore,
-    StoreError,
-    StoreUnavailable,
-    open_store,
-)
 from turnkeeper.activities.tools import (
     ToolLoadError,
     default_registry,
@@ -49,12 +42,20 @@ from turnkeeper.config import (
     event_loop_choice,
     import_from_working_directory,
 )
-from turnkeeper.dev_server import SEARCH_ATTRIBUTES, DevServerError
-from turnkeeper.loop_activations import LoopActivations
 from turnkeeper.reconcile_io import SCHEDULE_ID
-from turnkeeper.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.replay import registered_workflows
 from turnkeeper.step_timeouts import StepTimeouts
+from turnkeeper.store import (
+    SessionStore,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+)
+from turnkeeper.telemetry import exporters as telemetry
+from turnkeeper.telemetry import logs as worker_logs
+from turnkeeper.worker.dev_server import SEARCH_ATTRIBUTES, DevServerError
+from turnkeeper.worker.loop_activations import LoopActivations
+from turnkeeper.worker.reconcile_schedule import ensure_reconcile_schedule
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -269,7 +270,7 @@ async def run_worker(
         # A turn whose history does not replay (a bad deploy) is not failed here: its
         # workflow task fails and is retried, so the turn waits for a rollback. A run
         # whose task keeps failing is ended by the reconciler and recovered, its
-        # messages in order (activities/wedged_runs.py).
+        # messages in order (activities/reconcile/wedged_runs.py).
     )
     if stop is None:
         stop = asyncio.Event()

@@ -181,7 +181,7 @@ def data_converter(keys: Sequence[EncryptionKey]) -> DataConverter:
     """The pydantic data converter, with payloads encrypted when there are keys.
     Failure messages and stack traces then travel as an encoded (so encrypted)
     attribute too; without keys they stay readable as before."""
-    from turnkeeper.payload_converter import SharedPayloadConverter
+    from turnkeeper.payloads.converter import SharedPayloadConverter
 
     if not keys:
         return DataConverter(payload_converter_class=SharedPayloadConverter, payload_codec=PlaintextCodec())

@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from turnkeeper.cli_common import EXIT_AWAITING, EXIT_OK, ClientOnDemand, Refused, query_state
-from turnkeeper.cli_output import describe_gate
+from turnkeeper.cli.common import EXIT_AWAITING, EXIT_OK, ClientOnDemand, Refused, query_state
+from turnkeeper.cli.output import describe_gate
 from turnkeeper.statuses import TurnStatus
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ async def follow_turn(
     """Show the turn that takes our message (or `turn`): its tools as they run,
     its answer as it streams (and whole once recorded); exit 3 if it waits for
     its user again."""
-    from turnkeeper.activities.store.base import StoreUnavailable  # loaded with `store` already
+    from turnkeeper.store.base import StoreUnavailable  # loaded with `store` already
 
     answer: str | None = None
     final_step: object = None
@@ -135,8 +135,8 @@ async def follow_turn(
 async def open_store_waiting(settings: Any, timeout: float) -> Any:
     """The session store for following a message already sent: an outage is waited
     out (and said once), up to `timeout`, as `follow_turn` waits it out."""
-    from turnkeeper.activities.store.base import StoreUnavailable
-    from turnkeeper.cli_common import open_session_store
+    from turnkeeper.cli.common import open_session_store
+    from turnkeeper.store.base import StoreUnavailable
 
     deadline = time.monotonic() + timeout
     said = False

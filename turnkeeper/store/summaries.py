@@ -9,10 +9,10 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
-from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import ContextRows, CorruptRowError, PreparedCall, Summary
-from turnkeeper.activities.store.transaction import ChatWrite, Transaction
 from turnkeeper.models import UserMessage
+from turnkeeper.store import codec
+from turnkeeper.store.base import ContextRows, CorruptRowError, PreparedCall, Summary
+from turnkeeper.store.transaction import ChatWrite, Transaction
 
 _SUMMARY_COLUMNS = "upto_id, text, tokens, assistant_rows"
 

@@ -3,7 +3,7 @@ user's answer to an interrupted turn) and `stop` (the running one).
 
 Each is a coroutine of its exit code, or raises `Refused`; `turnkeeper.cli`
 parses the arguments and dispatches here. The commands that send and read
-(send, status, history, events, list, replay) are in turnkeeper.cli_commands.
+(send, status, history, events, list, replay) are in turnkeeper.cli.read.
 They talk gRPC: the Temporal SDK, the models and the store are imported in
 the functions that use them, as in every command (tests/process/test_cli_startup.py).
 """
@@ -14,7 +14,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from turnkeeper import client as tk
-from turnkeeper.cli_common import (
+from turnkeeper.cli.common import (
     EXIT_OK,
     ClientOnDemand,
     NoWorker,
@@ -25,7 +25,7 @@ from turnkeeper.cli_common import (
     open_session_store,
     query_state,
 )
-from turnkeeper.cli_output import describe_gate
+from turnkeeper.cli.output import describe_gate
 from turnkeeper.config import Settings
 from turnkeeper.statuses import OPEN_STATUSES
 
@@ -82,7 +82,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> 
         print(describe_gate(new_state), flush=True)
         if store is None:
             return EXIT_OK
-        from turnkeeper.cli_follow import follow_turn
+        from turnkeeper.cli.follow import follow_turn
 
         return await follow_turn(
             ClientOnDemand(settings, client),

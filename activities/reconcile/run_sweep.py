@@ -1,4 +1,4 @@
-"""Runs that no open turn leads to, swept by each reconcile pass (activities/reconciler.py).
+"""Runs that no open turn leads to, swept by each reconcile pass (activities/reconcile/reconciler.py).
 
 A run can hold acknowledged messages that no turn row of the store leads to: it
 ended abnormally before the store recorded its turn (say, terminated while the
@@ -22,12 +22,13 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeeper.activities import reconcile_verdict, wedged_runs
-from turnkeeper.activities.store import SessionStore
+from turnkeeper.activities.reconcile import verdict as reconcile_verdict
+from turnkeeper.activities.reconcile import wedged_runs
 from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
-from turnkeeper.encryption import DecryptionError
 from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, UserMessage
+from turnkeeper.payloads.encryption import DecryptionError
+from turnkeeper.store import SessionStore
 
 log = logging.getLogger("turnkeeper.reconciler")
 

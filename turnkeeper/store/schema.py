@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from turnkeeper.activities.store.base import StoreError
 from turnkeeper.models import OPEN_STATUSES, SUPERSEDABLE_STATUSES, TurnStatus
+from turnkeeper.store.base import StoreError
 
 # 1: the first layout. 2: the drafts table (streaming answers), `summaries` and
 # the `messages_chat_row` index (a model call reads a chat's summary and the rows

@@ -7,7 +7,6 @@ turnkeeper.cli_views alike: they have the same attributes.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper.statuses import Reason, TurnStatus
@@ -15,7 +14,6 @@ from turnkeeper.statuses import Reason, TurnStatus
 if TYPE_CHECKING:
     from turnkeeper.cli_views import EventView, MessageView, StateView
     from turnkeeper.models import ChatMessage, Event, TurnState
-    from turnkeeper.replay import ReplayReport
 
 
 def print_json(obj: Any) -> None:
@@ -79,34 +77,3 @@ def transcript_line(m: ChatMessage | MessageView) -> str:
 
 def chat_row(r: dict[str, Any]) -> str:
     return f"{r['chat_id']:<24} {r['status'] or '-':<14} {r['reason'] or '':<32} {r['started']}"
-
-
-def replay_lines(report: ReplayReport, task_queue: str, since: timedelta) -> list[str]:
-    window = f"running, or closed in the last {_duration(since)}"
-    if not report.replayed:
-        return [f"no runs on task queue {task_queue!r} {window}: nothing to replay"]
-    lines = [
-        f"does not replay: {f.workflow_id} run {f.run_id} ({f.workflow_type}, "
-        f"{'running' if f.running else 'closed'}): {f.error}"
-        for f in report.failures
-    ]
-    counts = f"{report.replayed} histories on task queue {task_queue!r} ({report.running} running)"
-    if report.ok:
-        lines.append(f"replayed {counts}, {window}: all replay on this code")
-    else:
-        lines.append(
-            f"{len(report.failures)} of {counts} do not replay on this code: workers running it "
-            "would fail each such run's next workflow task, again and again, until the reconciler "
-            "ends the run after a minute and recovers its turn. Ship it as a new worker deployment "
-            "version (running turns stay on the build that began them), or mend what fails "
-            '(docs/operations.md, "Shipping a change to workflow code")'
-        )
-    return lines
-
-
-def _duration(d: timedelta) -> str:
-    seconds = int(d.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from turnkeeper.activities.store.base import (
+from turnkeeper.store.base import (
     INTERRUPTED_TOOL_TEXT,
     INTERRUPTED_TURN_TEXT,
     SUPERSEDED_TEXT,
@@ -23,11 +23,11 @@ from turnkeeper.activities.store.base import (
     TurnUpdate,
     inline_calls,
 )
-from turnkeeper.activities.store.sqlite import SQLiteStore
+from turnkeeper.store.sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from turnkeeper.activities.store.postgres import PostgresStore
     from turnkeeper.config import Settings
+    from turnkeeper.store.postgres import PostgresStore
 
 __all__ = [
     "INTERRUPTED_TOOL_TEXT",
@@ -58,7 +58,7 @@ def __getattr__(name: str) -> object:
     # PostgresStore imports asyncpg: only when asked for, so that a SQLite store
     # (and the CLI's short commands) never pays for it.
     if name == "PostgresStore":
-        from turnkeeper.activities.store.postgres import PostgresStore
+        from turnkeeper.store.postgres import PostgresStore
 
         return PostgresStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -85,7 +85,7 @@ def open_store(settings: Settings) -> SessionStore:
     # Name only the scheme: the rest of a server URL may hold a password.
     scheme, sep, rest = url.partition("://")
     if sep and scheme.split("+", 1)[0] in ("postgresql", "postgres"):  # also postgresql+driver://
-        from turnkeeper.activities.store.postgres import PostgresStore
+        from turnkeeper.store.postgres import PostgresStore
 
         return PostgresStore(f"postgresql://{rest}")  # asyncpg knows no +driver suffix
     shown = f"scheme {scheme!r}" if sep else "a value without a scheme"

@@ -47,11 +47,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import StoreError, StoreUnavailable, inline_allowed
-from turnkeeper.activities.store.core import SQLStore
-from turnkeeper.activities.store.schema import SCHEMA_VERSION, schema, stored_version
-from turnkeeper.activities.store.transaction import Availability, Transaction
+from turnkeeper.store import codec
+from turnkeeper.store.base import StoreError, StoreUnavailable, inline_allowed
+from turnkeeper.store.core import SQLStore
+from turnkeeper.store.schema import SCHEMA_VERSION, schema, stored_version
+from turnkeeper.store.transaction import Availability, Transaction
 
 T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")

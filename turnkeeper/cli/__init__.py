@@ -1,9 +1,10 @@
 """`turnkeeper` command line: the arguments and the dispatch.
 
 Exit codes: 0 ok, 1 refused (reason on stderr), 2 bad usage, 3 the turn waits
-for its user (`send`). The commands are in `turnkeeper.cli_commands` (send and
-read) and `turnkeeper.cli_decisions` (continue, dismiss, stop), what they print
-in `turnkeeper.cli_output`.
+for its user (`send`). One module per group of commands: `send` (and
+`follow`, which `continue --wait` shares), `read` (status, history, events,
+list), `decisions` (continue, dismiss, stop), `replay`; what they print is in
+`output`, what they share in `common`.
 
 Imports that only some commands need (the Temporal client and its RPC errors,
 the models and pydantic, the session store, the worker, the web server) are
@@ -22,16 +23,11 @@ from collections.abc import Coroutine, Sequence
 from typing import NoReturn
 
 from turnkeeper.chat_ids import CHAT_ID_RULE, InvalidChatId, check_chat_id
-from turnkeeper.cli_commands import (
-    cmd_events,
-    cmd_history,
-    cmd_list,
-    cmd_replay,
-    cmd_send,
-    cmd_status,
-)
-from turnkeeper.cli_common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
-from turnkeeper.cli_decisions import cmd_continue, cmd_dismiss, cmd_stop
+from turnkeeper.cli.common import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Refused
+from turnkeeper.cli.decisions import cmd_continue, cmd_dismiss, cmd_stop
+from turnkeeper.cli.read import cmd_events, cmd_history, cmd_list, cmd_status
+from turnkeeper.cli.replay import cmd_replay
+from turnkeeper.cli.send import cmd_send
 from turnkeeper.client import MalformedMessage, check_message_id
 from turnkeeper.config import ConfigError, Settings, import_from_working_directory
 from turnkeeper.statuses import TurnStatus
@@ -173,7 +169,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import_from_working_directory()
     if args.command == "worker":
-        from turnkeeper import worker
+        from turnkeeper.worker import main as worker
 
         worker.main()  # exits the process itself
     try:
@@ -184,8 +180,8 @@ def run(argv: Sequence[str] | None = None) -> int:
 
             return serve(settings, WebConfig.from_env())
         if args.command == "codec-server":
-            from turnkeeper.codec_server import CodecConfig
-            from turnkeeper.codec_server import serve as serve_codec
+            from turnkeeper.payloads.codec_server import CodecConfig
+            from turnkeeper.payloads.codec_server import serve as serve_codec
 
             return serve_codec(settings, CodecConfig.from_env(settings))
         code = args.func(args, settings)
@@ -202,8 +198,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     except Exception as err:
         # The store and the codec are imported lazily, so are their error classes: once something failed.
-        from turnkeeper.activities.store.base import StoreError
-        from turnkeeper.encryption import DecryptionError
+        from turnkeeper.payloads.encryption import DecryptionError
+        from turnkeeper.store.base import StoreError
 
         if isinstance(err, DecryptionError):  # it names the key id, never any content
             print(f"turnkeeper: {err}", file=sys.stderr)
@@ -231,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.stderr.flush()
     # os._exit would drop the spans still buffered. Only a traced client makes spans, and
     # it imported telemetry: a command that made none does not import it now.
-    telemetry = sys.modules.get("turnkeeper.telemetry")
+    telemetry = sys.modules.get("turnkeeper.telemetry.exporters")
     if telemetry is not None:
         telemetry.flush_traces()
     # A Temporal runtime can abort at interpreter exit (sdk-python #300).

@@ -226,7 +226,7 @@ def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
     from starlette.routing import Route
     from temporalio.api.common.v1 import Payloads
 
-    from turnkeeper.encryption import DecryptionError, payload_codec
+    from turnkeeper.payloads.encryption import DecryptionError, payload_codec
 
     codec = payload_codec(settings.encryption_keys)
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from turnkeeper.activities.store import codec
-from turnkeeper.activities.store.base import StoreError, StoreUnavailable, TurnRef
 from turnkeeper.models import ChatMessage
+from turnkeeper.store import codec
+from turnkeeper.store.base import StoreError, StoreUnavailable, TurnRef
 
 log = logging.getLogger("turnkeeper.store")
 

@@ -1,6 +1,6 @@
 """The reconciler's verdict on a turn whose run ended abnormally: what it left
 behind, judged by the reason table (docs/recovery.md, "Gates").
-Pure functions, no I/O: the reconciler (activities/reconciler.py) reads the
+Pure functions, no I/O: the reconciler (activities/reconcile/reconciler.py) reads the
 run's history and the store's rows of the turn and acts on the verdict.
 
 The run's event history is the checkpoint: every model call and tool call is its
@@ -37,7 +37,7 @@ from turnkeeper.models import (
 M = TypeVar("M", bound=BaseModel)
 
 JSON_ENCODING = b"json/plain"
-ENCRYPTED_ENCODING = b"binary/encrypted"  # turnkeeper.encryption.ENCODING
+ENCRYPTED_ENCODING = b"binary/encrypted"  # turnkeeper.payloads.encryption.ENCODING
 USER_MESSAGE_SIGNAL = "user_message"
 # Assistant rows the system writes when it closes a turn: never a model's answer.
 _CLOSING_TEXTS = frozenset({SUPERSEDED_TEXT, DISMISSED_TEXT, STOPPED_TEXT, INTERRUPTED_TURN_TEXT})

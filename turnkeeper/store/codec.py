@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from turnkeeper.activities.store.base import CorruptRowError, Draft, StoredRow, Summary, TranscriptRow
 from turnkeeper.models import ChatMessage, Event, Reason, ToolCall, TurnRecord, TurnStatus
+from turnkeeper.store.base import CorruptRowError, Draft, StoredRow, Summary, TranscriptRow
 
 TOOL_RESULT_STATUSES = frozenset({"done", "error", "interrupted"})
 
