@@ -1,4 +1,11 @@
-"""Configuration from the environment (worker and CLI only, never workflow code)."""
+"""Configuration from the environment (worker and CLI only, never workflow code).
+
+`Settings` is the one model of it: each field names its variable, how its value is
+read and its default, and the docstring under it is its meaning in
+docs/configuration.md (`python -m turnkeeper.config` writes that table;
+tests/unit/test_docs.py fails while the two differ). Standard library only: every
+CLI command reads it, and `turnkeeper status` answers within 0.2 s, of which
+importing pydantic-settings alone would take most."""
 
 from __future__ import annotations
 
@@ -7,173 +14,33 @@ import binascii
 import os
 import re
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 DEFAULT_TOOLS = ("read_file", "write_file", "list_dir")
-
-ENV_VARS: tuple[str, ...] = (
-    "TEMPORAL_ADDRESS",
-    "TEMPORAL_NAMESPACE",
-    "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
-    "TURNKEEPER_TASK_QUEUE",
-    "TURNKEEPER_DATA_DIR",
-    "TURNKEEPER_DATABASE_URL",
-    "TURNKEEPER_MODEL",
-    "TURNKEEPER_TOOLS",
-    "TURNKEEPER_TOOL_MODULES",
-    "TURNKEEPER_CONFIRM_TOOLS",
-    "TURNKEEPER_CONTEXT_TOKENS",
-    "TURNKEEPER_WORKSPACE",
-    "TURNKEEPER_RESUME_WINDOW",
-    "TURNKEEPER_RECONCILE_EVERY",
-    "TURNKEEPER_MAX_CACHED_WORKFLOWS",
-    "TURNKEEPER_WORKFLOW_SANDBOX",
-    "TURNKEEPER_STREAM",
-    "TURNKEEPER_POLLERS",
-    "TURNKEEPER_MAX_MESSAGE_BYTES",
-    "TURNKEEPER_MAX_PENDING_BYTES",
-    "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES",
-    "TURNKEEPER_TOOL_TIMEOUT",
-    "TURNKEEPER_EXEC_TIMEOUT",
-    "TURNKEEPER_EXEC_SANDBOX",
-    "TURNKEEPER_MODEL_TIMEOUT",
-    "TURNKEEPER_SHUTDOWN_GRACE",
-    "TURNKEEPER_HEARTBEAT_TIMEOUT",
-    "TURNKEEPER_DEV_SERVER_PORT",
-    "TURNKEEPER_DEV_UI_PORT",
-    "TURNKEEPER_DEV_HTTP_PORT",
-    "TURNKEEPER_METRICS_ADDRESS",
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "TURNKEEPER_ENCRYPTION_KEYS",
-    "TURNKEEPER_CODEC_ADDRESS",
-    "TURNKEEPER_DEPLOYMENT_NAME",
-    "TURNKEEPER_BUILD_ID",
-    "OPENAI_BASE_URL",
-    "OPENAI_API_KEY",
-)
-"""Every variable `Settings.from_env` reads (a test keeps the two in step)."""
-
-DEV_SERVER_ENV_VARS: tuple[str, ...] = (
-    "TURNKEEPER_DEV_SERVER_PORT",
-    "TURNKEEPER_DEV_UI_PORT",
-    "TURNKEEPER_DEV_HTTP_PORT",
-    "TURNKEEPER_CODEC_ADDRESS",
-)
-"""Only used by the worker when TEMPORAL_ADDRESS is unset (the embedded dev server and
-its UI's codec endpoint); `turnkeeper codec-server` also listens on TURNKEEPER_CODEC_ADDRESS."""
-
-CLI_ONLY_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_TEMPORAL_HTTP_ADDRESS",)
-"""Read by the CLI's commands, never by a worker."""
-
-WORKER_ENV_VARS: tuple[str, ...] = ("TURNKEEPER_LOG_LEVEL", "TURNKEEPER_EVENT_LOOP")
-"""Read by `worker.py` itself, outside `Settings` (before its event loop exists)."""
-
-TEMPORAL_CONNECTION_ENV_VARS: tuple[str, ...] = (
-    "TEMPORAL_PROFILE",
-    "TEMPORAL_CONFIG_FILE",
-    "TEMPORAL_API_KEY",
-    "TEMPORAL_TLS",
-    "TEMPORAL_TLS_CLIENT_CERT_PATH",
-    "TEMPORAL_TLS_CLIENT_CERT_DATA",
-    "TEMPORAL_TLS_CLIENT_KEY_PATH",
-    "TEMPORAL_TLS_CLIENT_KEY_DATA",
-    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
-    "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
-    "TEMPORAL_TLS_SERVER_NAME",
-    "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
-)
-"""Read by `temporalio.envconfig` when TEMPORAL_ADDRESS is set (Temporal Cloud, TLS)."""
-
 
 # Temporal refuses a payload over 2 MB: one message, and a chat's pending ones
 # together, must stay well under it (JSON escaping can add to a message's size).
 MAX_MESSAGE_BYTES_CEILING = 1024 * 1024
 MAX_PENDING_BYTES_CEILING = 1536 * 1024
-
-
-class ConfigError(ValueError):
-    """A configuration variable holds a value we cannot use."""
-
-
-def _int(env: dict[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
-
-
+# The SDK needs two workflow-task polls at least (one for the sticky queue).
+MIN_FIXED_POLLERS = 2
+# Below this a summary, its instruction and a turn hardly fit: a value that small is a mistake.
+MIN_CONTEXT_TOKENS = 512
+# `auto`: exec commands run in bubblewrap's sandbox, and a worker with exec enabled
+# refuses to start without it; `off`: as the worker's user, only the directory set.
+EXEC_SANDBOX_MODES = ("auto", "off")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _bool(env: dict[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigError(f"{name} must be one of {', '.join(_TRUE + _FALSE)}, got {raw!r}")
-
-
-# The SDK needs two workflow-task polls at least (one for the sticky queue).
-MIN_FIXED_POLLERS = 2
-
-
-def _pollers(env: dict[str, str], name: str) -> int | None:
-    """None (`auto`, the default) or a fixed maximum of polls per task type."""
-    raw = env.get(name, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    if not raw.isdigit():
-        raise ConfigError(f"{name} must be `auto` or a whole number, got {raw!r}")
-    return _int(env, name, 0, minimum=MIN_FIXED_POLLERS)
-
-
-def _address(env: dict[str, str], name: str) -> str | None:
-    """None (unset) or `host:port` with a port number."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return None
-    host, sep, port = raw.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{name} must be host:port (e.g. 0.0.0.0:9464), got {raw!r}")
-    return raw
-
-
-def _choice(env: dict[str, str], name: str, choices: tuple[str, ...]) -> str:
-    """One of `choices`; unset: the first."""
-    raw = env.get(name, "").strip().lower() or choices[0]
-    if raw not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
-    return raw
-
-
-# `auto`: exec commands run in bubblewrap's sandbox, and a worker with exec enabled
-# refuses to start without it; `off`: as the worker's user, only the directory set.
-EXEC_SANDBOX_MODES = ("auto", "off")
-
-
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-def event_loop_choice(env: Mapping[str, str]) -> str:
-    """TURNKEEPER_EVENT_LOOP: `auto` (uvloop where it is installed), `uvloop` or `asyncio`."""
-    raw = env.get("TURNKEEPER_EVENT_LOOP", "").strip().lower() or "auto"
-    if raw not in EVENT_LOOPS:
-        raise ConfigError(f"TURNKEEPER_EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, got {raw!r}")
-    return raw
+class ConfigError(ValueError):
+    """A configuration variable holds a value we cannot use."""
 
 
 def import_from_working_directory() -> None:
@@ -183,19 +50,6 @@ def import_from_working_directory() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.append(cwd)
-
-
-# Below this a summary, its instruction and a turn hardly fit: a value that small is a mistake.
-MIN_CONTEXT_TOKENS = 512
-
-
-def _context_tokens(value: int) -> int:
-    if 0 < value < MIN_CONTEXT_TOKENS:
-        raise ConfigError(
-            f"TURNKEEPER_CONTEXT_TOKENS must be 0 (the model's window) or at least "
-            f"{MIN_CONTEXT_TOKENS}, got {value}"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -208,190 +62,327 @@ class EncryptionKey:
 KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 KEY_BYTES = 32  # AES-256
 NEW_KEY_HINT = "make one with: openssl rand -base64 32"
+# Temporal writes a deployment version as `<deployment name>.<build id>`.
+DEPLOYMENT_NAME = re.compile(r"[^.\s]{1,255}")
+BUILD_ID = re.compile(r"\S{1,255}")
 
 
-def _keys(env: dict[str, str], name: str) -> tuple[EncryptionKey, ...]:
+# -- how a value is read: from its stripped text, or ValueError("must be <what is accepted>") ----
+
+
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError("must be a whole number") from None
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}")
+        return value
+
+    return parse
+
+
+def _switch(raw: str) -> bool:
+    if raw.lower() not in _TRUE + _FALSE:
+        raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE)}")
+    return raw.lower() in _TRUE
+
+
+def _one_of(*choices: str, **aliases: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = aliases.get(raw.lower(), raw.lower())
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def split_address(raw: str) -> tuple[str, int]:
+    """`host:port` or `[ipv6]:port`."""
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("must be host:port (e.g. 127.0.0.1:8000 or [::1]:8000)")
+    return (host[1:-1] if host.startswith("[") and host.endswith("]") else host), int(port)
+
+
+def _address(raw: str) -> str:
+    split_address(raw)
+    return raw
+
+
+def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if not pattern.fullmatch(raw):
+            raise ValueError(f"must be {rule}")
+        return raw
+
+    return parse
+
+
+def _pollers(raw: str) -> int | None:
+    """None (`auto`) or a fixed maximum of polls per task type."""
+    if raw.lower() == "auto":
+        return None
+    if not raw.isdigit():
+        raise ValueError("must be `auto` or a whole number")
+    return _whole(MIN_FIXED_POLLERS)(raw)
+
+
+def _context_tokens(raw: str) -> int:
+    value = _whole(0)(raw)
+    if 0 < value < MIN_CONTEXT_TOKENS:
+        raise ValueError(f"must be 0 (the model's window) or at least {MIN_CONTEXT_TOKENS}")
+    return value
+
+
+def _keys(raw: str) -> tuple[EncryptionKey, ...]:
     """`keyid:base64key[,...]`; the first encrypts, all decrypt. Errors name the
     entry and its key id, never the key material."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return ()
     keys: list[EncryptionKey] = []
     for n, entry in enumerate(raw.split(","), start=1):
         if not entry.strip():
             continue  # a trailing comma
         key_id, sep, encoded = (part.strip() for part in entry.strip().partition(":"))
         if not sep or not key_id or not encoded:
-            raise ConfigError(f"{name}: entry {n} is not keyid:base64-key (entries are separated by commas)")
+            raise ValueError(f"entry {n} is not keyid:base64-key (entries are separated by commas)")
         if not KEY_ID.fullmatch(key_id):
-            raise ConfigError(f"{name}: entry {n}: a key id is 1-64 characters of A-Z a-z 0-9 . _ -")
+            raise ValueError(f"entry {n}: a key id is 1-64 characters of A-Z a-z 0-9 . _ -")
         try:
             # Standard or URL-safe alphabet, padding required.
             secret = base64.b64decode(encoded.replace("-", "+").replace("_", "/"), validate=True)
         except (binascii.Error, ValueError):
-            raise ConfigError(f"{name}: key {key_id!r} is not valid base64; {NEW_KEY_HINT}") from None
+            raise ValueError(f"key {key_id!r} is not valid base64; {NEW_KEY_HINT}") from None
         if len(secret) != KEY_BYTES:
-            raise ConfigError(
-                f"{name}: key {key_id!r} is {len(secret)} bytes; AES-256 needs {KEY_BYTES} ({NEW_KEY_HINT})"
+            raise ValueError(
+                f"key {key_id!r} is {len(secret)} bytes; AES-256 needs {KEY_BYTES} ({NEW_KEY_HINT})"
             )
         if any(k.key_id == key_id for k in keys):
-            raise ConfigError(f"{name}: key id {key_id!r} is listed twice")
+            raise ValueError(f"key id {key_id!r} is listed twice")
         keys.append(EncryptionKey(key_id, secret))
     return tuple(keys)
 
 
-# Temporal writes a deployment version as `<deployment name>.<build id>`.
-DEPLOYMENT_NAME = re.compile(r"[^.\s]{1,255}")
-BUILD_ID = re.compile(r"\S{1,255}")
+def _origins(raw: str) -> tuple[str, ...]:
+    origins = []
+    for entry in filter(None, (x.strip() for x in raw.split(","))):
+        parts = urlsplit(entry)
+        if (
+            entry == "*"
+            or parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.path.strip("/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise ValueError(
+                "must list origins such as http://localhost:8233 "
+                "(scheme://host[:port], comma-separated; no wildcard)"
+            )
+        origins.append(f"{parts.scheme}://{parts.netloc}".lower())
+    if not origins:
+        raise ValueError("must list one origin at least")
+    return tuple(origins)
 
 
-def _matching(raw: str | None, name: str, pattern: re.Pattern[str], rule: str) -> str | None:
-    """None (unset) or a value that matches `pattern` whole."""
-    value = (raw or "").strip()
-    if not value:
-        return None
-    if not pattern.fullmatch(value):
-        raise ConfigError(f"{name} must be {rule}, got {value!r}")
-    return value
+def _var(
+    name: str, default: Any, parse: Callable[[str], Any] = str, shown: str | None = None, secret: bool = False
+) -> Any:
+    """The field read from variable `name` by `parse`. Its row in docs/configuration.md
+    shows `shown`, or else the default; a secret is never shown (repr, errors)."""
+    return field(default=default, repr=not secret, metadata={"env": name, "parse": parse, "shown": shown})
 
 
-def _list(env: dict[str, str], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    return tuple(x.strip() for x in raw.split(",") if x.strip())
+_PORT = _whole(1, 65535)
 
 
 @dataclass(frozen=True)
 class Settings:
-    temporal_address: str | None = None
-    namespace: str = "default"
-    task_queue: str = "turnkeeper"
-    data_dir: Path = Path(".turnkeeper")
-    database_url: str | None = None
-    model: str = "demo"
-    tools: tuple[str, ...] = DEFAULT_TOOLS
-    tool_modules: tuple[str, ...] = ()
-    # Tools whose calls wait for the user's approval, besides those registered `confirm=True`.
-    confirm_tools: tuple[str, ...] = ()
-    # Tokens of context a model call may send; 0: the model's window less the answer's room.
-    context_tokens: int = 0
-    workspace: Path = Path("workspace")
-    resume_window: int = 60
-    reconcile_every: int = 60
-    max_message_bytes: int = 64 * 1024
-    # A chat's messages not yet committed, together: well under Temporal's 2 MB
-    # payload limit, so no batch of them can make a task fail for its size.
-    max_pending_bytes: int = 1024 * 1024
-    max_tool_output_bytes: int = 16 * 1024
-    tool_timeout: int = 600
-    exec_timeout: int = 60
-    # One of EXEC_SANDBOX_MODES (activities/tools/sandbox.py).
-    exec_sandbox: str = "auto"
-    model_timeout: int = 300
-    shutdown_grace: int = 30
-    heartbeat_timeout: int = 2
-    # Turns kept in the worker's workflow cache. A turn waiting for its user is
-    # evicted when newer ones need the room, and costs the worker nothing then.
-    max_cached_workflows: int = 200
-    # Off by default: the sandbox re-imports the workflow module for every run and
-    # wraps every payload, adding about a third to the worker's CPU per turn. The test
-    # suite turns it on, so a non-deterministic call in workflow code still fails CI.
-    workflow_sandbox: bool = False
-    # Model calls stream their text to the store's draft row as it comes, for the
-    # page and `send`; off: one answer per call, as before streaming.
-    stream: bool = True
-    # None: 50 workflow-task polls, activity polls scaled on the server's hints
-    # (worker.poller_behaviors); a number: at most that many polls per task type,
-    # as workers for a server before 1.28 need.
-    max_pollers: int | None = None
-    dev_server_port: int = 7233
-    dev_ui_port: int = 8233
-    # Temporal's HTTP API (the frontend's `httpPort`): `turnkeeper status` asks it
-    # with the standard library instead of importing the SDK, which alone takes
-    # longer than the whole command should. Unset with TEMPORAL_ADDRESS: gRPC.
-    temporal_http_address: str | None = None
-    dev_http_port: int = 7243
-    # host:port where the worker serves Prometheus text at /metrics; None: off.
-    metrics_address: str | None = None
-    # OTLP/HTTP collector for traces; None: off.
-    otlp_endpoint: str | None = None
-    # Empty: payloads in plain text. The first key encrypts, every key decrypts.
-    encryption_keys: tuple[EncryptionKey, ...] = field(default=(), repr=False)
-    # `turnkeeper codec-server`, and the embedded dev server's UI's codec endpoint.
-    codec_address: str = "127.0.0.1:8081"
-    # Worker Deployment Versioning (`worker_deployment`): both set, the worker is the
-    # version `<deployment_name>.<build_id>` and `ChatTurn` runs are pinned to it;
-    # both unset, the worker is unversioned.
-    deployment_name: str | None = None
-    build_id: str | None = None
-    openai_base_url: str | None = None
-    # repr=False: settings get logged; the key must never be.
-    openai_api_key: str | None = field(default=None, repr=False)
+    """`Settings(...)` holds what it is given and the defaults; `Settings.from_env()`
+    reads the environment. The string under a field is its meaning in docs/configuration.md."""
+
+    temporal_address: str | None = _var(
+        "TEMPORAL_ADDRESS",
+        None,
+        shown="unset: the worker starts the embedded dev server, or reuses a healthy one on its port",
+    )
+    """Temporal frontend (`host:port`), for every process"""
+    namespace: str = _var("TEMPORAL_NAMESPACE", "default")
+    """Temporal namespace"""
+    # Read with the standard library: importing the SDK alone takes longer than the whole command should.
+    temporal_http_address: str | None = _var(
+        "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
+        None,
+        shown="the embedded server's; with `TEMPORAL_ADDRESS`, none (gRPC)",
+    )
+    """`host:port` of Temporal's HTTP API, which `turnkeeper status`, `list` and `send` use
+    instead of loading the SDK; they fall back to gRPC when it does not answer, when a payload
+    is not plain JSON, or (`send`) with encryption keys or tracing set. CLI only"""
+    task_queue: str = _var("TURNKEEPER_TASK_QUEUE", "turnkeeper")
+    """task queue, the same for every worker and client"""
+    data_dir: Path = _var("TURNKEEPER_DATA_DIR", Path(".turnkeeper"), Path, "`./.turnkeeper`")
+    """local state: the SQLite store, the dev server's database and log"""
+    database_url: str | None = _var("TURNKEEPER_DATABASE_URL", None, shown="`sessions.db` in the data dir")
+    """session store: `sqlite:///path/to/sessions.db`, or `postgresql://user:password@host:5432/db`
+    (also `postgres://`, with asyncpg parameters such as `?sslmode=require`) shared by all
+    workers and the CLI; the schema is created or migrated at start; errors and logs show only
+    scheme, host and database"""
+    model: str = _var("TURNKEEPER_MODEL", "demo")
+    """`demo` (offline), `scripted:<file.json>` (below), `openai:<model>`"""
+    openai_base_url: str | None = _var("OPENAI_BASE_URL", None, shown="OpenAI")
+    """any OpenAI-compatible server (vLLM, Ollama, llama.cpp); read by the model activity only,
+    never written to a history"""
+    openai_api_key: str | None = _var("OPENAI_API_KEY", None, secret=True)
+    """the provider's key, likewise"""
+    tools: tuple[str, ...] = _var(
+        "TURNKEEPER_TOOLS", DEFAULT_TOOLS, _names, "`read_file,write_file,list_dir` (`exec` only when listed)"
+    )
+    """enabled tools"""
+    tool_modules: tuple[str, ...] = _var("TURNKEEPER_TOOL_MODULES", (), _names)
+    """modules whose `@tool` functions are registered ([tools.md](tools.md))"""
+    confirm_tools: tuple[str, ...] = _var("TURNKEEPER_CONFIRM_TOOLS", (), _names)
+    """tools whose calls wait for the user's approval, besides those registered `confirm=True`
+    ([tools.md](tools.md))"""
+    context_tokens: int = _var("TURNKEEPER_CONTEXT_TOKENS", 0, _context_tokens)
+    """tokens of context a model call sends at most, at least 512 ([architecture.md](architecture.md),
+    "Long chats"); `0`: the model's window less 4,096 for its answer"""
+    workspace: Path = _var("TURNKEEPER_WORKSPACE", Path("workspace"), Path, "`./workspace`")
+    """the only directory the file and exec tools may touch"""
+    exec_sandbox: str = _var("TURNKEEPER_EXEC_SANDBOX", "auto", _one_of(*EXEC_SANDBOX_MODES))
+    """how `exec` runs commands: `auto`, in a bubblewrap sandbox (a worker with `exec` enabled
+    refuses to start without a working `bwrap`); `off`, as the worker's user with only the
+    working directory set ([tools.md](tools.md))"""
+    exec_timeout: int = _var("TURNKEEPER_EXEC_TIMEOUT", 60, _whole(1))
+    """seconds an `exec` command may run"""
+    tool_timeout: int = _var("TURNKEEPER_TOOL_TIMEOUT", 600, _whole(1))
+    """seconds a tool call may run (set on each step by the worker)"""
+    model_timeout: int = _var("TURNKEEPER_MODEL_TIMEOUT", 300, _whole(1))
+    """seconds a model call may run (set on each step by the worker)"""
+    heartbeat_timeout: int = _var("TURNKEEPER_HEARTBEAT_TIMEOUT", 2, _whole(1))
+    """seconds without a heartbeat before a model or tool call counts as lost; beats go every
+    third of it ([recovery.md](recovery.md), "A dead worker is noticed in seconds")"""
+    resume_window: int = _var("TURNKEEPER_RESUME_WINDOW", 60, _whole(1))
+    """seconds a step may wait for a worker before the turn asks its user"""
+    shutdown_grace: int = _var("TURNKEEPER_SHUTDOWN_GRACE", 30, _whole(0))
+    """seconds running tools get to finish on SIGTERM"""
+    reconcile_every: int = _var("TURNKEEPER_RECONCILE_EVERY", 60, _whole(1))
+    """seconds between reconcile passes (schedule `turnkeeper-reconcile`)"""
+    max_message_bytes: int = _var(
+        "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, _whole(1, MAX_MESSAGE_BYTES_CEILING)
+    )
+    """largest accepted user message, at most 1 MiB"""
+    # Well under Temporal's 2 MB payload limit, so no batch of them can make a task fail for its size.
+    max_pending_bytes: int = _var(
+        "TURNKEEPER_MAX_PENDING_BYTES", 1024 * 1024, _whole(1024, MAX_PENDING_BYTES_CEILING)
+    )
+    """a chat's messages not yet committed, together (as JSON, at most 1.5 MiB); a message over
+    it is refused"""
+    max_tool_output_bytes: int = _var("TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, _whole(256))
+    """tool output cap; a note says what was cut"""
+    max_cached_workflows: int = _var("TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, _whole(1))
+    """turns a worker keeps cached; turns waiting for their user beyond it are evicted and cost
+    the worker no memory"""
+    stream: bool = _var("TURNKEEPER_STREAM", True, _switch)
+    """model calls stream their text (`on`/`off`): the page and `turnkeeper send` show the answer
+    growing, from the store's draft row ([web.md](web.md))"""
+    # Off by default: the sandbox re-imports the workflow module for every run and wraps
+    # every payload, adding about a third to the worker's CPU per turn.
+    workflow_sandbox: bool = _var("TURNKEEPER_WORKFLOW_SANDBOX", False, _switch)
+    """run workflow code in Temporal's sandbox (`on`/`off`), on the SDK's threads with its
+    deadlock detection; off, activations run on the worker's event loop
+    ([performance.md](performance.md)); the tests' in-process workers run with it on"""
+    # None: worker.main.poller_behaviors; a number: at most that many polls per task type.
+    max_pollers: int | None = _var("TURNKEEPER_POLLERS", None, _pollers, "`auto`")
+    """`auto`: 50 workflow-task polls waiting (40 on the worker's sticky queue), activity polls
+    scaled on the server's hints (Temporal Server 1.28 or later); a number (at least 2): a fixed
+    maximum for both"""
+    event_loop: str = _var("TURNKEEPER_EVENT_LOOP", "auto", _one_of(*EVENT_LOOPS))
+    """the worker's event loop: `auto` (uvloop where installed), `uvloop`, `asyncio`"""
+    log_level: str = _var("TURNKEEPER_LOG_LEVEL", "info", _one_of(*LOG_LEVELS, warn="warning"))
+    """the log level of the worker and of `turnkeeper web`"""
+    deployment_name: str | None = _var(
+        "TURNKEEPER_DEPLOYMENT_NAME",
+        None,
+        _matching(DEPLOYMENT_NAME, "1-255 characters without `.` or spaces"),
+        "unset: unversioned",
+    )
+    """with `TURNKEEPER_BUILD_ID`: the worker is that Worker Deployment Version and its runs are
+    pinned to it; 1–255 characters, no `.` or spaces; one without the other stops the worker
+    ([operations.md](operations.md), "Shipping a change to workflow code")"""
+    build_id: str | None = _var(
+        "TURNKEEPER_BUILD_ID", None, _matching(BUILD_ID, "1-255 characters without spaces")
+    )
+    """the build id of that version, 1–255 characters without spaces"""
+    dev_server_port: int = _var("TURNKEEPER_DEV_SERVER_PORT", 7233, _PORT)
+    """the embedded dev server's gRPC port (only without `TEMPORAL_ADDRESS`)"""
+    dev_ui_port: int = _var("TURNKEEPER_DEV_UI_PORT", 8233, _PORT)
+    """its Web UI's port"""
+    dev_http_port: int = _var("TURNKEEPER_DEV_HTTP_PORT", 7243, _PORT)
+    """its HTTP API's port"""
+    web_address: str = _var("TURNKEEPER_WEB_ADDRESS", "127.0.0.1:8000", _address)
+    """where `turnkeeper web` listens (`host:port` or `[ipv6]:port`)"""
+    web_token: str | None = _var("TURNKEEPER_WEB_TOKEN", None, secret=True)
+    """the token every `/api` call of `turnkeeper web` needs; without one it listens on loopback
+    only ([web.md](web.md))"""
+    web_worker: bool = _var("TURNKEEPER_WEB_WORKER", False, _switch, "`0`")
+    """`1`: `turnkeeper web` also runs a worker on its own client and starts new turns with eager
+    workflow start"""
+    metrics_address: str | None = _var("TURNKEEPER_METRICS_ADDRESS", None, _address, "unset: off")
+    """Prometheus text at `/metrics` on the worker (`host:port`; [operations.md](operations.md),
+    "Metrics")"""
+    otlp_endpoint: str | None = _var("OTEL_EXPORTER_OTLP_ENDPOINT", None, shown="unset: off")
+    """OpenTelemetry traces over OTLP/HTTP from the worker, the CLI and `turnkeeper web`; needs
+    `pip install 'turnkeeper[otel]'` ([operations.md](operations.md), "Traces")"""
+    encryption_keys: tuple[EncryptionKey, ...] = _var(
+        "TURNKEEPER_ENCRYPTION_KEYS", (), _keys, "unset: plaintext", secret=True
+    )
+    """`keyid:base64-32-byte-key[,…]`: every payload is encrypted with AES-256-GCM under the
+    first key; all listed keys decrypt ([operations.md](operations.md), "Encryption")"""
+    codec_address: str = _var("TURNKEEPER_CODEC_ADDRESS", "127.0.0.1:8081", _address)
+    """where `turnkeeper codec-server` listens; the embedded dev server's UI is pointed at it when
+    keys are set"""
+    codec_token: str | None = _var("TURNKEEPER_CODEC_TOKEN", None, secret=True)
+    """the bearer token every codec call but a CORS preflight needs; without one the codec server
+    serves only requests addressed to `127.0.0.1` or `localhost`"""
+    # Empty: the embedded dev server's UI (payloads.codec_server.default_origins).
+    codec_origins: tuple[str, ...] = _var(
+        "TURNKEEPER_CODEC_CORS_ORIGIN",
+        (),
+        _origins,
+        "`http://localhost:8233,http://127.0.0.1:8233` (the port follows `TURNKEEPER_DEV_UI_PORT`)",
+    )
+    """the origins (comma-separated, `scheme://host[:port]`, no wildcard) whose pages may call the
+    codec server"""
+
+    def __post_init__(self) -> None:
+        for name in ("data_dir", "workspace"):
+            object.__setattr__(self, name, Path(getattr(self, name)).expanduser().absolute())
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        env = dict(os.environ if env is None else env)
-        data_dir = Path(env.get("TURNKEEPER_DATA_DIR") or ".turnkeeper").expanduser()
-        workspace = Path(env.get("TURNKEEPER_WORKSPACE") or "workspace").expanduser()
-        return cls(
-            temporal_address=env.get("TEMPORAL_ADDRESS") or None,
-            namespace=env.get("TEMPORAL_NAMESPACE") or "default",
-            task_queue=env.get("TURNKEEPER_TASK_QUEUE") or "turnkeeper",
-            data_dir=data_dir.absolute(),
-            database_url=env.get("TURNKEEPER_DATABASE_URL") or None,
-            model=env.get("TURNKEEPER_MODEL") or "demo",
-            tools=_list(env, "TURNKEEPER_TOOLS", DEFAULT_TOOLS),
-            tool_modules=_list(env, "TURNKEEPER_TOOL_MODULES", ()),
-            confirm_tools=_list(env, "TURNKEEPER_CONFIRM_TOOLS", ()),
-            context_tokens=_context_tokens(_int(env, "TURNKEEPER_CONTEXT_TOKENS", 0, minimum=0)),
-            workspace=workspace.absolute(),
-            resume_window=_int(env, "TURNKEEPER_RESUME_WINDOW", 60, minimum=1),
-            reconcile_every=_int(env, "TURNKEEPER_RECONCILE_EVERY", 60, minimum=1),
-            max_message_bytes=_int(
-                env, "TURNKEEPER_MAX_MESSAGE_BYTES", 64 * 1024, minimum=1, maximum=MAX_MESSAGE_BYTES_CEILING
-            ),
-            max_pending_bytes=_int(
-                env,
-                "TURNKEEPER_MAX_PENDING_BYTES",
-                1024 * 1024,
-                minimum=1024,
-                maximum=MAX_PENDING_BYTES_CEILING,
-            ),
-            max_tool_output_bytes=_int(env, "TURNKEEPER_MAX_TOOL_OUTPUT_BYTES", 16 * 1024, minimum=256),
-            tool_timeout=_int(env, "TURNKEEPER_TOOL_TIMEOUT", 600, minimum=1),
-            exec_timeout=_int(env, "TURNKEEPER_EXEC_TIMEOUT", 60, minimum=1),
-            exec_sandbox=_choice(env, "TURNKEEPER_EXEC_SANDBOX", EXEC_SANDBOX_MODES),
-            model_timeout=_int(env, "TURNKEEPER_MODEL_TIMEOUT", 300, minimum=1),
-            shutdown_grace=_int(env, "TURNKEEPER_SHUTDOWN_GRACE", 30, minimum=0),
-            heartbeat_timeout=_int(env, "TURNKEEPER_HEARTBEAT_TIMEOUT", 2, minimum=1),
-            max_cached_workflows=_int(env, "TURNKEEPER_MAX_CACHED_WORKFLOWS", 200, minimum=1),
-            workflow_sandbox=_bool(env, "TURNKEEPER_WORKFLOW_SANDBOX", False),
-            stream=_bool(env, "TURNKEEPER_STREAM", True),
-            max_pollers=_pollers(env, "TURNKEEPER_POLLERS"),
-            dev_server_port=_int(env, "TURNKEEPER_DEV_SERVER_PORT", 7233, minimum=1),
-            dev_ui_port=_int(env, "TURNKEEPER_DEV_UI_PORT", 8233, minimum=1),
-            temporal_http_address=env.get("TURNKEEPER_TEMPORAL_HTTP_ADDRESS") or None,
-            dev_http_port=_int(env, "TURNKEEPER_DEV_HTTP_PORT", 7243, minimum=1),
-            metrics_address=_address(env, "TURNKEEPER_METRICS_ADDRESS"),
-            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or None,
-            encryption_keys=_keys(env, "TURNKEEPER_ENCRYPTION_KEYS"),
-            codec_address=(env.get("TURNKEEPER_CODEC_ADDRESS") or "").strip() or "127.0.0.1:8081",
-            deployment_name=_matching(
-                env.get("TURNKEEPER_DEPLOYMENT_NAME"),
-                "TURNKEEPER_DEPLOYMENT_NAME",
-                DEPLOYMENT_NAME,
-                "1-255 characters without `.` or spaces",
-            ),
-            build_id=_matching(
-                env.get("TURNKEEPER_BUILD_ID"),
-                "TURNKEEPER_BUILD_ID",
-                BUILD_ID,
-                "1-255 characters without spaces",
-            ),
-            openai_base_url=env.get("OPENAI_BASE_URL") or None,
-            openai_api_key=env.get("OPENAI_API_KEY") or None,
-        )
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings from os.environ, or from `env` as if it were the environment. An empty
+        variable is an unset one, as in the shell; but `TURNKEEPER_TOOLS=` enables no tool."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for f in fields(cls):
+            name = f.metadata["env"]
+            raw = (env.get(name) or "").strip()
+            if raw or (name == "TURNKEEPER_TOOLS" and name in env):
+                try:
+                    values[f.name] = f.metadata["parse"](raw)
+                except ValueError as err:
+                    problems.append(_in_words(name, raw, str(err), shown=f.repr))
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return cls(**values)
 
     def worker_deployment(self) -> tuple[str, str] | None:
         """(deployment name, build id) of a versioned worker; None: unversioned.
@@ -426,3 +417,93 @@ class Settings:
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "sessions.db"
+
+
+ENV_VARS: tuple[str, ...] = tuple(f.metadata["env"] for f in fields(Settings))
+"""Every variable `Settings.from_env` reads."""
+
+DEV_SERVER_ENV_VARS: tuple[str, ...] = (
+    "TURNKEEPER_DEV_SERVER_PORT",
+    "TURNKEEPER_DEV_UI_PORT",
+    "TURNKEEPER_DEV_HTTP_PORT",
+    "TURNKEEPER_CODEC_ADDRESS",
+)
+"""Only used by the worker when TEMPORAL_ADDRESS is unset (the embedded dev server and
+its UI's codec endpoint); `turnkeeper codec-server` also listens on TURNKEEPER_CODEC_ADDRESS."""
+
+CLI_ONLY_ENV_VARS: tuple[str, ...] = (
+    "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
+    "TURNKEEPER_WEB_ADDRESS",
+    "TURNKEEPER_WEB_TOKEN",
+    "TURNKEEPER_WEB_WORKER",
+    "TURNKEEPER_CODEC_TOKEN",
+    "TURNKEEPER_CODEC_CORS_ORIGIN",
+)
+"""Read by the CLI's commands (`web` and `codec-server` among them), never by a worker."""
+
+TEMPORAL_CONNECTION_ENV_VARS: tuple[str, ...] = (
+    "TEMPORAL_PROFILE",
+    "TEMPORAL_CONFIG_FILE",
+    "TEMPORAL_API_KEY",
+    "TEMPORAL_TLS",
+    "TEMPORAL_TLS_CLIENT_CERT_PATH",
+    "TEMPORAL_TLS_CLIENT_CERT_DATA",
+    "TEMPORAL_TLS_CLIENT_KEY_PATH",
+    "TEMPORAL_TLS_CLIENT_KEY_DATA",
+    "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+    "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
+    "TEMPORAL_TLS_SERVER_NAME",
+    "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
+)
+"""Read by `temporalio.envconfig` when TEMPORAL_ADDRESS is set (Temporal Cloud, TLS), not by `Settings`."""
+TEMPORAL_CONNECTION_MEANING = (
+    "read by `temporalio.envconfig` when `TEMPORAL_ADDRESS` is set: a `temporal.toml` profile, an API key "
+    '(which also turns TLS on; Temporal Cloud), mTLS ([operations.md](operations.md), "Running on several '
+    'machines")'
+)
+
+
+def _in_words(name: str, raw: str, problem: str, shown: bool) -> str:
+    """`NAME must be ..., got 'value'`: what is wrong and what is accepted, in one line."""
+    if not problem.startswith("must"):
+        return f"{name}: {problem}"  # the parser named the part (an entry, a key id) itself
+    return f"{name} {problem}, got {raw!r}" if shown else f"{name} {problem}"
+
+
+def docs_table() -> str:
+    """docs/configuration.md's table: a row per field, and one for the connection variables."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings").body
+    meanings = {
+        a.target.id: " ".join(b.value.value.split())
+        for a, b in zip(body, body[1:], strict=False)
+        if isinstance(a, ast.AnnAssign)
+        and isinstance(a.target, ast.Name)
+        and isinstance(b, ast.Expr)
+        and isinstance(b.value, ast.Constant)
+    }
+    rows = ["| variable | meaning | default |", "| --- | --- | --- |"]
+    for f in fields(Settings):
+        rows.append(
+            f"| `{f.metadata['env']}` | {meanings[f.name]} | {f.metadata['shown'] or _shown(f.default)} |"
+        )
+    names = ", ".join(f"`{n}`" for n in TEMPORAL_CONNECTION_ENV_VARS)
+    rows.append(f"| {names} | {TEMPORAL_CONNECTION_MEANING} | unset |")
+    return "\n".join(rows) + "\n"
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "`on`" if default else "`off`"
+    if isinstance(default, tuple):
+        return f"`{','.join(default)}`" if default else "none"
+    return "unset" if default is None else f"`{default}`"
+
+
+if __name__ == "__main__":  # rewrites the table in a checkout's docs/configuration.md
+    page = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    head, start, rest = page.read_text().partition("<!-- written by `python -m turnkeeper.config` -->\n")
+    end = "<!-- end of the written table -->"
+    page.write_text(f"{head}{start}\n{docs_table()}\n{end}{rest.partition(end)[2]}")

@@ -8,7 +8,7 @@ import pytest
 import uvloop
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
-from turnkeeper.config import ConfigError, Settings, event_loop_choice
+from turnkeeper.config import ConfigError, Settings
 from turnkeeper.worker.main import WORKFLOW_TASK_POLLS, event_loop_factory, poller_behaviors
 
 
@@ -46,7 +46,7 @@ def test_a_switch_that_is_neither_on_nor_off_is_refused() -> None:
     "raw, message",
     [
         ("soon", "must be a whole number, got 'soon'"),
-        ("0", "must be at least 1, got 0"),
+        ("0", "must be at least 1, got '0'"),
     ],
 )
 def test_a_bad_number_is_refused_with_its_name(raw: str, message: str) -> None:
@@ -73,7 +73,7 @@ def test_pollers_default_or_a_fixed_maximum(raw: str, expected: int | None) -> N
     "raw, message",
     [
         ("many", "must be `auto` or a whole number, got 'many'"),
-        ("1", "must be at least 2, got 1"),
+        ("1", "must be at least 2, got '1'"),
         ("-3", "must be `auto` or a whole number, got '-3'"),
     ],
 )
@@ -92,15 +92,15 @@ def test_a_bad_poller_setting_is_refused_with_its_name(raw: str, message: str) -
     ],
 )
 def test_event_loop_choice(raw: str, expected: str) -> None:
-    assert event_loop_choice({"TURNKEEPER_EVENT_LOOP": raw}) == expected
-    assert event_loop_choice({}) == "auto"
+    assert Settings.from_env({"TURNKEEPER_EVENT_LOOP": raw}).event_loop == expected
+    assert Settings.from_env({}).event_loop == "auto"
 
 
 def test_an_unknown_event_loop_is_refused() -> None:
     with pytest.raises(
         ConfigError, match="TURNKEEPER_EVENT_LOOP must be one of auto, uvloop, asyncio, got 'trio'"
     ):
-        event_loop_choice({"TURNKEEPER_EVENT_LOOP": "trio"})
+        Settings.from_env({"TURNKEEPER_EVENT_LOOP": "trio"})
 
 
 def test_the_worker_runs_on_uvloop_unless_asyncio_is_asked_for() -> None:

@@ -26,11 +26,17 @@ def _rows(text: str) -> set[str]:
 
 
 def _read_by_the_code() -> set[str]:
-    names = set(config.ENV_VARS) | set(config.WORKER_ENV_VARS) | set(config.TEMPORAL_CONNECTION_ENV_VARS)
+    names = set(config.ENV_VARS) | set(config.TEMPORAL_CONNECTION_ENV_VARS)
     for folder in SOURCES:
         for path in (ROOT / folder).rglob("*.py"):
             names |= set(re.findall(r"\bTURNKEEPER_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
     return names
+
+
+def test_the_table_is_the_settings_model() -> None:
+    assert config.docs_table() in CONFIGURATION.read_text(), (
+        "docs/configuration.md's table differs from turnkeeper/config.py: run `python -m turnkeeper.config`"
+    )
 
 
 def test_every_variable_the_code_reads_has_its_row() -> None:

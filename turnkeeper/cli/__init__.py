@@ -178,12 +178,12 @@ def run(argv: Sequence[str] | None = None) -> int:
             from turnkeeper.web.main import serve
             from turnkeeper.web.server import WebConfig
 
-            return serve(settings, WebConfig.from_env())
+            return serve(settings, WebConfig.from_settings(settings))
         if args.command == "codec-server":
             from turnkeeper.payloads.codec_server import CodecConfig
             from turnkeeper.payloads.codec_server import serve as serve_codec
 
-            return serve_codec(settings, CodecConfig.from_env(settings))
+            return serve_codec(settings, CodecConfig.from_settings(settings))
         code = args.func(args, settings)
         if isinstance(code, Coroutine):  # the commands that talk gRPC; the others need no event loop
             import asyncio

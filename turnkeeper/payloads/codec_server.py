@@ -20,32 +20,23 @@ origin; preflights answered); with TURNKEEPER_CODEC_TOKEN set, every call needs
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from turnkeeper.config import ConfigError, Settings
+from turnkeeper.config import Settings, split_address
 from turnkeeper.web.request_checks import BodyTooLarge, addressed_to_loopback, bearer_matches, read_body
-from turnkeeper.web.server import is_loopback, run_uvicorn, uvicorn_log_level
-from turnkeeper.web.server import parse_address as _parse_address
+from turnkeeper.web.server import is_loopback, run_uvicorn
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
-DEFAULT_ADDRESS = "127.0.0.1:8081"
 # A request carries one event field's payloads (the UI and `temporal` ask field by field), which
 # Temporal holds to 2 MB: a third more as base64, with room to spare. Larger bodies get 413 unread.
 MAX_BODY_BYTES = 4 * 1024 * 1024
-ALLOWED_HEADERS = "Authorization, Content-Type, X-Namespace"
+ALLOWED_HEADERS = ("Authorization", "Content-Type", "X-Namespace")
 PREFLIGHT_MAX_AGE_S = 600
 DECODE_ERROR_METADATA = "decode-error"
-
-
-def parse_address(raw: str) -> tuple[str, int]:
-    return _parse_address(raw, "TURNKEEPER_CODEC_ADDRESS", DEFAULT_ADDRESS)
 
 
 def url_of(host: str, port: int) -> str:
@@ -61,30 +52,6 @@ def default_origins(settings: Settings) -> tuple[str, ...]:
     return (f"http://localhost:{settings.dev_ui_port}", f"http://127.0.0.1:{settings.dev_ui_port}")
 
 
-def parse_origins(raw: str) -> tuple[str, ...]:
-    origins = []
-    for entry in (x.strip() for x in raw.split(",")):
-        if not entry:
-            continue
-        parts = urlsplit(entry)
-        if (
-            entry == "*"
-            or parts.scheme not in ("http", "https")
-            or not parts.netloc
-            or parts.path.strip("/")
-            or parts.query
-            or parts.fragment
-        ):
-            raise ConfigError(
-                "TURNKEEPER_CODEC_CORS_ORIGIN must list origins such as http://localhost:8233 "
-                f"(scheme://host[:port], comma-separated; no wildcard), got {entry!r}"
-            )
-        origins.append(f"{parts.scheme}://{parts.netloc}".lower())
-    if not origins:
-        raise ConfigError("TURNKEEPER_CODEC_CORS_ORIGIN lists no origin")
-    return tuple(origins)
-
-
 @dataclass(frozen=True)
 class CodecConfig:
     host: str = "127.0.0.1"
@@ -95,18 +62,10 @@ class CodecConfig:
     log_level: str = "info"
 
     @classmethod
-    def from_env(cls, settings: Settings, env: Mapping[str, str] | None = None) -> CodecConfig:
-        env = os.environ if env is None else env
-        host, port = parse_address(settings.codec_address)
-        raw_origins = env.get("TURNKEEPER_CODEC_CORS_ORIGIN", "").strip()
-        origins = parse_origins(raw_origins) if raw_origins else default_origins(settings)
-        return cls(
-            host=host,
-            port=port,
-            origins=origins,
-            token=env.get("TURNKEEPER_CODEC_TOKEN") or None,
-            log_level=uvicorn_log_level(env),
-        )
+    def from_settings(cls, settings: Settings) -> CodecConfig:
+        host, port = split_address(settings.codec_address)
+        origins = settings.codec_origins or default_origins(settings)
+        return cls(host, port, origins, settings.codec_token, settings.log_level)
 
     @property
     def url(self) -> str:
@@ -114,77 +73,39 @@ class CodecConfig:
 
 
 class Guard:
-    """ASGI middleware: CORS for the configured origins only, the token, and no
-    service to a page that reached a tokenless server by another name."""
+    """ASGI middleware inside Starlette's CORSMiddleware, which answers preflights (they carry
+    no token) and adds CORS headers for the configured origins, to these refusals too, so the
+    UI may read why. Refused here: a page from another origin (in any method: the page must not
+    even cause a call), a call without the token, and on a tokenless server a request by another
+    name than this machine's (a page cannot reach it by DNS rebinding)."""
 
     def __init__(self, app: ASGIApp, config: CodecConfig) -> None:
         self.app = app
         self.config = config
 
-    def _cors(self, origin: str | None) -> list[tuple[bytes, bytes]]:
-        assert origin is not None
-        return [
-            (b"access-control-allow-origin", origin.encode()),
-            (b"access-control-allow-credentials", b"true"),
-            (b"vary", b"Origin"),
-        ]
-
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+        refused = self._refusal(scope) if scope["type"] == "http" else None
+        await (self.app if refused is None else refused)(scope, receive, send)
+
+    def _refusal(self, scope: Any) -> Any:
         from starlette.datastructures import Headers
-        from starlette.responses import JSONResponse, Response
+        from starlette.responses import JSONResponse
 
         headers = Headers(scope=scope)
         origin = headers.get("origin")
-        allowed = origin is not None and origin.lower() in self.config.origins
-        early: Response | None = None
-        if origin is not None and not allowed:
+        if origin is not None and origin.lower() not in self.config.origins:
             # No CORS headers: the browser keeps the answer from the page.
-            early = JSONResponse(
-                {"detail": f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"},
-                status_code=403,
-            )
-        elif self.config.token is None and not addressed_to_loopback(headers.get("host", "")):
-            early = JSONResponse(
-                {
-                    "detail": "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or "
-                    "localhost are served"
-                },
-                status_code=403,
-            )
-        elif scope["method"] == "OPTIONS":
-            # A preflight carries no credentials: answered before the token check.
-            early = Response(status_code=204, headers={"Allow": "POST, OPTIONS"})
-            if allowed:
-                early.raw_headers.extend(
-                    [
-                        (b"access-control-allow-methods", b"POST, OPTIONS"),
-                        (b"access-control-allow-headers", ALLOWED_HEADERS.encode()),
-                        (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode()),
-                    ]
-                )
-        elif self.config.token is not None and not bearer_matches(
+            detail = f"origin {origin!r} is not allowed (TURNKEEPER_CODEC_CORS_ORIGIN)"
+            return JSONResponse({"detail": detail}, status_code=403)
+        if self.config.token is None and not addressed_to_loopback(headers.get("host", "")):
+            detail = "without TURNKEEPER_CODEC_TOKEN only requests to 127.0.0.1 or localhost are served"
+            return JSONResponse({"detail": detail}, status_code=403)
+        if self.config.token is not None and not bearer_matches(
             headers.get("authorization", ""), self.config.token
         ):
-            early = JSONResponse(
-                {"detail": "a token is required: send Authorization: Bearer <token>"},
-                status_code=401,
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if early is not None:
-            if allowed:
-                early.raw_headers.extend(self._cors(origin))  # the UI may read why
-            await early(scope, receive, send)
-            return
-
-        async def send_with_cors(message: Any) -> None:
-            if message["type"] == "http.response.start" and allowed:
-                message["headers"] = list(message.get("headers", [])) + self._cors(origin)
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
+            detail = "a token is required: send Authorization: Bearer <token>"
+            return JSONResponse({"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        return None
 
 
 class BadRequest(Exception):
@@ -221,6 +142,7 @@ async def _read_payloads(request: Any) -> Any:
 def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
     from google.protobuf.json_format import MessageToDict
     from starlette.applications import Starlette
+    from starlette.middleware.cors import CORSMiddleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -262,7 +184,14 @@ def create_app(settings: Settings, config: CodecConfig) -> ASGIApp:
         Route("/decode", decode, methods=["POST"]),
         Route("/healthz", healthz),
     ]
-    return Guard(Starlette(routes=routes), config)
+    return CORSMiddleware(
+        Guard(Starlette(routes=routes), config),
+        allow_origins=config.origins,
+        allow_methods=["POST"],
+        allow_headers=ALLOWED_HEADERS,
+        allow_credentials=True,
+        max_age=PREFLIGHT_MAX_AGE_S,
+    )
 
 
 def serve(settings: Settings, config: CodecConfig) -> int:

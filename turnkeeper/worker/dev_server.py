@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from turnkeeper.config import Settings
+from turnkeeper.config import Settings, split_address
 from turnkeeper.models import SEARCH_ATTRIBUTE_NAMES
 
 log = logging.getLogger("turnkeeper.dev_server")
@@ -161,9 +161,9 @@ def codec_endpoint(settings: Settings) -> str | None:
     at TURNKEEPER_CODEC_ADDRESS, as the user's browser reaches it."""
     if not settings.encryption_keys:
         return None
-    from turnkeeper.payloads.codec_server import parse_address, url_of
+    from turnkeeper.payloads.codec_server import url_of
 
-    return url_of(*parse_address(settings.codec_address)).rstrip("/")
+    return url_of(*split_address(settings.codec_address)).rstrip("/")
 
 
 async def is_healthy(address: str, timeout: float = 2.0) -> bool:

@@ -39,7 +39,6 @@ from turnkeeper.client import connect, ensure_search_attributes
 from turnkeeper.config import (
     ConfigError,
     Settings,
-    event_loop_choice,
     import_from_working_directory,
 )
 from turnkeeper.reconcile_io import SCHEDULE_ID
@@ -149,6 +148,7 @@ def check_tools(settings: Settings) -> None:
 async def _open_store(store: SessionStore) -> None:
     """Open the store, waiting out an outage (locked, unreachable): a worker started
     while the store is down serves once it is back instead of exiting."""
+    # By hand, not a RetryPolicy: no worker runs yet to retry an activity on.
     delay = 1.0
     while True:
         try:
@@ -305,14 +305,14 @@ async def run_worker(
 
 def main() -> None:
     import_from_working_directory()
-    logging.basicConfig(
-        level=os.environ.get("TURNKEEPER_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     code = 0
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory(event_loop_choice(os.environ))) as runner:
-            runner.run(run_worker(Settings.from_env()))
+        settings = Settings.from_env()
+        logging.basicConfig(
+            level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+            runner.run(run_worker(settings))
     except ConfigError as err:
         print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
         code = 2
