@@ -342,6 +342,7 @@ async def decide(
     from datetime import timedelta
 
     deadline = time.monotonic() + timeout
+    # Polled by hand: a query has no RetryPolicy (that retries activities and workflows).
     pause = 0.01
     while True:
         left = max(deadline - time.monotonic(), 0.5)
