@@ -5,12 +5,31 @@ activities/tool_call.py); these are for gates, endings and the rarer paths."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
 from temporalio import activity
 
 from turnkeeper import activity_io
+from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
 from turnkeeper.store import SessionStore, TurnUpdate
+
+T = TypeVar("T")
+
+
+def beating(fn: Callable[[Any, Any], Awaitable[T]]) -> Callable[[Any, Any], Awaitable[T]]:
+    """Heartbeats while the write runs: a write held by a dead worker is noticed in
+    seconds and made again elsewhere, instead of after its 30 s timeout."""
+
+    @functools.wraps(fn)
+    async def run(self: Any, inp: Any) -> T:
+        async with heartbeating():
+            return await fn(self, inp)
+
+    return run
 
 
 class StoreActivities:
@@ -22,6 +41,7 @@ class StoreActivities:
         self._confirm_tools = list(confirm_tools if confirm_tools is not None else settings.confirm_tools)
 
     @activity.defn(name=activity_io.BEGIN_TURN)
+    @beating
     async def begin_turn(self, inp: activity_io.BeginTurnInput) -> activity_io.BeginTurnResult:
         return await self.begin(inp)
 
@@ -52,6 +72,7 @@ class StoreActivities:
         )
 
     @activity.defn(name=activity_io.ADOPT_TURN)
+    @beating
     async def adopt_turn(self, inp: activity_io.AdoptTurnInput) -> activity_io.AdoptTurnResult:
         next_step = await self._store.adopt_turn(inp.chat_id, inp.turn, inp.run_id)
         return activity_io.AdoptTurnResult(next_step=next_step, settings=self._turn_settings())
@@ -65,22 +86,26 @@ class StoreActivities:
         )
 
     @activity.defn(name=activity_io.RECORD_TOOL_RESULT)
+    @beating
     async def record_tool_result(self, inp: activity_io.RecordToolResultInput) -> None:
         await self._store.record_tool_result(
             inp.chat_id, inp.turn, inp.tool_call_id, inp.name, inp.content, inp.status
         )
 
     @activity.defn(name=activity_io.COMMIT_MESSAGES)
+    @beating
     async def commit_messages(self, inp: activity_io.CommitMessagesInput) -> list[str]:
         if inp.answer_lost_calls:
             await self._store.close_unanswered_calls(inp.chat_id, inp.turn)
         return await self._store.commit_user_messages(inp.chat_id, inp.turn, inp.messages)
 
     @activity.defn(name=activity_io.RECORD_ASSISTANT)
+    @beating
     async def record_assistant(self, inp: activity_io.RecordAssistantInput) -> None:
         await self._store.record_assistant(inp.chat_id, inp.turn, inp.step, inp.reply, final=inp.final)
 
     @activity.defn(name=activity_io.UPDATE_TURN)
+    @beating
     async def update_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         ended = await self._ended(inp)
         if ended is not None:
@@ -89,6 +114,7 @@ class StoreActivities:
         return activity_io.TurnWriteResult(status=inp.status, reason=inp.reason)
 
     @activity.defn(name=activity_io.FINISH_TURN)
+    @beating
     async def finish_turn(self, inp: activity_io.UpdateTurnInput) -> activity_io.TurnWriteResult:
         # A model call lost or cancelled after writing its tool calls: answer them first,
         # so each tool row follows its call before any user row (providers refuse else).
@@ -112,11 +138,13 @@ class StoreActivities:
         return activity_io.TurnWriteResult(status=record.status, reason=record.reason, written=False)
 
     @activity.defn(name=activity_io.HELD_MESSAGES)
+    @beating
     async def held_messages(self, inp: activity_io.HeldMessagesInput) -> activity_io.HeldMessagesResult:
         held = await self._store.held_message_ids(inp.chat_id, inp.message_ids)
         return activity_io.HeldMessagesResult(asked=inp.message_ids, held=held)
 
     @activity.defn(name=activity_io.APPEND_EVENTS)
+    @beating
     async def append_events(self, inp: activity_io.AppendEventsInput) -> None:
         await self._store.append_events(inp.chat_id, inp.events, keys=inp.keys)
 

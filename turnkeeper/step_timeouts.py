@@ -4,7 +4,7 @@ A model or tool call's timeouts (how long it may run, how soon its worker's deat
 is noticed, how long it may wait for a worker: TURNKEEPER_MODEL_TIMEOUT,
 TURNKEEPER_TOOL_TIMEOUT, TURNKEEPER_HEARTBEAT_TIMEOUT, TURNKEEPER_RESUME_WINDOW)
 are options of the command that schedules it and nothing the workflow decides
-on: a replay matches commands by their kind and order, never by their timeouts.
+on (a store write's heartbeat timeout is the worker's too): a replay matches commands by their kind and order, never by their timeouts.
 So the worker's own settings fill them in here, from the first step of a run on,
 instead of reaching the workflow as an activity result a step later. A worker
 without this interceptor schedules steps with the defaults.
@@ -30,6 +30,7 @@ class StepTimeouts(Interceptor):
     def __init__(self, settings: Settings) -> None:
         resume = timedelta(seconds=settings.resume_window)
         heartbeat = timedelta(seconds=settings.heartbeat_timeout)
+        self._heartbeat = heartbeat
         self._timeouts = {
             activity_io.MODEL_CALL: (timedelta(seconds=settings.model_timeout), resume, heartbeat),
             activity_io.TOOL_CALL: (timedelta(seconds=settings.tool_timeout), resume, heartbeat),
@@ -38,7 +39,7 @@ class StepTimeouts(Interceptor):
     def workflow_interceptor_class(
         self, input: WorkflowInterceptorClassInput
     ) -> type[WorkflowInboundInterceptor]:
-        timeouts = self._timeouts
+        timeouts, heartbeat = self._timeouts, self._heartbeat
 
         class _Outbound(WorkflowOutboundInterceptor):
             def start_activity(self, input: StartActivityInput):  # type: ignore[no-untyped-def]
@@ -47,6 +48,8 @@ class StepTimeouts(Interceptor):
                     input.start_to_close_timeout, input.schedule_to_start_timeout, input.heartbeat_timeout = (
                         known
                     )
+                elif input.heartbeat_timeout is not None:  # a store write: its worker's death noticed as soon
+                    input.heartbeat_timeout = heartbeat
                 return super().start_activity(input)
 
         class _Inbound(WorkflowInboundInterceptor):

@@ -6,7 +6,8 @@ result reaches a live run inside a workflow task, where a replay may place it
 elsewhere relative to the signals around it.) Model and tool calls are never
 retried by Temporal: a lost one opens a gate instead of acting twice; their
 timeouts are the worker's (turnkeeper/step_timeouts.py). Store writes are
-idempotent, retried a few times, then waited out by the turn, visibly.
+idempotent, retried a few times, then waited out by the turn, visibly; they
+heartbeat too, so one held by a dead worker runs again within seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ STORE_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=1),
     non_retryable_error_types=[activity_io.STORE_UNAVAILABLE_ERROR],
 )
+# Announcements and store checks never give up: the store returns, and they are idempotent.
+PATIENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 STORE_TIMEOUT = timedelta(seconds=30)
 # Defaults for a worker without turnkeeper.step_timeouts (a test's, a replayer's).
 STEP_TIMEOUT = timedelta(minutes=10)
@@ -70,14 +73,15 @@ def _step_options() -> dict[str, Any]:
 
 
 def store_write(
-    activity: str, arg: Any, result_type: Any = None, summary: str | None = None
+    activity: str, arg: Any, result_type: Any = None, summary: str | None = None, patient: bool = False
 ) -> workflow.ActivityHandle[Any]:
     return workflow.start_activity(
         activity,
         arg,
         result_type=result_type,
         start_to_close_timeout=STORE_TIMEOUT,
-        retry_policy=STORE_RETRY,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=PATIENT_RETRY if patient else STORE_RETRY,
         summary=summary or activity.split(".")[-1],
     )
 

@@ -25,7 +25,6 @@ from functools import partial
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
@@ -79,8 +78,6 @@ STORE_WAIT_MAX_S = 30.0
 RUN_HISTORY_EVENTS = 1_000
 # The latest tool calls a handed-on turn keeps showing in `state` (the store keeps all).
 CARRIED_TOOL_CALLS = 256
-# Announcements and store checks never give up: the store returns, and they are idempotent.
-PATIENT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
 
 
 class Flow(Enum):
@@ -190,12 +187,11 @@ class Turn:
         run_id = workflow.info().run_id
         keys = [f"{run_id}/{self._announced + i}" for i in range(len(events))]
         self._announced += len(events)
-        self._announcing = workflow.start_activity(
+        self._announcing = steps.store_write(
             activity_io.APPEND_EVENTS,
             activity_io.AppendEventsInput(chat_id=self.state.chat_id, events=events, keys=keys),
-            start_to_close_timeout=steps.STORE_TIMEOUT,
-            retry_policy=PATIENT_RETRY,
             summary="announce refusals",
+            patient=True,
         )
         self.watch(self._announcing, self._announce_next)
 
@@ -204,13 +200,12 @@ class Turn:
         if self._checking:
             return  # judged once the check under way has answered
         self._checking, self._superseding = self._superseding, []
-        check = workflow.start_activity(
+        check = steps.store_write(
             activity_io.HELD_MESSAGES,
             activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=self._checking),
-            result_type=activity_io.HeldMessagesResult,
-            start_to_close_timeout=steps.STORE_TIMEOUT,
-            retry_policy=PATIENT_RETRY,
+            activity_io.HeldMessagesResult,
             summary="is the newer message a retry?",
+            patient=True,
         )
         self.watch(check, self._superseding_checked)
 

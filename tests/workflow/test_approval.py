@@ -327,3 +327,36 @@ async def test_the_tool_activity_refuses_an_unapproved_call(tmp_path: Path) -> N
         assert [e.type for e in await store.events("c")].count("tool_started") == 1
     finally:
         await store.close()
+
+
+async def test_a_store_write_held_by_a_killed_worker_is_made_again_within_seconds(stack: Stack) -> None:
+    """Store writes heartbeat like steps: the gate's closing write, held by a worker
+    SIGKILLed in the middle of it, runs again on the next worker once the heartbeat
+    timeout has passed, not after the write's 30 s timeout."""
+    ledger = stack.ws / "ledger.txt"
+    _tools(stack, ledger)
+    held = stack.dir / "hold-store-writes"
+    stack.env_extra.update(
+        {
+            "TURNKEEPER_TOOL_MODULES": "tests.ledger_tools,tests.slow_store",
+            "TK_SLOW_STORE": str(held),
+            "TURNKEEPER_HEARTBEAT_TIMEOUT": "2",
+        }
+    )
+    stack.script([{"tool_calls": [_call("guarded_write", path="h.txt", content="h")]}, {"text": "written"}])
+    worker = stack.spawn_worker()
+    chat = stack.chat("held-write")
+    await stack.send(chat, "write h")
+    gate = await stack.wait_state(chat, _asks, timeout=60)
+    held.touch()
+    await stack.decide(chat, "continue", gate.recovery_id)  # its write now hangs in `worker`
+    await asyncio.sleep(0.5)
+    stack.kill(worker)
+    held.unlink()
+    killed = asyncio.get_running_loop().time()
+    worker = stack.spawn_worker()
+    await stack.wait_serving(worker)
+    done = await stack.wait_turn_done(chat, 1, timeout=60)
+    took = asyncio.get_running_loop().time() - killed
+    assert done.status == TurnStatus.COMPLETED and _starts(ledger) == [f"start {chat}/1/call_0_0"]
+    assert took < 20, f"the turn ended {took:.1f} s after the kill"
