@@ -114,11 +114,14 @@ async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> Non
     assert value(text, metrics.TOOL_CALLS) == 2
     assert 0 < value(text, f"{metrics.MODEL_CALL_SECONDS}_sum") < 60
     assert value(text, f"{metrics.MODEL_CALL_SECONDS}_bucket", le="+Inf") == 4
+    assert value(text, f"{metrics.MODEL_CALL_SECONDS}_bucket", le="300") == 4  # our buckets, not the SDK's
+    # Prometheus's conventions for the SDK's own too: `_total` counters, durations in seconds.
+    assert value(text, "temporal_workflow_completed_total", workflow_type="ChatTurn") >= 1
     # The SDK's own, from the same endpoint, for our queue.
     assert (
         value(
             text,
-            "temporal_workflow_task_execution_latency_count",
+            "temporal_workflow_task_execution_latency_seconds_count",
             task_queue=stack.task_queue,
             workflow_type="ChatTurn",
         )
@@ -127,7 +130,7 @@ async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> Non
     assert (
         value(
             text,
-            "temporal_activity_execution_latency_count",
+            "temporal_activity_execution_latency_seconds_count",
             task_queue=stack.task_queue,
             activity_type="turnkeeper.tool_call",
         )

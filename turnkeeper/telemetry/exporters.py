@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from turnkeeper.config import ConfigError, Settings
-from turnkeeper.telemetry.metrics import MODEL_CALL_BUCKETS, MODEL_CALL_SECONDS
+from turnkeeper.telemetry.metrics import MODEL_CALL_BUCKETS, MODEL_CALL_SECONDS, meter_name
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -39,9 +39,14 @@ def metrics_runtime(settings: Settings) -> Runtime | None:
         return None
     from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+    # Prometheus's conventions: counters end in `_total`, durations are in seconds
+    # and named with their unit.
     prometheus = PrometheusConfig(
         bind_address=settings.metrics_address,
-        histogram_bucket_overrides={MODEL_CALL_SECONDS: list(MODEL_CALL_BUCKETS)},
+        counters_total_suffix=True,
+        unit_suffix=True,
+        durations_as_seconds=True,
+        histogram_bucket_overrides={meter_name(MODEL_CALL_SECONDS): list(MODEL_CALL_BUCKETS)},
     )
     try:
         return Runtime(telemetry=TelemetryConfig(metrics=prometheus))

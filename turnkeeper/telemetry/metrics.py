@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the meter comes from the SDK's runtime; the CLI imports this module too
     from temporalio.common import MetricMeter
 
+# The names Prometheus shows: the exporter adds `_total` to a counter's name and the
+# unit to a histogram's (turnkeeper/telemetry/exporters.py), as Prometheus's conventions ask.
 TURNS = "turnkeeper_turns_total"
 GATES = "turnkeeper_gates_total"
 TOOL_CALLS = "turnkeeper_tool_calls_total"
@@ -30,24 +32,29 @@ UNKNOWN_TOOL = "(unknown)"
 
 
 def turn_ended(meter: MetricMeter, status: str, reason: str | None) -> None:
-    meter.create_counter(TURNS, "Turns ended, by final status and reason").add(
+    meter.create_counter(meter_name(TURNS), "Turns ended, by final status and reason").add(
         1, {"status": status, "reason": reason or NO_REASON}
     )
 
 
 def gate_opened(meter: MetricMeter, reason: str) -> None:
-    meter.create_counter(GATES, "Gates opened (a turn waits for its user), by reason").add(
+    meter.create_counter(meter_name(GATES), "Gates opened (a turn waits for its user), by reason").add(
         1, {"reason": reason}
     )
 
 
 def tool_called(meter: MetricMeter, tool: str, outcome: str) -> None:
-    meter.create_counter(TOOL_CALLS, "Tool calls, by tool and outcome").add(
+    meter.create_counter(meter_name(TOOL_CALLS), "Tool calls, by tool and outcome").add(
         1, {"tool": tool, "outcome": outcome}
     )
 
 
 def model_call_took(meter: MetricMeter, seconds: float) -> None:
-    meter.create_histogram_float(MODEL_CALL_SECONDS, "Model provider calls, answered or failed", "s").record(
-        seconds
-    )
+    meter.create_histogram_float(
+        meter_name(MODEL_CALL_SECONDS), "Model provider calls, answered or failed", "seconds"
+    ).record(seconds)
+
+
+def meter_name(exported: str) -> str:
+    """The name a meter is given: the exporter adds the suffix back."""
+    return exported.removesuffix("_total").removesuffix("_seconds")
