@@ -1,11 +1,11 @@
 """Talking to Temporal from outside a workflow: connect, send, query, decide.
 
 The CLI imports this module for every command, also for those that never talk to
-Temporal (`history`, `events`) or talk to it over HTTP (`status`, `list`): the
+Temporal (`history`, `events`) or read it over HTTP (`status`, `list`): the
 SDK, the models (pydantic) and what only some calls need (the Temporal client,
 its pydantic converter, the operator API, the dev server, `envconfig`) are
 imported in the function that needs them, so that a short command starts fast;
-so are asyncio and uuid, which the commands served over HTTP never need.
+so are asyncio and uuid, which the commands read over HTTP never need.
 """
 
 from __future__ import annotations
@@ -158,58 +158,8 @@ def check_message_size(text: str, settings: Settings) -> None:
         )
 
 
-# models.UserMessage's bounds on an id: the plain way below sends only what it accepts.
+# models.UserMessage's bounds on an id.
 MESSAGE_ID_LENGTHS = range(1, 201)
-
-
-def signal_with_start_request(settings: Settings, chat_id: str, message_id: str, text: str) -> dict[str, Any]:
-    """`send_message` (with a `UserMessage(message_id, text)`) as Temporal's HTTP API
-    takes it, for `send` without the SDK or pydantic (turnkeeper.http_api). The
-    same request as the SDK makes with our data converter and no payload codec or
-    interceptor (no encryption keys, no tracing): the payloads are the bytes the
-    pydantic converter and the SDK's search attribute encoding write
-    (tests/unit/test_cli_reads.py, tests/workflow/test_cli.py)."""
-    import json
-    import os
-    import socket
-    import uuid
-
-    from turnkeeper.http_api import json_payload
-    from turnkeeper.statuses import CHAT_ID, TURN_STATUS, TURN_TASK_TIMEOUT, TurnStatus
-
-    def model_json(value: dict[str, Any]) -> bytes:  # as pydantic_core.to_json writes a model
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-    def keyword(value: str) -> dict[str, Any]:  # as the SDK's default JSON converter writes a value
-        return json_payload(json.dumps(value, separators=(",", ":"), sort_keys=True).encode(), "Keyword")
-
-    return {
-        "workflowType": {"name": WORKFLOW_TYPE},
-        "taskQueue": {"name": settings.task_queue},
-        "input": {
-            "payloads": [
-                json_payload(
-                    model_json({"chat_id": chat_id, "pending": [], "recovery": None, "carry_on": None})
-                )
-            ]
-        },
-        "workflowTaskTimeout": f"{TURN_TASK_TIMEOUT.total_seconds():g}s",
-        # The SDK's default identity and a fresh request id, as `Client.start_workflow` sets them.
-        "identity": f"{os.getpid()}@{socket.gethostname()}",
-        "requestId": str(uuid.uuid4()),
-        "workflowIdReusePolicy": "WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE",
-        "workflowIdConflictPolicy": "WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING",
-        "searchAttributes": {
-            "indexedFields": {CHAT_ID: keyword(chat_id), TURN_STATUS: keyword(TurnStatus.RUNNING.value)}
-        },
-        "signalInput": {
-            "payloads": [json_payload(model_json({"message_id": message_id, "text": text, "sender": None}))]
-        },
-        "userMetadata": {
-            "summary": json_payload(json.dumps(run_summary(chat_id)).encode()),
-            "details": json_payload(json.dumps(RUN_DETAILS).encode()),
-        },
-    }
 
 
 async def send_message(
