@@ -94,6 +94,8 @@ class Stack:
                 "TURNKEEPER_DATA_DIR": str(self.data),
                 "TURNKEEPER_WORKSPACE": str(self.ws),
                 "PYTHONUNBUFFERED": "1",
+                # Each worker creates its queue's reconcile schedule: it never fires during a test.
+                "TURNKEEPER_RECONCILE_EVERY": "3600",
             }
         )
         env.update(self.env_extra)

@@ -15,6 +15,13 @@ DELETE_QUIET_PASSES = "turnkeeper.delete_quiet_passes"
 # Contract (docs/contract.md, "Reconciler"): operators trigger it with
 # `temporal schedule trigger --schedule-id turnkeeper-reconcile`.
 SCHEDULE_ID = "turnkeeper-reconcile"
+DEFAULT_TASK_QUEUE = "turnkeeper"
+
+
+def schedule_id(task_queue: str) -> str:
+    """One schedule per task queue: a second deployment in the namespace (another
+    queue) gets its own passes. The default queue's is the contract's id."""
+    return SCHEDULE_ID if task_queue == DEFAULT_TASK_QUEUE else f"{SCHEDULE_ID}-{task_queue}"
 
 
 def pass_workflow_id(schedule_id: str = SCHEDULE_ID) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -72,6 +73,7 @@ from turnkeeper.reconcile_io import (
     ReconcileSummary,
     pass_workflow_id,
 )
+from turnkeeper.reconcile_io import schedule_id as queue_schedule_id
 from turnkeeper.search_attributes import RECONCILE_OUTCOME_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
 from turnkeeper.store import SessionStore, StoreError
 from turnkeeper.testing import FakeChatServer
@@ -376,16 +378,6 @@ def test_judging_the_store_alone() -> None:
 # -- passes on the dev server --------------------------------------------------------------
 
 
-@pytest.fixture
-async def contract_schedule_points_nowhere(client: Client) -> None:
-    """Every worker creates `turnkeeper-reconcile` when missing, on its own task queue.
-    These tests share one server: make sure it exists on a queue no worker polls, so a
-    scheduled pass never races the passes a test runs itself."""
-    await ensure_reconcile_schedule(
-        client, Settings(task_queue="turnkeeper-tests-nowhere", reconcile_every=3600)
-    )
-
-
 async def run_pass(stack: Stack) -> ReconcileSummary:
     return await stack.client.execute_workflow(
         RECONCILE_WORKFLOW,
@@ -447,7 +439,6 @@ async def events_of(stack: Stack, chats: list[str]) -> dict[str, list[tuple[int,
     return {c: [(e.seq, e.type) for e in await store.events(c)] for c in chats}
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> None:
     """One pass over chats whose runs were terminated, deleted, corrupted or
     completed meanwhile; the recovery runs then wait at their gates (contract)."""
@@ -589,7 +580,6 @@ async def test_a_pass_recovers_each_row_of_the_reason_table(stack: Stack) -> Non
         assert [m.get("content") for m in await stack.history(chat["followup"])].count("and then?") == 1
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_an_answer_in_an_ended_run_is_restored_without_a_model_call(stack: Stack) -> None:
     """A run that got its final answer but whose store lost it: terminated before
     its next workflow task, or completed while the store still shows the turn open."""
@@ -665,7 +655,6 @@ def _turn_status(stack: Stack, chat: str, status: str) -> bool:
     return row is not None and row[0] == status
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_the_worker_creates_the_schedule_and_a_trigger_runs_a_pass(stack: Stack) -> None:
     settings = stack.settings(TURNKEEPER_RECONCILE_EVERY="3600")
     schedule_id = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"  # tests share one server
@@ -717,17 +706,41 @@ async def test_the_worker_creates_the_schedule_and_a_trigger_runs_a_pass(stack: 
         record = await store.get_turn(chat, 1)
         assert record is not None and record.reason == Reason.COMMITTED
 
-        # The contract's id: a worker started the default way creates it when missing
-        # (on its own queue: one client may not run two workers on one queue).
-        await stack.start_worker(TURNKEEPER_TASK_QUEUE=f"{stack.task_queue}-b")
-        contract = await stack.client.get_schedule_handle(SCHEDULE_ID).describe()
-        assert isinstance(contract.schedule.action, ScheduleActionStartWorkflow)
-        assert contract.schedule.action.workflow == RECONCILE_WORKFLOW
+        # A worker started the default way creates its task queue's own schedule (the
+        # default queue's is the contract's id), so two deployments in a namespace each
+        # get passes on their own queue.
+        other = f"{stack.task_queue}-b"
+        await stack.start_worker(TURNKEEPER_TASK_QUEUE=other, TURNKEEPER_RECONCILE_EVERY="3600")
+        own = stack.client.get_schedule_handle(queue_schedule_id(other))
+        await until(lambda: _exists(own), "the second queue's worker created its schedule")
+        action = (await own.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert (action.workflow, action.task_queue) == (RECONCILE_WORKFLOW, other)
+        assert queue_schedule_id("turnkeeper") == SCHEDULE_ID
+        await own.delete()
     finally:
         stop.set()
         await asyncio.wait_for(worker, 30)
         with contextlib.suppress(RPCError):
             await schedule.delete()
+
+
+async def test_a_schedule_serving_another_queue_is_named_in_the_log(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule with this queue's id that starts passes elsewhere (made by hand,
+    say) is not taken over, and not shared silently: the worker says so."""
+    sid = f"turnkeeper-reconcile-{uuid.uuid4().hex[:8]}"
+    await ensure_reconcile_schedule(client, Settings(task_queue="queue-a", reconcile_every=3600), sid)
+    try:
+        with caplog.at_level(logging.ERROR, logger="turnkeeper.reconcile"):
+            created = await ensure_reconcile_schedule(
+                client, Settings(task_queue="queue-b", reconcile_every=3600), sid
+            )
+        assert not created
+        assert "'queue-a', not this worker's 'queue-b'" in caplog.text
+    finally:
+        await client.get_schedule_handle(sid).delete()
 
 
 async def _exists(schedule: Any) -> bool:
@@ -773,7 +786,6 @@ class CountingStore:
         return [c for c in self.calls if c[0] in self.WRITES]
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_a_pass_reads_and_writes_only_the_broken_chats(stack: Stack) -> None:
     client, store, settings = stack.client, await stack.store(), stack.settings()
     idle = f"idle-{uuid.uuid4().hex[:8]}"  # no worker polls it: these runs stay running
@@ -945,7 +957,6 @@ async def _eventually(pred: Callable[[], Awaitable[bool]], what: str, timeout: f
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_one_bad_chat_is_marked_failed_once_and_an_outage_is_retried(stack: Stack) -> None:
     store, settings = await stack.store(), stack.settings()
     locked, bad, done = stack.chat("locked"), stack.chat("bad"), stack.chat("done")
@@ -1029,7 +1040,6 @@ async def _listed_becomes(client: Client, query: str, expected: set[str], what: 
     await until(settled, what, timeout=150)
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stack: Stack) -> None:
     """Passes the schedule starts: after several quiet ones the task queue lists the
     latest two; one that closed a turn stays listed after the quiet ones around it
@@ -1110,7 +1120,6 @@ async def test_quiet_passes_leave_no_run_behind_and_a_pass_that_acted_stays(stac
             await schedule.delete()
 
 
-@pytest.mark.usefixtures("contract_schedule_points_nowhere")
 async def test_a_pass_deletes_a_bounded_number_of_quiet_passes_and_never_the_latest(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

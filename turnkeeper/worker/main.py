@@ -8,6 +8,7 @@ and `Reconcile` with their activities.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from temporalio.client import Client
 from temporalio.worker import (
@@ -27,11 +29,13 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from turnkeeper import mcp_config
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.heartbeat import beat_interval
 from turnkeeper.activities.providers import load_provider
 from turnkeeper.activities.tools import (
     ToolLoadError,
+    ToolRegistry,
     default_registry,
     load_tool_modules,
 )
@@ -41,7 +45,7 @@ from turnkeeper.config import (
     Settings,
     import_from_working_directory,
 )
-from turnkeeper.reconcile_io import SCHEDULE_ID
+from turnkeeper.reconcile_io import schedule_id
 from turnkeeper.replay import registered_workflows
 from turnkeeper.step_timeouts import StepTimeouts
 from turnkeeper.store import (
@@ -55,6 +59,9 @@ from turnkeeper.telemetry import logs as worker_logs
 from turnkeeper.worker.dev_server import SEARCH_ATTRIBUTES, DevServerError
 from turnkeeper.worker.loop_activations import LoopActivations
 from turnkeeper.worker.reconcile_schedule import ensure_reconcile_schedule
+
+if TYPE_CHECKING:
+    from turnkeeper.activities.tools.mcp import McpTools
 
 log = logging.getLogger("turnkeeper.worker")
 
@@ -127,7 +134,9 @@ def check_tools(settings: Settings) -> None:
             # The module itself raised: where, in its own code, is worth showing.
             log.error("tool module %r raised while loading", err.name, exc_info=err.__cause__)
         raise ConfigError(f"TURNKEEPER_TOOL_MODULES: {err}") from None
-    unknown = [n for n in settings.tools if registry.get(n) is None]
+    # A server's tools are enabled by its configuration; naming them here is allowed too.
+    mcp_prefixes = tuple(f"{s.name}__" for s in mcp_servers(settings))
+    unknown = [n for n in settings.tools if registry.get(n) is None and not n.startswith(mcp_prefixes)]
     if unknown:
         raise ConfigError(
             f"TURNKEEPER_TOOLS names unknown tools {unknown}; known: {sorted(registry.names())}"
@@ -143,6 +152,29 @@ def check_tools(settings: Settings) -> None:
                 f"TURNKEEPER_TOOLS enables exec, whose commands run in a sandbox "
                 f"(TURNKEEPER_EXEC_SANDBOX=auto), and none works here: {err}"
             ) from None
+
+
+def mcp_servers(settings: Settings) -> list[mcp_config.McpServerConfig]:
+    """TURNKEEPER_MCP_SERVERS's servers (docs/mcp.md); none when it is unset."""
+    if settings.mcp_servers is None:
+        return []
+    try:
+        return mcp_config.load(settings.mcp_servers)
+    except mcp_config.McpConfigError as err:
+        raise ConfigError(f"TURNKEEPER_MCP_SERVERS: {err}") from None
+
+
+async def serve_mcp_tools(settings: Settings) -> tuple[Settings, ToolRegistry, McpTools | None]:
+    """The worker's tools: the built-ins and, with TURNKEEPER_MCP_SERVERS, its servers'
+    (enabled by being configured), in a registry of its own. The SDK is imported only then."""
+    servers = mcp_servers(settings)
+    if not servers:
+        return settings, default_registry(), None
+    from turnkeeper.activities.tools.mcp import McpTools
+
+    mcp = await McpTools.start(servers, default_registry())
+    tools = tuple(dict.fromkeys((*settings.tools, *mcp.names)))
+    return dataclasses.replace(settings, tools=tools), mcp.registry, mcp
 
 
 async def _open_store(store: SessionStore) -> None:
@@ -210,10 +242,10 @@ async def run_worker(
     *,
     client: Client | None = None,
     stop: asyncio.Event | None = None,
-    reconcile_schedule_id: str = SCHEDULE_ID,
+    reconcile_schedule_id: str | None = None,
 ) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
-    `reconcile_schedule_id` is the contract's id; tests sharing one server pass their own."""
+    `reconcile_schedule_id`: the task queue's own (`reconcile_io.schedule_id`) unless given."""
     check_tools(settings)
     versioning = deployment_config(settings)
     telemetry.check_tracing(settings)
@@ -241,16 +273,19 @@ async def run_worker(
     # worker polls one round trip sooner (no pass can run before it polls).
     await asyncio.gather(
         _register_search_attributes(client),
-        _create_reconcile_schedule(plain, settings, reconcile_schedule_id),
+        _create_reconcile_schedule(
+            plain, settings, reconcile_schedule_id or schedule_id(settings.task_queue)
+        ),
     )
     settings.workspace.mkdir(parents=True, exist_ok=True)
+    settings, registry, mcp = await serve_mcp_tools(settings)
     pollers = poller_behaviors(settings)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
         workflows=registered_workflows(),  # what `turnkeeper replay` replays against
         interceptors=[StepTimeouts(settings)],
-        activities=build_activities(settings, store, provider, default_registry()),
+        activities=build_activities(settings, store, provider, registry),
         max_cached_workflows=settings.max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner()
         if settings.workflow_sandbox
@@ -298,6 +333,8 @@ async def run_worker(
             await stop.wait()
             log.info("shutting down: running tools get %d s to finish", settings.shutdown_grace)
     finally:
+        if mcp is not None:
+            await mcp.aclose()
         await provider.aclose()
         await store.close()
         telemetry.flush_traces()

@@ -1,6 +1,6 @@
-"""The reconciler's Temporal Schedule (docs/contract.md, "Reconciler"), created by the worker at
-start-up when missing. `temporal schedule trigger --schedule-id turnkeeper-reconcile`
-runs a pass at once."""
+"""The reconciler's Temporal Schedule (docs/contract.md, "Reconciler"), one per task
+queue, created by the worker at start-up when missing. `temporal schedule trigger
+--schedule-id turnkeeper-reconcile` runs a pass at once (the default queue's)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ async def ensure_reconcile_schedule(
     try:
         await client.create_schedule(schedule_id, reconcile_schedule(settings, schedule_id))
     except ScheduleAlreadyRunningError:
+        action = (await client.get_schedule_handle(schedule_id).describe()).schedule.action
+        queue = action.task_queue if isinstance(action, ScheduleActionStartWorkflow) else None
+        if queue != settings.task_queue:
+            log.error(
+                "schedule %r starts its passes on task queue %r, not this worker's %r: this "
+                "deployment's interrupted turns are not reconciled until it does (delete the "
+                "schedule, and a worker creates it again)",
+                schedule_id,
+                queue,
+                settings.task_queue,
+            )
         return False
     log.info(
         "created schedule %r: a reconcile pass every %d s on task queue %r",
