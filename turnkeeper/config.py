@@ -250,6 +250,9 @@ class Settings:
     confirm_tools: tuple[str, ...] = _var("TURNKEEPER_CONFIRM_TOOLS", (), _names)
     """tools whose calls wait for the user's approval, besides those registered `confirm=True`
     ([tools.md](tools.md))"""
+    mcp_servers: Path | None = _var("TURNKEEPER_MCP_SERVERS", None, Path, "unset: none")
+    """a JSON file of MCP servers (`{"mcpServers": {...}}`, the shape MCP clients share): the worker
+    serves their tools beside the built-in ones, as `<server>__<tool>` ([mcp.md](mcp.md))"""
     context_tokens: int = _var("TURNKEEPER_CONTEXT_TOKENS", 0, _context_tokens)
     """tokens of context a model call sends at most, at least 512 ([architecture.md](architecture.md),
     "Long chats"); `0`: the model's window less 4,096 for its answer"""
