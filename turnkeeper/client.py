@@ -250,6 +250,10 @@ class DecisionPending(Exception):
 
 
 DECISION_WAIT_S = 10.0
+# A query handed to a worker that dies with it is answered by nobody until its RPC
+# times out: each attempt gets this long at first (a cold replay takes well under it),
+# then twice as long, so a lost query is asked again within seconds.
+QUERY_ATTEMPT_S = 2.0
 
 
 async def decide(
@@ -293,12 +297,15 @@ async def decide(
 
     deadline = time.monotonic() + timeout
     # Polled by hand: a query has no RetryPolicy (that retries activities and workflows).
-    pause = 0.01
+    pause, attempt_s = 0.01, QUERY_ATTEMPT_S
     while True:
         left = max(deadline - time.monotonic(), 0.5)
         try:
-            state = await handle.query("state", result_type=TurnState, rpc_timeout=timedelta(seconds=left))
+            state = await handle.query(
+                "state", result_type=TurnState, rpc_timeout=timedelta(seconds=min(left, attempt_s))
+            )
         except (RPCError, WorkflowQueryFailedError):
+            attempt_s *= 2
             if time.monotonic() < deadline:
                 await asyncio.sleep(pause)
                 continue
