@@ -7,7 +7,10 @@ import dataclasses
 import json
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,9 +93,20 @@ def _port_pairs(service: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_the_stack_has_its_services(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("temporal", "temporal-ui", "temporal-postgresql", "session-postgresql", "worker"):
+    for name in (
+        "temporal",
+        "temporal-ui",
+        "temporal-postgresql",
+        "session-postgresql",
+        "worker",
+        "web",
+        "prometheus",
+        *JOBS,
+    ):
         assert name in services, f"docker-compose.yml has no service {name!r}"
-    assert _image(services["temporal"]).startswith("temporalio/")
+    # The server image and admin-tools' jobs, as Temporal's own compose files run it
+    # (auto-setup is deprecated).
+    assert _image(services["temporal"]).startswith("temporalio/server:")
     assert _image(services["temporal-ui"]).startswith("temporalio/ui:")
     for db in ("temporal-postgresql", "session-postgresql"):
         assert _image(services[db]).startswith("postgres:")
@@ -124,17 +138,47 @@ def test_temporal_and_its_ui_are_published_on_the_dev_server_ports(
     assert environment(services["temporal-ui"])["TEMPORAL_ADDRESS"] == "temporal:7233"
 
 
+# One-shot jobs (temporalio/admin-tools): what they prepare, and who waits for it.
+JOBS = {"temporal-schema": ("temporal",), "temporal-namespace": ("temporal-ui", "worker", "web")}
+
+
 def test_dependencies_wait_for_healthy_services(services: dict[str, dict[str, Any]]) -> None:
+    """Every dependency has a condition: a job's is that it succeeded, any other
+    service's that its health check passes."""
     for name, service in services.items():
         depends = service.get("depends_on") or {}
         assert isinstance(depends, dict), f"{name}: depends_on needs conditions, not a bare list"
         for target, spec in depends.items():
             assert target in services, f"{name} depends on unknown service {target!r}"
-            assert spec.get("condition") == "service_healthy", f"{name} -> {target}: wait until healthy"
-            assert "healthcheck" in services[target], f"{target} needs a healthcheck ({name} waits for it)"
+            if target in JOBS:
+                assert spec.get("condition") == "service_completed_successfully", (
+                    f"{name} -> {target}: wait until the job succeeded"
+                )
+            else:
+                assert spec.get("condition") == "service_healthy", f"{name} -> {target}: wait until healthy"
+                assert "healthcheck" in services[target], (
+                    f"{target} needs a healthcheck ({name} waits for it)"
+                )
     worker_deps = set(services["worker"]["depends_on"])
     assert {"temporal", "session-postgresql"} <= worker_deps
     assert "temporal-postgresql" in services["temporal"]["depends_on"]
+    for job, waiting in JOBS.items():
+        for name in waiting:
+            assert job in services[name]["depends_on"], f"{name} must wait for {job}"
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        if name in JOBS:
+            assert str(service.get("restart")) == "no", f"{name} runs once"
+            assert "healthcheck" not in service, name
+        else:
+            check = service.get("healthcheck") or {}
+            assert check.get("test") and not check.get("disable"), f"{name} needs a healthcheck"
+            assert seconds(str(check.get("interval", "30s"))) <= 30, name
+            test = check["test"]
+            if test[:3] == ["CMD", "python", "-c"]:
+                compile(test[3], f"{name}'s healthcheck", "exec")  # a syntax error never passes
 
 
 def _mounts(service: dict[str, Any]) -> dict[str, str]:
@@ -155,7 +199,7 @@ def test_temporal_runs_with_the_projects_dynamic_config(services: dict[str, dict
     temporal = services["temporal"]
     env = environment(temporal)
     path = env["DYNAMIC_CONFIG_FILE_PATH"]
-    if not path.startswith("/"):  # auto-setup resolves a relative path from /etc/temporal
+    if not path.startswith("/"):  # the server resolves a relative path from /etc/temporal
         path = f"/etc/temporal/{path}"
     mounts = _mounts(temporal)
     assert path in mounts, f"nothing is mounted at {path}: {mounts}"
@@ -185,14 +229,74 @@ def test_temporal_runs_with_the_projects_dynamic_config(services: dict[str, dict
     assert int(env["NUM_HISTORY_SHARDS"]) >= 1
 
 
-def test_temporal_healthcheck_waits_for_the_namespace(
+def test_temporal_is_healthy_once_its_frontend_serves(services: dict[str, dict[str, Any]]) -> None:
+    temporal = services["temporal"]
+    env = environment(temporal)
+    # Bound to every interface: the health check asks on loopback, the others by name.
+    assert env["BIND_ON_IP"] == "0.0.0.0"
+    test = temporal["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "wget", "the server image has busybox's wget, no temporal CLI"
+    url = urlsplit(test[-1])
+    assert (url.hostname, url.port, url.path) == ("127.0.0.1", 7243, "/api/v1/system-info")
+    assert ("7243", "7243") in _port_pairs(temporal)
+
+
+def _job_script(services: dict[str, dict[str, Any]], job: str) -> Path:
+    """The script a job runs: mounted read-only from deploy/temporal/, run by sh."""
+    service = services[job]
+    assert _image(service) == _image(services["temporal"]).replace("/server:", "/admin-tools:"), (
+        f"{job}: admin-tools of the server's version"
+    )
+    command = service["command"]
+    assert command[0] == "sh" and len(command) == 2, command
+    host = _mounts(service)[command[1]]
+    assert str(service["volumes"][0]).endswith(":ro")
+    path = (ROOT / host).resolve()
+    assert path.parent == ROOT / "deploy" / "temporal" and path.is_file(), path
+    sh = shutil.which("sh")
+    if sh:  # the syntax, as a POSIX shell reads it
+        subprocess.run([sh, "-n", str(path)], check=True)
+    return path
+
+
+def test_the_schema_job_gates_the_server(services: dict[str, dict[str, Any]]) -> None:
+    """temporal-schema creates or migrates Temporal's databases, on the server's own
+    PostgreSQL with its credentials, before the server starts."""
+    script = _job_script(services, "temporal-schema").read_text()
+    env = environment(services["temporal-schema"])
+    server = environment(services["temporal"])
+    assert (env["SQL_PLUGIN"], env["SQL_HOST"], env["SQL_PORT"]) == (
+        server["DB"],
+        server["POSTGRES_SEEDS"],
+        server["DB_PORT"],
+    )
+    assert (env["SQL_USER"], env["SQL_PASSWORD"]) == (server["POSTGRES_USER"], server["POSTGRES_PWD"])
+    for database, schema in (("temporal", "temporal"), ("temporal_visibility", "visibility")):
+        assert f"migrate {database} {schema}" in script
+    for step in ("create-database", "setup-schema", "update-schema"):
+        assert step in script
+    assert "set -eu" in script  # a failed step fails the job, and the server does not start
+    depends = services["temporal"]["depends_on"]
+    assert depends["temporal-schema"]["condition"] == "service_completed_successfully"
+
+
+def test_the_namespace_job_registers_the_search_attributes(
     services: dict[str, dict[str, Any]], worker_env: dict[str, str]
 ) -> None:
-    test = services["temporal"]["healthcheck"]["test"]
-    command = " ".join(test[1:]) if isinstance(test, list) else str(test)
-    assert "namespace describe" in command and "temporal:7233" in command
-    temporal_env = environment(services["temporal"])
-    assert temporal_env["DEFAULT_NAMESPACE"] == worker_env["TEMPORAL_NAMESPACE"]
+    """temporal-namespace creates the workers' namespace and registers the contract's
+    search attributes, all Keyword, once the server is healthy."""
+    from turnkeeper.statuses import SEARCH_ATTRIBUTE_NAMES
+
+    job = services["temporal-namespace"]
+    script = _job_script(services, "temporal-namespace").read_text()
+    env = environment(job)
+    assert env["TEMPORAL_ADDRESS"] == worker_env["TEMPORAL_ADDRESS"]
+    assert env["TEMPORAL_NAMESPACE"] == worker_env["TEMPORAL_NAMESPACE"]
+    assert job["environment"]["TEMPORAL_NAMESPACE"] == services["worker"]["environment"]["TEMPORAL_NAMESPACE"]
+    assert job["depends_on"]["temporal"]["condition"] == "service_healthy"
+    assert "temporal operator namespace create" in script
+    registered = dict(re.findall(r"--name (\w+) --type (\w+)", script))
+    assert registered == dict.fromkeys(SEARCH_ATTRIBUTE_NAMES, "Keyword")
 
 
 # -- the worker -----------------------------------------------------------------------------
@@ -231,7 +335,7 @@ def test_worker_settings_with_the_defaults(
     assert settings.temporal_address == "temporal:7233"
     assert settings.tools == config.DEFAULT_TOOLS and settings.tool_modules == ()
     # Everything the stack does not set on purpose keeps the defaults it has outside Docker.
-    own = {"temporal_address", "data_dir", "database_url", "workspace"}
+    own = {"temporal_address", "data_dir", "database_url", "workspace", "metrics_address"}
     defaults = Settings()
     for field in dataclasses.fields(Settings):
         if field.name not in own:
@@ -349,3 +453,87 @@ def test_the_web_page_runs_beside_the_workers_with_a_token(services: dict[str, d
     # Only what `turnkeeper web` reads: Settings' variables and its own.
     known = {"TURNKEEPER_WEB_ADDRESS", "TURNKEEPER_WEB_TOKEN", "TURNKEEPER_LOG_LEVEL", *config.ENV_VARS}
     assert set(env) <= known, set(env) - known
+
+
+def test_every_process_that_talks_to_temporal_has_the_keys(services: dict[str, dict[str, Any]]) -> None:
+    """The page sends messages and reads state as the workers do: the same keys, as written."""
+    keys = "TURNKEEPER_ENCRYPTION_KEYS"
+    written = {name: services[name]["environment"].get(keys) for name in ("worker", "web", "codec-server")}
+    assert len(set(written.values())) == 1 and None not in written.values(), written
+
+
+def test_no_stray_settings(services: dict[str, dict[str, Any]]) -> None:
+    """The UI gets what it uses: its server, its namespace and the codec endpoint
+    (the page's origin is the codec server's to allow, not the UI's)."""
+    for name, service in services.items():
+        assert "TEMPORAL_CORS_ORIGINS" not in environment(service), name
+    ui = environment(services["temporal-ui"])
+    assert set(ui) == {"TEMPORAL_ADDRESS", "TEMPORAL_DEFAULT_NAMESPACE", "TEMPORAL_CODEC_ENDPOINT"}
+    assert ui["TEMPORAL_DEFAULT_NAMESPACE"] == environment(services["worker"])["TEMPORAL_NAMESPACE"]
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def test_worker_metrics_are_scraped_and_its_health_read_from_them(
+    services: dict[str, dict[str, Any]], worker_env: dict[str, str]
+) -> None:
+    """Every worker serves /metrics on the compose network; its health check reads
+    that endpoint, and prometheus scrapes every replica on the same port."""
+    settings = Settings.from_env(worker_env)
+    assert settings.metrics_address is not None, "the stack's workers serve metrics"
+    host, _, port = settings.metrics_address.rpartition(":")
+    assert host == "0.0.0.0"  # reachable from prometheus, not only on the container's loopback
+    worker = services["worker"]
+    assert [str(p) for p in worker.get("expose", [])] == [port]
+    probe = " ".join(worker["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{port}/metrics" in probe and "temporal_worker_start" in probe
+
+    prometheus = services["prometheus"]
+    assert _image(prometheus).startswith("prom/prometheus:v")
+    mounts = _mounts(prometheus)
+    config_file = ROOT / mounts["/etc/prometheus/prometheus.yml"]
+    assert config_file.resolve() == ROOT / "deploy" / "prometheus" / "prometheus.yml"
+    assert ("9090", "9090") in _port_pairs(prometheus)
+    assert all(str(p).startswith("127.0.0.1:") for p in prometheus["ports"])  # loopback only
+
+    scrape = {job["job_name"]: job for job in yaml.safe_load(config_file.read_text())["scrape_configs"]}
+    # Every replica: the service name answers with each one's address.
+    [discovery] = scrape["turnkeeper-worker"]["dns_sd_configs"]
+    assert discovery["names"] == ["worker"] and discovery["type"] == "A"
+    assert str(discovery["port"]) == port
+    assert scrape["turnkeeper-worker"].get("metrics_path", "/metrics") == "/metrics"
+    # The server's own metrics, where it serves them.
+    server_metrics = environment(services["temporal"])["PROMETHEUS_ENDPOINT"]
+    [targets] = scrape["temporal-server"]["static_configs"]
+    assert targets["targets"] == [f"temporal:{server_metrics.rpartition(':')[2]}"]
+
+
+# -- the image's user -----------------------------------------------------------------------
+
+
+def test_the_image_runs_as_a_fixed_non_root_user() -> None:
+    """USER is a fixed numeric uid:gid other than root's, set after the last RUN, and it
+    owns the directories the processes write (the data dir and the workspace)."""
+    instructions = _instructions()
+    users = [i for i, (keyword, _) in enumerate(instructions) if keyword == "USER"]
+    assert users, "the Dockerfile sets no USER: the processes would run as root"
+    last_user = users[-1]
+    uid, _, gid = instructions[last_user][1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), "numeric, so Kubernetes' runAsNonRoot can check it"
+    assert int(uid) != 0 and int(gid) != 0
+    runs = [i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN"]
+    assert max(runs) < last_user, "nothing runs as root after USER"
+    env = " ".join(rest for keyword, rest in instructions if keyword == "ENV")
+    data_dir = re.search(r"TURNKEEPER_DATA_DIR=(\S+)", env)
+    workspace = re.search(r"TURNKEEPER_WORKSPACE=(\S+)", env)
+    assert data_dir and workspace
+    chowned = [
+        rest.split("chown", 1)[1].split()
+        for keyword, rest in instructions
+        if keyword == "RUN" and "chown" in rest
+    ]
+    for directory in (data_dir.group(1), workspace.group(1)):
+        assert any(args[0] == f"{uid}:{gid}" and directory in args for args in chowned), (
+            f"{directory} is not the user's: the worker could not write it"
+        )
