@@ -151,9 +151,16 @@ def start_dev_command(
         cmd += ["--sqlite-pragma", pragma]
     for name in SEARCH_ATTRIBUTES:
         cmd += ["--search-attribute", f"{name}=Keyword"]
-    for key, value in config.items():
-        cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
-    return cmd
+    return cmd + dynamic_config_args(config)
+
+
+def dynamic_config_args(config: Mapping[str, object]) -> list[str]:
+    """`config` as `temporal server start-dev` arguments (`--dynamic-config-value key=<JSON>`)."""
+    return [
+        arg
+        for key, value in config.items()
+        for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}")
+    ]
 
 
 def codec_endpoint(settings: Settings) -> str | None:

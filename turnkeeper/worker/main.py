@@ -32,7 +32,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from turnkeeper import mcp_config
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.heartbeat import beat_interval
-from turnkeeper.activities.providers import load_provider
+from turnkeeper.activities.providers import ModelProvider, load_provider
 from turnkeeper.activities.tools import (
     ToolLoadError,
     ToolRegistry,
@@ -125,8 +125,8 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return uvloop.new_event_loop
 
 
-def check_tools(settings: Settings) -> None:
-    registry = default_registry()
+def check_tools(settings: Settings, registry: ToolRegistry | None = None) -> None:
+    registry = default_registry() if registry is None else registry
     try:
         load_tool_modules(settings.tool_modules)
     except ToolLoadError as err:
@@ -164,15 +164,19 @@ def mcp_servers(settings: Settings) -> list[mcp_config.McpServerConfig]:
         raise ConfigError(f"TURNKEEPER_MCP_SERVERS: {err}") from None
 
 
-async def serve_mcp_tools(settings: Settings) -> tuple[Settings, ToolRegistry, McpTools | None]:
-    """The worker's tools: the built-ins and, with TURNKEEPER_MCP_SERVERS, its servers'
-    (enabled by being configured), in a registry of its own. The SDK is imported only then."""
+async def serve_mcp_tools(
+    settings: Settings, registry: ToolRegistry | None = None
+) -> tuple[Settings, ToolRegistry, McpTools | None]:
+    """The worker's tools: the built-ins (or `registry`'s) and, with TURNKEEPER_MCP_SERVERS,
+    its servers' (enabled by being configured), in a registry of its own. The SDK is imported
+    only then."""
+    registry = default_registry() if registry is None else registry
     servers = mcp_servers(settings)
     if not servers:
-        return settings, default_registry(), None
+        return settings, registry, None
     from turnkeeper.activities.tools.mcp import McpTools
 
-    mcp = await McpTools.start(servers, default_registry())
+    mcp = await McpTools.start(servers, registry)
     tools = tuple(dict.fromkeys((*settings.tools, *mcp.names)))
     return dataclasses.replace(settings, tools=tools), mcp.registry, mcp
 
@@ -243,17 +247,22 @@ async def run_worker(
     client: Client | None = None,
     stop: asyncio.Event | None = None,
     reconcile_schedule_id: str | None = None,
+    provider: ModelProvider | None = None,
+    registry: ToolRegistry | None = None,
 ) -> None:
     """Serve until `stop` is set (or SIGTERM/SIGINT when `stop` is None).
-    `reconcile_schedule_id`: the task queue's own (`reconcile_io.schedule_id`) unless given."""
-    check_tools(settings)
+    `reconcile_schedule_id`: the task queue's own (`reconcile_io.schedule_id`) unless given.
+    `provider` and `registry` stand in for TURNKEEPER_MODEL's provider and the default tool
+    registry (turnkeeper.testing passes a test's own)."""
+    check_tools(settings, registry)
     versioning = deployment_config(settings)
     telemetry.check_tracing(settings)
     worker_logs.install(encrypted=bool(settings.encryption_keys))
-    try:
-        provider = load_provider(settings.model, env=settings.provider_env())
-    except ValueError as err:
-        raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
+    if provider is None:
+        try:
+            provider = load_provider(settings.model, env=settings.provider_env())
+        except ValueError as err:
+            raise ConfigError(f"TURNKEEPER_MODEL: {err}") from None
     if client is None:
         # Before any client connects: the runtime they share serves /metrics.
         telemetry.use_metrics_runtime(settings)
@@ -278,7 +287,7 @@ async def run_worker(
         ),
     )
     settings.workspace.mkdir(parents=True, exist_ok=True)
-    settings, registry, mcp = await serve_mcp_tools(settings)
+    settings, registry, mcp = await serve_mcp_tools(settings, registry)
     pollers = poller_behaviors(settings)
     worker = Worker(
         client,
