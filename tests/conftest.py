@@ -3,7 +3,6 @@ and per-test stacks (own task queue, data dir, workspace and scripted model)."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -13,10 +12,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support import Stack
-from turnkeeper.client import data_converter
-from turnkeeper.config import Settings
-from turnkeeper.search_attributes import SEARCH_ATTRIBUTE_KEYS
-from turnkeeper.worker.dev_server import DYNAMIC_CONFIG, temporal_binary
+from turnkeeper.testing import start_temporal
 
 _exit_status = 0
 
@@ -38,23 +34,8 @@ TEST_ONLY_CONFIG = {"history.transferProcessorUpdateAckInterval": "1s"}
 
 @pytest.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=temporal_binary(),  # never downloads
-        data_converter=data_converter(Settings()),  # as every client of ours: plain payloads
-        search_attributes=list(SEARCH_ATTRIBUTE_KEYS),
-        dev_server_log_level="error",
-        # The shipped server's dynamic config (the signal cap among it), as `worker.py` starts it,
-        # plus TEST_ONLY_CONFIG.
-        dev_server_extra_args=[
-            "--http-port",
-            str(_HTTP_PORT),
-            *(
-                arg
-                for key, value in {**DYNAMIC_CONFIG, **TEST_ONLY_CONFIG}.items()
-                for arg in ("--dynamic-config-value", f"{key}={json.dumps(value)}")
-            ),
-        ],
-    )
+    # As the worker starts its own server (the signal cap among its dynamic config), plus TEST_ONLY_CONFIG.
+    env = await start_temporal(dynamic_config=TEST_ONLY_CONFIG, extra_args=["--http-port", str(_HTTP_PORT)])
     try:
         yield env
     finally:

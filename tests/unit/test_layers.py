@@ -1,6 +1,6 @@
 """The package's layers: what is under turnkeeper/ (the store, the clients, the CLI,
 the web process) never imports the activities or the workflows, except where it
-runs or replays them (the worker, `turnkeeper replay`) and the recovery rules,
+runs or replays them (the worker, `turnkeeper replay`, the test kit) and the recovery rules,
 which are plain functions the CLI and the web process decide failed turns by."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import ast
 from tests.support import ROOT
 
 # The modules that run or replay the workflows and activities.
-RUNS_THEM = ("turnkeeper/worker/", "turnkeeper/replay.py")
+RUNS_THEM = ("turnkeeper/worker/", "turnkeeper/replay.py", "turnkeeper/testing/")
 # Pure functions and their words, importable from anywhere.
 RULES = "turnkeeper.workflows.recovery"
 UP = ("turnkeeper.activities", "turnkeeper.workflows")

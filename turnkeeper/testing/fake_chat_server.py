@@ -1,4 +1,4 @@
-"""Test doubles shipped with the package.
+"""A fake OpenAI server for tests (`turnkeeper.testing.FakeChatServer`).
 
 `FakeChatServer` is a tiny OpenAI Chat Completions-compatible HTTP server
 (standard library only) that answers from a script, so the real `openai`
