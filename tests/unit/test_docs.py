@@ -1,10 +1,12 @@
 """The documentation keeps one home per fact: every variable the code reads has its
-row in docs/configuration.md and nowhere else, and the recovery table is shown on
-docs/recovery.md alone (tests/unit/test_recovery_machine.py checks it is current)."""
+row in docs/configuration.md and nowhere else, the recovery table is shown on
+docs/recovery.md alone (tests/unit/test_recovery_machine.py checks it is current),
+and docs/testing.md's example is the test file that runs."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from tests.support import ROOT
@@ -66,3 +68,14 @@ def test_the_recovery_table_has_one_home() -> None:
         if recovery_table.table().splitlines()[2] in page.read_text()
     ]
     assert shown == ["docs/recovery.md"]
+
+
+def test_the_testing_page_shows_its_example_as_it_runs() -> None:
+    example = ROOT / "docs" / "examples" / "test_my_tool.py"
+    blocks = re.findall(r"^```python\n(.*?)^```$", (ROOT / "docs" / "testing.md").read_text(), re.M | re.S)
+    assert example.read_text() in blocks, (
+        f"docs/testing.md's example is not {example.name} as it is: copy it in"
+    )
+    # ... and `make test` runs it.
+    pytest_options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "docs/examples" in pytest_options["testpaths"]
