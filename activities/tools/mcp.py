@@ -20,6 +20,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 import anyio
@@ -41,7 +42,8 @@ log = logging.getLogger("turnkeeper.mcp")
 # The call's idempotency key ("<chat_id>/<turn>/<tool_call_id>") in the request's
 # `_meta`, for a server that can recognise a duplicate on its side.
 IDEMPOTENCY_KEY_META = "turnkeeper/idempotencyKey"
-CLIENT_INFO = types.Implementation(name="turnkeeper", version="0.1.0")
+# How the worker names itself to a server.
+CLIENT_INFO = types.Implementation(name="turnkeeper", version=metadata.version("turnkeeper"))
 # A stdio server gets its stdin closed, then 2 s, then SIGTERM and 2 s more (the SDK's steps).
 CLOSE_TIMEOUT = 10.0
 _LIST_PAGES = 100  # a server whose listing never ends cannot hang the start
