@@ -242,15 +242,16 @@ class _Connection:
         return (await asyncio.shield(self._ready))[1]
 
     async def close(self) -> None:
-        self._closing = True
-        self.ended.set()
+        if not self.ended.is_set():  # else the server went first, and `_hold` says so
+            self._closing = True
+            self.ended.set()
         _, pending = await asyncio.wait({self._task}, timeout=CLOSE_TIMEOUT)
         for task in pending:
             task.cancel()
 
     async def _hold(self) -> None:
         timeout = self.config.connect_timeout
-        name = self.config.name
+        why = ""
         try:
             # The deadline covers the handshake and the listing, then is lifted.
             with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
@@ -261,19 +262,21 @@ class _Connection:
                     scope.deadline = math.inf
                     self._ready.set_result((client, tools))
                     await self.ended.wait()
-                    if not self._closing:
-                        log.warning("MCP server %r went away; it is connected again at its next call", name)
             if scope.cancelled_caught and not self._ready.done():
                 raise TimeoutError(f"no answer to the handshake and the tool listing within {timeout:g} s")
         except Exception as err:
             if not self._ready.done():
-                self._ready.set_exception(err)
-            elif not self._closing:
-                log.warning("MCP server %r: the connection broke: %s", name, reason(err))
+                self._ready.set_exception(err)  # the one who opened it reports it
+                return
+            why = f" ({reason(err)})"
         finally:
             self.ended.set()
             if not self._ready.done():
                 self._ready.set_exception(ConnectionError("closed before it was open"))
+        if not self._closing:
+            log.warning(
+                "MCP server %r went away%s; it is connected again at its next call", self.config.name, why
+            )
 
 
 @contextlib.asynccontextmanager

@@ -245,22 +245,28 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def test_a_streamable_http_server_with_headers_from_the_environment(
-    closing: list[McpTools], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _http_everything(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
     entry = everything("streamableHttp")
-    port = _free_port()
-    with open(tmp_path / "server.log", "wb") as log:
+    log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
+    with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [entry["command"], *entry["args"]], env={**os.environ, "PORT": str(port)}, stdout=log, stderr=log
         )
+    deadline = time.monotonic() + 20
+    while b"listening on port" not in log_path.read_bytes():
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise AssertionError(log_path.read_text())
+        time.sleep(0.1)
+    return server
+
+
+async def test_a_streamable_http_server_with_headers_from_the_environment_connected_again_after_it_went_away(
+    closing: list[McpTools], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_port()
+    server = _http_everything(tmp_path, port)
     try:
-        deadline = time.monotonic() + 20
-        while b"listening on port" not in (tmp_path / "server.log").read_bytes():
-            assert time.monotonic() < deadline and server.poll() is None, (
-                tmp_path / "server.log"
-            ).read_text()
-            await asyncio.sleep(0.1)
         monkeypatch.setenv("TK_MCP_TEST_TOKEN", "t0ken")
         tools = await _serve(
             {
@@ -272,8 +278,19 @@ async def test_a_streamable_http_server_with_headers_from_the_environment(
         )
         closing.append(tools)
         assert "web__echo" in tools.names
-        echoed = await _run(tools, "web__echo", '{"message": "over http"}', _ctx(tmp_path))
+        echo = '{"message": "over http"}'
+        echoed = await _run(tools, "web__echo", echo, _ctx(tmp_path))
         assert (echoed.status, echoed.content) == ("done", "Echo: over http")
+
+        server.kill()
+        server.wait()
+        lost = await _run(tools, "web__echo", echo, _ctx(tmp_path))
+        assert lost.status == "error" and lost.content.startswith(
+            ("Error: MCP server 'web' went away during the call", "Error: MCP server 'web' is not available")
+        )
+        server = _http_everything(tmp_path, port)
+        again = await _run(tools, "web__echo", echo, _ctx(tmp_path))
+        assert (again.status, again.content) == ("done", "Echo: over http")
     finally:
         server.kill()
         server.wait()
