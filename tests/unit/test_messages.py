@@ -34,3 +34,18 @@ def test_refused_in_words(text: str, message_id: str | None, words: str) -> None
 def test_taken(text: str, message_id: str | None) -> None:
     message = tk.new_message(text, SETTINGS, message_id=message_id)
     assert message.text == text and (message_id is None or message.message_id == message_id)
+
+
+def test_the_message_ids_checked_before_sending_are_those_the_model_takes() -> None:
+    from pydantic import ValidationError
+
+    from turnkeeper.models import UserMessage
+
+    for length in (0, 1, 200, 201):
+        checked = length in tk.MESSAGE_ID_LENGTHS
+        try:
+            UserMessage(message_id="m" * length, text="")
+        except ValidationError:
+            assert not checked
+        else:
+            assert checked

@@ -504,10 +504,16 @@ class Server:
         self.db = root / "temporal.db"
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.http_address = f"127.0.0.1:{free_port()}"  # `turnkeeper status` reads it
         self.log = root / "temporal-server.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                start_dev_command(self.port, self.db, log_level="warn"),
+                start_dev_command(
+                    self.port,
+                    self.db,
+                    log_level="warn",
+                    http_port=int(self.http_address.rpartition(":")[2]),
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -546,7 +552,13 @@ async def connect(server: Server, keys_raw: str) -> Client:
 
 @pytest.fixture
 async def encrypted(server: Server, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
-    s = Stack(await connect(server, KEYS_1), server.address, tmp_path, name=request.node.name)
+    s = Stack(
+        await connect(server, KEYS_1),
+        server.address,
+        tmp_path,
+        name=request.node.name,
+        http_address=server.http_address,
+    )
     s.env_extra.update({"TURNKEEPER_ENCRYPTION_KEYS": KEYS_1, "TURNKEEPER_RECONCILE_EVERY": "3600"})
     try:
         yield s

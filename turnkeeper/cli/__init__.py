@@ -185,7 +185,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
             return serve_codec(settings, CodecConfig.from_settings(settings))
         code = args.func(args, settings)
-        if isinstance(code, Coroutine):  # the commands that talk gRPC; the others need no event loop
+        if isinstance(code, Coroutine):  # all but `status` and `list` run an event loop
             import asyncio
 
             code = asyncio.run(code)

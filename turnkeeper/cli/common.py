@@ -1,5 +1,7 @@
-"""What every `turnkeeper` command shares: exit codes, refusals, and the ways to
-Temporal and to the session store.
+"""What every `turnkeeper` command shares: exit codes, refusals, the SDK's way to
+Temporal (for the commands that write: send, the decisions, replay) and the way
+to the session store. `status` and `list` read Temporal over its HTTP API
+instead (turnkeeper.cli.temporal_http).
 
 Imports that only some commands need (the Temporal client and its RPC errors,
 the session store, the models and so pydantic, telemetry) are made in the
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from turnkeeper.models import TurnState
+    from turnkeeper.store import SessionStore
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_AWAITING = 0, 1, 2, 3
 # A worker answers `state` in milliseconds; without one the server would hold the query.
@@ -46,21 +49,7 @@ async def connect_client(settings: Settings) -> Client:
     return telemetry.traced(client, settings, "turnkeeper-cli")
 
 
-class ClientOnDemand:
-    """The Temporal client, connected when first asked for: `send` over the HTTP API
-    follows most turns to their end without ever loading the SDK."""
-
-    def __init__(self, settings: Settings, client: Client | None = None) -> None:
-        self._settings = settings
-        self._client = client
-
-    async def get(self) -> Client:
-        if self._client is None:
-            self._client = await connect_client(self._settings)
-        return self._client
-
-
-async def open_session_store(settings: Settings):  # -> SessionStore, imported lazily: the CLI stays light
+async def open_session_store(settings: Settings) -> SessionStore:
     from turnkeeper.store import open_store
 
     store = open_store(settings)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from turnkeeper import client as tk
 from turnkeeper.cli.common import (
     EXIT_OK,
-    ClientOnDemand,
     NoWorker,
     Refused,
     Undecryptable,
@@ -85,7 +84,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> 
         from turnkeeper.cli.follow import follow_turn
 
         return await follow_turn(
-            ClientOnDemand(settings, client),
+            client,
             store,
             args.chat,
             None,

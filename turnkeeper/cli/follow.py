@@ -9,14 +9,16 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from turnkeeper.cli.common import EXIT_AWAITING, EXIT_OK, ClientOnDemand, Refused, query_state
+from turnkeeper.cli.common import EXIT_AWAITING, EXIT_OK, Refused, query_state
 from turnkeeper.cli.output import describe_gate
 from turnkeeper.statuses import TurnStatus
 
 if TYPE_CHECKING:
     from temporalio.client import Client
+
+    from turnkeeper.store import SessionStore
 
 POLL_S = 0.1
 STORE_RETRY_S = 1.0  # how often to look again while the store does not answer
@@ -30,8 +32,8 @@ WAITING_NOTE_S = 2.0
 
 
 async def follow_turn(
-    client: ClientOnDemand,
-    store: Any,
+    client: Client,
+    store: SessionStore,
     chat_id: str,
     message_id: str | None,
     after: int,
@@ -54,7 +56,7 @@ async def follow_turn(
     while time.monotonic() < deadline:
         if turn is None and time.monotonic() >= check_worker_at:
             check_worker_at = deadline  # once
-            if await _no_worker_polls(await client.get(), task_queue):
+            if await _no_worker_polls(client, task_queue):
                 print(
                     f"turnkeeper: no worker is serving task queue {task_queue!r}; the message is safe "
                     "and waits for one (start it with `turnkeeper worker`)",
@@ -97,7 +99,7 @@ async def follow_turn(
                 streamed.recorded(p.get("step"), p.get("text"))
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.AWAITING_USER.value:
                 streamed.end_line()
-                print(describe_gate(await query_state(await client.get(), chat_id)))
+                print(describe_gate(await query_state(client, chat_id)))
                 return EXIT_AWAITING
             elif ev.type == "recovery_state" and p.get("status") == TurnStatus.FAILED.value:
                 # Its recovery failed: no run holds the turn, only Dismiss or a new message closes it.
@@ -132,34 +134,7 @@ async def follow_turn(
     )
 
 
-async def open_store_waiting(settings: Any, timeout: float) -> Any:
-    """The session store for following a message already sent: an outage is waited
-    out (and said once), up to `timeout`, as `follow_turn` waits it out."""
-    from turnkeeper.cli.common import open_session_store
-    from turnkeeper.store.base import StoreUnavailable
-
-    deadline = time.monotonic() + timeout
-    said = False
-    while True:
-        try:
-            store = await open_session_store(settings)
-        except StoreUnavailable as err:
-            if time.monotonic() >= deadline:
-                raise Refused(
-                    f"the session store did not answer within {timeout:.0f} s (the message is safe; "
-                    f"the turn waits for the store): {err}"
-                ) from None
-            if not said:
-                _say_the_store_is_out(err)
-                said = True
-            await asyncio.sleep(STORE_RETRY_S)
-            continue
-        if said:
-            _say_the_store_is_back()
-        return store
-
-
-async def _say_waiting(store: Any, chat_id: str, message_id: str) -> None:
+async def _say_waiting(store: SessionStore, chat_id: str, message_id: str) -> None:
     """The message is durable in its run's history, yet no turn has taken it yet."""
     running: int | None = None
     with contextlib.suppress(Exception):  # only the words depend on it

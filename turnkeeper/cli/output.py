@@ -1,8 +1,4 @@
-"""How `turnkeeper` commands print: a turn's state, the transcript, events, chats.
-
-Each function takes the model (turnkeeper.models) or its plain stand-in from
-turnkeeper.cli_views alike: they have the same attributes.
-"""
+"""How `turnkeeper` commands print: a turn's state, the transcript, events, chats."""
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from turnkeeper.statuses import Reason, TurnStatus
 
 if TYPE_CHECKING:
-    from turnkeeper.cli_views import EventView, MessageView, StateView
     from turnkeeper.models import ChatMessage, Event, TurnState
 
 
@@ -20,7 +15,7 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, ensure_ascii=False, default=str))
 
 
-def describe_gate(state: TurnState | StateView) -> str:
+def describe_gate(state: TurnState) -> str:
     if not state.turn and state.status == TurnStatus.RUNNING:
         # A run started without a usable message (e.g. only refused ones) waits for one.
         return f"chat {state.chat_id}: no turn yet, waiting for its first message"
@@ -54,18 +49,18 @@ def describe_gate(state: TurnState | StateView) -> str:
     return "\n".join(lines)
 
 
-def event_line(ev: Event | EventView) -> str:
+def event_line(ev: Event) -> str:
     return json.dumps(
         {"seq": ev.seq, "type": ev.type, "payload": ev.payload, "created_at": ev.created_at.isoformat()},
         ensure_ascii=False,
     )
 
 
-def event_text(ev: Event | EventView) -> str:
+def event_text(ev: Event) -> str:
     return f"{ev.seq:>5} {ev.created_at:%H:%M:%S} {ev.type:<24} {json.dumps(ev.payload, ensure_ascii=False)}"
 
 
-def transcript_line(m: ChatMessage | MessageView) -> str:
+def transcript_line(m: ChatMessage) -> str:
     if m.role == "tool":
         return f"[tool {m.name}] {m.content}"
     if m.tool_calls:

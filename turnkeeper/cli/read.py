@@ -1,21 +1,19 @@
 """The `turnkeeper` commands that read: status, history, events, list.
 
-Each returns its exit code or raises `Refused`; `turnkeeper.cli` parses the
-arguments and dispatches here.
-
-`status`, `history`, `events` and `list` load neither the Temporal SDK, nor
-pydantic, nor asyncio when Temporal's HTTP API and a SQLite store serve them
-(turnkeeper.http_api, turnkeeper.cli_reads, turnkeeper.cli_views): each of
-those imports takes a good part of what the whole command may take. They run
-an event loop only to fall back to gRPC or to the store.
+Each has one way to what it reads. `status` and `list` read Temporal over its
+HTTP API (turnkeeper.cli.temporal_http): the SDK's import alone would take
+longer than either may take in all. `status` also reads the store when no run
+holds the turn or no worker answers; `history` and `events` read only the
+store. Each returns its exit code (a coroutine of it for those that always
+read the store) or raises `Refused`; `turnkeeper.cli` dispatches here.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import TYPE_CHECKING, Any
+from contextlib import closing
+from typing import TYPE_CHECKING
 
 from turnkeeper import client as tk
 from turnkeeper.cli.common import (
@@ -23,11 +21,10 @@ from turnkeeper.cli.common import (
     QUERY_TIMEOUT,
     NoWorker,
     Refused,
-    connect_client,
-    describe_run,
+    Undecryptable,
     no_chat,
     no_worker,
-    query_state,
+    open_session_store,
 )
 from turnkeeper.cli.output import (
     chat_row,
@@ -37,8 +34,16 @@ from turnkeeper.cli.output import (
     print_json,
     transcript_line,
 )
-from turnkeeper.cli_reads import Reads
-from turnkeeper.cli_views import StateView, turn_state
+from turnkeeper.cli.temporal_http import (
+    DEADLINE_EXCEEDED,
+    FAILED_PRECONDITION,
+    NOT_FOUND,
+    ApiError,
+    Execution,
+    NoAnswer,
+    TemporalHttp,
+    Unreachable,
+)
 from turnkeeper.config import Settings
 from turnkeeper.statuses import (
     CHAT_ID,
@@ -52,24 +57,54 @@ if TYPE_CHECKING:
     from turnkeeper.models import TurnState
 
 EVENTS_PAGE = 1000
+# A worker that met the run mid-task refuses one query on purpose and answers the
+# next (workflows/input_queue.py); as turnkeeper.client.query_state, ask up to three times.
+QUERY_TRIES = 3
+
+
+def temporal_http(settings: Settings) -> TemporalHttp:
+    address = settings.http_api_address
+    if address is None:
+        raise Refused(
+            "this command reads Temporal over its HTTP API, and with TEMPORAL_ADDRESS set its "
+            "address is not known: set TURNKEEPER_TEMPORAL_HTTP_ADDRESS to the frontend's HTTP "
+            "host:port (its `httpPort`, 7243 on a dev server)"
+        )
+    try:
+        return TemporalHttp(
+            address,
+            settings.namespace,
+            keys=settings.encryption_keys,
+            timeout=QUERY_TIMEOUT.total_seconds(),
+        )
+    except Unreachable as err:
+        raise Refused(f"TURNKEEPER_TEMPORAL_HTTP_ADDRESS: {err}") from None
+
+
+def unreachable(api: TemporalHttp, err: Exception) -> Refused:
+    return Refused(
+        f"cannot reach Temporal's HTTP API at {api.address} ({err}); is the worker running? "
+        "Start it with `turnkeeper worker`."
+    )
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     run_status, answer = _run_and_state(settings, args.chat)
-    reads = Reads(settings)
-    try:
-        if isinstance(answer, NoWorker):
-            # The store still knows the turn: show that, and say why it is all we show.
-            state = reads.turn_state(args.chat) or StateView(chat_id=args.chat)
-            print(f"turnkeeper: {answer}; showing the session store's record", file=sys.stderr)
-        else:
-            state = answer
-        if run_status != "running":
-            # The chat's latest turn if its recovery failed: no run holds it, the store does.
-            stored = reads.turn_state(args.chat)
-            state = stored if stored is not None and stored.status == TurnStatus.FAILED else state
-    finally:
-        reads.close()
+    stored: TurnState | None = None
+    if isinstance(answer, NoWorker) or run_status != "running":
+        # No worker answered, or no run holds the turn: the store knows it still.
+        import asyncio
+
+        stored = asyncio.run(_stored_state(settings, args.chat))
+    if isinstance(answer, NoWorker):
+        from turnkeeper.models import TurnState
+
+        state = stored or TurnState(chat_id=args.chat)
+        print(f"turnkeeper: {answer}; showing the session store's record", file=sys.stderr)
+    else:
+        state = answer
+    if run_status != "running" and stored is not None and stored.status == TurnStatus.FAILED:
+        state = stored  # its recovery failed: no run holds the turn, the store does
     if args.json:
         print_json(state.model_dump(mode="json"))
         return EXIT_OK
@@ -87,68 +122,78 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, StateView | TurnState | NoWorker]:
+async def _stored_state(settings: Settings, chat_id: str) -> TurnState | None:
+    """The chat's latest turn as the store shows it (failed_turns.state_of); None if it has none."""
+    from turnkeeper.failed_turns import state_of
+
+    store = await open_session_store(settings)
+    try:
+        record = await store.get_turn(chat_id)
+    finally:
+        await store.close()
+    return None if record is None else state_of(record)
+
+
+def _run_and_state(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
     """The latest run's status (lower case: running, completed, ...) and its `state`
-    answer, or why no worker gave one. Over Temporal's HTTP API when it answers
-    (no SDK import: `status` starts in a fraction of the time), else over gRPC."""
-    from turnkeeper import http_api
-
-    try:
-        return _run_and_state_over_http(settings, chat_id)
-    except http_api.Unavailable:
-        pass
-    import asyncio
-
-    return asyncio.run(_run_and_state_over_grpc(settings, chat_id))
-
-
-async def _run_and_state_over_grpc(settings: Settings, chat_id: str) -> tuple[str, TurnState | NoWorker]:
-    client = await connect_client(settings)
-    run_status = (await describe_run(client, chat_id)).status.name.lower()
-    try:
-        return run_status, await query_state(client, chat_id)
-    except NoWorker as err:
-        return run_status, err
-
-
-def _run_and_state_over_http(
-    settings: Settings, chat_id: str
-) -> tuple[str, StateView | TurnState | NoWorker]:
-    from turnkeeper import http_api
-
-    address = settings.http_api_address
-    if address is None:
-        raise http_api.Unavailable("no HTTP address for Temporal")
-    api = http_api.TemporalHttp(address, settings.namespace, timeout=QUERY_TIMEOUT.total_seconds())
+    answer, or why no worker gave one. Only a failed query loads the codec's module
+    (and the SDK's converter with it), to tell a payload it cannot decrypt."""
     wid = tk.workflow_id(chat_id)
-    try:
+    with closing(temporal_http(settings)) as api:
         try:
             run_status = api.describe_status(wid)
-        except http_api.ApiError as err:
-            if err.code == http_api.NOT_FOUND:
+        except ApiError as err:
+            if err.code == NOT_FOUND:
                 raise Refused(no_chat(chat_id)) from None
-            raise http_api.Unavailable(err.message) from None
-        try:
-            return run_status, turn_state(api.query(wid, "state"))
-        except http_api.ApiError as err:
-            if err.code == http_api.NOT_FOUND:
-                raise Refused(no_chat(chat_id)) from None
-            if err.code in (http_api.FAILED_PRECONDITION, http_api.DEADLINE_EXCEEDED):
-                return run_status, NoWorker(no_worker(chat_id, err.message))
-            # Anything else: the SDK's way gives its own, complete answer.
-            raise http_api.Unavailable(err.message) from None
-        except http_api.NoAnswer as err:
-            return run_status, NoWorker(no_worker(chat_id, str(err)))
-    finally:
-        api.close()
+            raise Refused(f"chat {chat_id!r}: Temporal: {err.message}") from None
+        except (Unreachable, NoAnswer) as err:
+            raise unreachable(api, err) from None
+        for attempt in range(QUERY_TRIES):
+            try:
+                answer = api.query(wid, "state")
+                break
+            except ApiError as err:
+                if err.code == NOT_FOUND:
+                    raise Refused(no_chat(chat_id)) from None
+                # "no poller seen for task queue recently", or no answer in time: a
+                # query needs a worker, and none is serving the chat's task queue.
+                if err.code in (FAILED_PRECONDITION, DEADLINE_EXCEEDED):
+                    return run_status, NoWorker(no_worker(chat_id, err.message))
+                from turnkeeper.payloads.encryption import names_decryption_error
+
+                if names_decryption_error(err.message):  # the worker could not replay the run
+                    return run_status, Undecryptable(
+                        f"chat {chat_id!r}: the worker cannot read the run's history: {err.message}"
+                    )
+                if "QueryCatchUp" in err.message and attempt < QUERY_TRIES - 1:
+                    continue
+                raise Refused(
+                    f"chat {chat_id!r}: the worker did not answer its state: {err.message}"
+                ) from None
+            except NoAnswer as err:
+                return run_status, NoWorker(no_worker(chat_id, str(err)))
+            except Unreachable as err:
+                raise unreachable(api, err) from None
+            except ValueError as err:
+                from turnkeeper.payloads.encryption import DecryptionError
+
+                if not isinstance(err, DecryptionError):
+                    raise
+                # The answer came, under a key this command lacks.
+                return run_status, Undecryptable(
+                    f"chat {chat_id!r}: the worker's answer is unreadable here ({err})"
+                )
+    from turnkeeper.models import TurnState
+
+    return run_status, TurnState.model_validate_json(answer)
 
 
-def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
-    reads = Reads(settings)
+async def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    store = await open_session_store(settings)
     try:
-        rows = reads.history(args.chat)
+        rows = await store.history(args.chat)
     finally:
-        reads.close()
+        await store.close()
     if args.json:
         print_json([m.public() for m in rows])
         return EXIT_OK
@@ -159,43 +204,41 @@ def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
-    reads = Reads(settings)
+async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    store = await open_session_store(settings)
     after = args.after
     try:
         while True:
-            page = reads.events(args.chat, after_seq=after, limit=EVENTS_PAGE)
+            page = await store.events(args.chat, after_seq=after, limit=EVENTS_PAGE)
             if not page and after == 0 and not args.follow:
                 raise Refused(f"no chat {args.chat!r}: it has no events")
             for ev in page:
                 after = ev.seq
-                if args.json:
-                    print(event_line(ev), flush=True)
-                else:
-                    print(event_text(ev), flush=True)
+                print(event_line(ev) if args.json else event_text(ev), flush=True)
             if len(page) == EVENTS_PAGE:
                 continue  # more already written
             if not args.follow:
                 return EXIT_OK
-            time.sleep(0.25)
+            await asyncio.sleep(0.25)
     finally:
-        reads.close()
+        await store.close()
 
 
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    from turnkeeper import http_api
-
     query = f"WorkflowType='{tk.WORKFLOW_TYPE}'"
     status = TurnStatus.AWAITING_USER.value if args.awaiting else args.status
     if status:
         query += f" AND TurnStatus='{status}'"
-    try:
-        listed = _list_over_http(settings, query)
-    except http_api.Unavailable:
-        import asyncio
-
-        listed = asyncio.run(_list_over_grpc(settings, query))
-    latest: dict[str, Any] = {}
+    with closing(temporal_http(settings)) as api:
+        try:
+            listed = list(api.list_workflows(query, (CHAT_ID, TURN_STATUS, RECOVERY_REASON)))
+        except ApiError as err:
+            raise Refused(f"Temporal: {err.message}") from None
+        except (Unreachable, NoAnswer) as err:
+            raise unreachable(api, err) from None
+    latest: dict[str, Execution] = {}
     for wf in listed:
         known = latest.get(wf.id)
         if known is None or wf.start_time > known.start_time:
@@ -219,25 +262,3 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     for r in rows:
         print(chat_row(r))
     return EXIT_OK
-
-
-def _list_over_http(settings: Settings, query: str) -> list[Any]:
-    """The runs `query` selects, over Temporal's HTTP API (no SDK import); any error
-    is `Unavailable`: the SDK's way then lists them, or reports it its own way."""
-    from turnkeeper import http_api
-
-    address = settings.http_api_address
-    if address is None:
-        raise http_api.Unavailable("no HTTP address for Temporal")
-    api = http_api.TemporalHttp(address, settings.namespace, timeout=QUERY_TIMEOUT.total_seconds())
-    try:
-        return list(api.list_workflows(query, (CHAT_ID, TURN_STATUS, RECOVERY_REASON)))
-    except (http_api.ApiError, http_api.NoAnswer) as err:
-        raise http_api.Unavailable(str(err)) from None
-    finally:
-        api.close()
-
-
-async def _list_over_grpc(settings: Settings, query: str) -> list[Any]:
-    client = await connect_client(settings)
-    return [wf async for wf in client.list_workflows(query)]

@@ -1,12 +1,13 @@
-"""Temporal's HTTP API, for the CLI's reads that must start fast.
+"""Temporal's HTTP API with the standard library: how `turnkeeper status` and
+`turnkeeper list` read Temporal, their only way to it.
 
-`import temporalio` alone (its protobuf modules and the Rust bridge) takes
-longer than `turnkeeper status` may take in all, so `status` and `list` ask the
-frontend's HTTP API with the standard library: describe the run, query `state`,
-list the runs; and `send` signals-with-start there. The answers are the same as
-over gRPC: the payload is the worker's JSON, byte for byte. Anything this cannot
-do (no HTTP address known, the port closed, an encrypted payload) raises
-`Unavailable`, and the caller goes the gRPC way.
+`import temporalio.client` alone takes longer than those commands may take in
+all (docs/performance.md, "The CLI"), so they ask the frontend's HTTP API:
+describe the run, query `state`, list the runs. Answers are the worker's
+payloads, byte for byte: plain JSON, or with TURNKEEPER_ENCRYPTION_KEYS set
+sealed by the same codec as everywhere (turnkeeper.payloads.encryption,
+imported only to open such a payload). The commands that write (send, the
+decisions, replay) use the SDK's client instead, and read through it too.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ import base64
 import http.client
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+if TYPE_CHECKING:
+    from turnkeeper.config import EncryptionKey
+
 # gRPC status codes as the API's error bodies carry them.
-NOT_FOUND, FAILED_PRECONDITION, DEADLINE_EXCEEDED = 5, 9, 4
+DEADLINE_EXCEEDED, NOT_FOUND, FAILED_PRECONDITION = 4, 5, 9
+JSON_PLAIN = b"json/plain"
 
 
-class Unavailable(Exception):
-    """No answer from the HTTP API: use gRPC instead."""
+class Unreachable(Exception):
+    """Nothing answered at the address, or not as Temporal's HTTP API would."""
 
 
 class ApiError(Exception):
@@ -44,30 +49,29 @@ class NoAnswer(Exception):
 
 @dataclass(frozen=True)
 class Execution:
-    """A run as the list of runs gives it: the attributes of the SDK's
-    `WorkflowExecution` that `turnkeeper list` reads, decoded as the SDK does."""
+    """A run as the list of runs gives it."""
 
     id: str
     run_id: str
     start_time: datetime
     search_attributes: dict[str, list[Any]]
-    """Those asked for that the run has, each a list of values (`WorkflowExecution.search_attributes`)."""
+    """Those asked for that the run has, each a list of values."""
 
 
 # RFC 3339 as the API writes a protobuf Timestamp: UTC, 0 to 9 digits of fraction.
 _TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z")
 
 
-def _timestamp(raw: Any) -> datetime:
-    """As the SDK reads a Timestamp (`ToDatetime`, UTC): whole microseconds, the nanoseconds cut."""
+def _timestamp(raw: object) -> datetime:
+    """As the SDK reads a Timestamp: UTC, whole microseconds, the nanoseconds cut."""
     match = _TIMESTAMP.fullmatch(raw) if isinstance(raw, str) else None
     if match is None:
-        raise Unavailable(f"not a timestamp: {raw!r}")
+        raise Unreachable(f"not a timestamp: {raw!r}")
     *parts, fraction = match.groups()
     try:
         return datetime(*map(int, parts), int((fraction or "").ljust(9, "0")[:6]), tzinfo=UTC)
     except ValueError:
-        raise Unavailable(f"not a timestamp: {raw!r}") from None
+        raise Unreachable(f"not a timestamp: {raw!r}") from None
 
 
 def _execution(raw: Any, names: tuple[str, ...]) -> Execution:
@@ -75,13 +79,9 @@ def _execution(raw: Any, names: tuple[str, ...]) -> Execution:
         indexed = (raw.get("searchAttributes") or {}).get("indexedFields") or {}
         attributes = {}
         for name in names:
-            if name not in indexed:
-                continue
-            payload = indexed[name]
-            if base64.b64decode(payload["metadata"]["encoding"]) != b"json/plain":
-                raise Unavailable(f"search attribute {name} is not json/plain")
-            value = json.loads(base64.b64decode(payload.get("data", "")))
-            attributes[name] = value if isinstance(value, list) else [value]
+            if name in indexed:
+                value = json.loads(_plain(indexed[name]))
+                attributes[name] = value if isinstance(value, list) else [value]
         return Execution(
             id=raw["execution"]["workflowId"],
             run_id=raw["execution"]["runId"],
@@ -89,39 +89,68 @@ def _execution(raw: Any, names: tuple[str, ...]) -> Execution:
             search_attributes=attributes,
         )
     except (KeyError, TypeError, AttributeError, ValueError):
-        raise Unavailable("a listed run is not of the expected shape") from None
+        raise Unreachable("a listed run is not of the expected shape") from None
 
 
-def json_payload(data: bytes, search_attribute_type: str | None = None) -> dict[str, Any]:
-    """A `json/plain` payload as the API's JSON carries it (bytes in base64), with
-    its search attribute type (e.g. `Keyword`) if it is the value of one."""
-    metadata = {"encoding": base64.b64encode(b"json/plain").decode()}
-    if search_attribute_type is not None:
-        metadata["type"] = base64.b64encode(search_attribute_type.encode()).decode()
-    return {"metadata": metadata, "data": base64.b64encode(data).decode()}
+def _plain(payload: dict[str, Any]) -> bytes:
+    """A `json/plain` payload's bytes (search attributes are never encrypted)."""
+    if base64.b64decode(payload["metadata"]["encoding"]) != JSON_PLAIN:
+        raise ValueError("not json/plain")
+    return base64.b64decode(payload.get("data", ""))
+
+
+def _opened(payload: dict[str, Any], keys: Sequence[EncryptionKey]) -> bytes:
+    """A payload's JSON: plain, or opened by the codec every client of ours uses, which
+    raises its DecryptionError for a key not held here (or none held at all)."""
+    try:
+        metadata = {k: base64.b64decode(v) for k, v in payload["metadata"].items()}
+        data = base64.b64decode(payload.get("data", ""))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        raise Unreachable("the query's answer is not a payload") from None
+    if metadata.get("encoding") != JSON_PLAIN:
+        from temporalio.api.common.v1 import Payload
+
+        from turnkeeper.payloads.encryption import payload_codec
+
+        opened = payload_codec(keys).decrypt(Payload(metadata=metadata, data=data))
+        metadata, data = dict(opened.metadata), opened.data
+    if metadata.get("encoding") != JSON_PLAIN:
+        raise Unreachable(f"the query's answer is {metadata.get('encoding', b'')!r}, not json/plain")
+    return data
 
 
 class TemporalHttp:
     def __init__(
-        self, address: str, namespace: str, *, timeout: float = 10.0, connect_timeout: float = 0.5
+        self,
+        address: str,
+        namespace: str,
+        *,
+        keys: Sequence[EncryptionKey] = (),
+        timeout: float = 10.0,
+        connect_timeout: float = 0.5,
     ) -> None:
         host, _, port = address.removeprefix("http://").rstrip("/").rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"not a host:port address: {address!r}")
+            raise Unreachable(f"not a host:port address: {address!r}")
+        self.address = f"{host}:{port}"
         self._host, self._port = host, int(port)
         self._prefix = f"/api/v1/namespaces/{quote(namespace, safe='')}"
+        self._keys = keys
         self._timeout, self._connect_timeout = timeout, connect_timeout
         self._conn: http.client.HTTPConnection | None = None
 
     def describe_status(self, workflow_id: str) -> str:
         """The latest run's status, lower case: running, completed, failed, ..."""
         body = self._call("GET", f"/workflows/{quote(workflow_id, safe='')}")
-        status = body["workflowExecutionInfo"]["status"]
+        try:
+            status = body["workflowExecutionInfo"]["status"]
+        except (KeyError, TypeError):
+            raise Unreachable("the run's description has no status") from None
         return str(status).removeprefix("WORKFLOW_EXECUTION_STATUS_").lower()
 
-    def query(self, workflow_id: str, query_type: str) -> Any:
-        # Without the API's payload shorthand: the shorthand turns an empty list into
-        # null; the payload itself is the bytes the worker's converter wrote.
+    def query(self, workflow_id: str, query_type: str) -> bytes:
+        """The query's answer: the JSON the worker's converter wrote."""
+        # Without the API's payload shorthand: the payload itself, metadata and all.
         body = self._call(
             "POST",
             f"/workflows/{quote(workflow_id, safe='')}/query/{quote(query_type, safe='')}"
@@ -130,20 +159,14 @@ class TemporalHttp:
         )
         try:
             (payload,) = body["queryResult"]["payloads"]
-            encoding = base64.b64decode(payload["metadata"]["encoding"])
-            data = base64.b64decode(payload.get("data", ""))
         except (KeyError, TypeError, ValueError):
-            raise Unavailable("the query's answer is not one payload") from None
-        if encoding != b"json/plain":
-            # Say, an encrypted payload: only the SDK's converter decodes it.
-            raise Unavailable(f"the query's answer is {encoding.decode(errors='replace')}, not json/plain")
-        return json.loads(data)
+            raise Unreachable("the query's answer is not one payload") from None
+        return _opened(payload, self._keys)
 
     def list_workflows(
         self, query: str, names: tuple[str, ...], page_size: int = 1000
     ) -> Iterator[Execution]:
-        """The runs `query` selects, page by page as the SDK's `list_workflows` reads
-        them, with the search attributes in `names`."""
+        """The runs `query` selects, page by page, with the search attributes in `names`."""
         token = ""
         while True:
             path = f"/workflows?query={quote(query, safe='')}&pageSize={page_size}"
@@ -152,26 +175,14 @@ class TemporalHttp:
             body = self._call("GET", path)
             executions = body.get("executions") or []
             if not isinstance(executions, list):
-                raise Unavailable("the list of runs is not a list")
+                raise Unreachable("the list of runs is not a list")
             for raw in executions:
                 yield _execution(raw, names)
             token = body.get("nextPageToken") or ""
             if not isinstance(token, str):
-                raise Unavailable("the next page token is not a string")
+                raise Unreachable("the next page token is not a string")
             if not token:
                 return
-
-    def signal_with_start(self, workflow_id: str, signal: str, request: dict[str, Any]) -> str:
-        """SignalWithStartWorkflowExecution (`request` in the API's JSON); the run's id."""
-        body = self._call(
-            "POST",
-            f"/workflows/{quote(workflow_id, safe='')}/signal-with-start/{quote(signal, safe='')}",
-            request,
-        )
-        run_id = body.get("runId")
-        if not isinstance(run_id, str) or not run_id:
-            raise Unavailable("no run id in the answer")
-        return run_id
 
     def close(self) -> None:
         if self._conn is not None:
@@ -195,17 +206,17 @@ class TemporalHttp:
             raise NoAnswer(f"no answer within {self._timeout:g} s") from None
         except (OSError, http.client.HTTPException) as err:
             self.close()
-            raise Unavailable(f"Temporal's HTTP API at {self._host}:{self._port}: {err}") from None
+            raise Unreachable(str(err)) from None
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
-            raise Unavailable(f"not JSON from {self._host}:{self._port} (HTTP {response.status})") from None
+            raise Unreachable(f"not JSON (HTTP {response.status})") from None
         if response.status >= 400:
             if not isinstance(body, dict) or not isinstance(body.get("code"), int):
-                raise Unavailable(f"HTTP {response.status} from {self._host}:{self._port}")
+                raise Unreachable(f"HTTP {response.status}")
             raise ApiError(body["code"], str(body.get("message", "")))
         if not isinstance(body, dict):
-            raise Unavailable("unexpected answer shape")
+            raise Unreachable("unexpected answer shape")
         return body
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -214,7 +225,7 @@ class TemporalHttp:
             try:
                 conn.connect()
             except OSError as err:
-                raise Unavailable(f"Temporal's HTTP API at {self._host}:{self._port}: {err}") from None
+                raise Unreachable(str(err)) from None
             # Connected: from now on wait as long as a query may take.
             assert conn.sock is not None
             conn.sock.settimeout(self._timeout)
