@@ -1,10 +1,10 @@
 # Two commands:  make worker   (set up, then run the worker and the web page)
-#                make test     (set up, then run the tests)
+#                make test     (set up, then `make lint` and the tests)
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup worker test bench clean
+.PHONY: setup worker lint test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -31,11 +31,17 @@ worker: setup
 	trap 'exit 130' INT TERM; \
 	$(BIN)/python worker.py
 
-test: setup
+# ruff, then mypy on the package as it installs (tools/typecheck.py says why through a view).
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python tools/typecheck.py
+
+test: lint
 	$(BIN)/python -m pytest -q --durations=15
 
 bench: setup
 	$(BIN)/python bench/turn_latency.py
 
 clean:
-	rm -rf $(VENV) .turnkeeper build *.egg-info tests/npm/node_modules
+	rm -rf $(VENV) .turnkeeper build *.egg-info tests/npm/node_modules .mypy_view .mypy_cache

@@ -152,10 +152,10 @@ def _model_failed(err: ProviderError) -> ApplicationError:
     )
 
 
-async def _unless_shutdown(call: asyncio.Future[T] | object) -> T:
+async def _unless_shutdown(call: Awaitable[T]) -> T:
     """Run the provider call, abandoning it if the worker shuts down: nothing
     happened outside yet, so the workflow can give the call to the next worker."""
-    task = asyncio.ensure_future(call)  # type: ignore[arg-type]
+    task = asyncio.ensure_future(call)
     shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
     try:
         await asyncio.wait({task, shutdown}, return_when=asyncio.FIRST_COMPLETED)

@@ -49,9 +49,9 @@ class StoreActivities:
         """Number the run's turn (idempotent by run id). A run learns the configured
         message limit here: its first messages are judged now."""
         if inp.only_existing:
-            record = await self._store.turn_of_run(inp.chat_id, inp.run_id)
+            numbered = await self._store.turn_of_run(inp.chat_id, inp.run_id)
             return activity_io.BeginTurnResult(
-                turn=record, latest_turn=record or 0, settings=self._turn_settings()
+                turn=numbered, latest_turn=numbered or 0, settings=self._turn_settings()
             )
         limit = self._settings.max_message_bytes
         oversized = [i for i, size in zip(inp.message_ids, inp.message_sizes, strict=False) if size > limit]

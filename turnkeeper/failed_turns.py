@@ -41,7 +41,7 @@ async def failed_turn(store: SessionStore, chat_id: str) -> TurnRecord | None:
 
 
 async def decide_failed_turn(
-    store: SessionStore, chat_id: str, action: str, recovery_id: str | None = None
+    store: SessionStore, chat_id: str, action: recovery.Action, recovery_id: str | None = None
 ) -> TurnState:
     """`action` ("continue" or "dismiss") on the chat's failed turn, for
     `recovery_id` (None: the turn's own). The new state, or `NotDecided`."""

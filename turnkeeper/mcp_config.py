@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from turnkeeper.models import EffectClass
 
@@ -213,5 +213,5 @@ def _strings(where: str, key: str, value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _text(value: Any) -> bool:
+def _text(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and bool(value.strip())

@@ -13,6 +13,7 @@ without this interceptor schedules steps with the defaults.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio.worker import (
     Interceptor,
@@ -21,6 +22,7 @@ from temporalio.worker import (
     WorkflowInterceptorClassInput,
     WorkflowOutboundInterceptor,
 )
+from temporalio.workflow import ActivityHandle
 
 from turnkeeper import activity_io
 from turnkeeper.config import Settings
@@ -42,7 +44,7 @@ class StepTimeouts(Interceptor):
         timeouts, heartbeat = self._timeouts, self._heartbeat
 
         class _Outbound(WorkflowOutboundInterceptor):
-            def start_activity(self, input: StartActivityInput):  # type: ignore[no-untyped-def]
+            def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
                 known = timeouts.get(input.activity)
                 if known is not None:
                     input.start_to_close_timeout, input.schedule_to_start_timeout, input.heartbeat_timeout = (

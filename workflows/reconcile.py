@@ -35,7 +35,7 @@ CLEANUP_TIMEOUT = timedelta(minutes=1)
 class Reconcile:
     @workflow.run
     async def run(self) -> ReconcileSummary:
-        summary = await workflow.execute_activity(
+        summary: ReconcileSummary = await workflow.execute_activity(
             RECONCILE_PASS,
             result_type=ReconcileSummary,
             start_to_close_timeout=PASS_TIMEOUT,

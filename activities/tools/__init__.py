@@ -6,7 +6,6 @@ from __future__ import annotations
 # (`default_registry()` counts on it).
 from . import builtin as _builtin  # noqa: F401  (after registry: builtin imports it)
 from .registry import (
-    ToolContext,
     ToolLoadError,
     ToolOutcome,
     ToolRegistry,
@@ -14,6 +13,7 @@ from .registry import (
     load_tool_modules,
     tool,
 )
+from .schema import ToolContext
 from .workspace import WorkspaceEscape, resolve_in_workspace
 
 __all__ = [

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import sandbox
-from .registry import ToolContext, tool
+from .registry import tool
+from .schema import ToolContext
 from .workspace import resolve_in_workspace
 
 # read_file reads at most this much: a huge file must not exhaust the worker's

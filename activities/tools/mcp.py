@@ -18,10 +18,10 @@ import contextvars
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Final, cast
 
 import anyio
 import jsonschema
@@ -29,6 +29,7 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from turnkeeper.mcp_config import McpServerConfig, expand
@@ -41,7 +42,7 @@ log = logging.getLogger("turnkeeper.mcp")
 
 # The call's idempotency key ("<chat_id>/<turn>/<tool_call_id>") in the request's
 # `_meta`, for a server that can recognise a duplicate on its side.
-IDEMPOTENCY_KEY_META = "turnkeeper/idempotencyKey"
+IDEMPOTENCY_KEY_META: Final = "turnkeeper/idempotencyKey"
 # How the worker names itself to a server.
 CLIENT_INFO = types.Implementation(name="turnkeeper", version=metadata.version("turnkeeper"))
 # A stdio server gets its stdin closed, then 2 s, then SIGTERM and 2 s more (the SDK's steps).
@@ -196,7 +197,8 @@ class McpServer:
                 tool,
                 arguments,
                 progress_callback=_progress_beats(ctx),
-                meta={IDEMPOTENCY_KEY_META: ctx.idempotency_key},
+                # An open map (`extra_items`), which mypy does not read yet: as the SDK, a cast.
+                meta=cast(types.RequestParamsMeta, {IDEMPOTENCY_KEY_META: ctx.idempotency_key}),
             )
         except MCPError as err:
             if err.code == types.CONNECTION_CLOSED:
@@ -337,7 +339,7 @@ async def _list_tools(client: Client) -> list[types.Tool]:
     return tools
 
 
-def _progress_beats(ctx: ToolContext) -> Callable[[float, float | None, str | None], Awaitable[None]] | None:
+def _progress_beats(ctx: ToolContext) -> ProgressFnT | None:
     """The server's progress notifications as heartbeat details. The SDK calls back
     from its reader's task, outside the activity's context: the beat runs in a copy of it."""
     beat = ctx.heartbeat

@@ -85,6 +85,7 @@ class ToolRegistry:
     @overload
     def tool(
         self,
+        /,
         *,
         name: str | None = None,
         description: str | None = None,

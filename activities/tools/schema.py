@@ -116,7 +116,7 @@ def build_tool(
     confirm: bool = False,
 ) -> RegisteredTool:
     """Read `fn`'s signature into a tool; raises for a name or a parameter a model could not call."""
-    tool_name = name or getattr(fn, "__name__", "")
+    tool_name = name if name else str(getattr(fn, "__name__", ""))
     if not _NAME_RE.match(tool_name):
         raise ValueError(f"invalid tool name {tool_name!r}: use 1-64 letters, digits, '_' or '-'")
     try:

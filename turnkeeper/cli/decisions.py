@@ -30,6 +30,7 @@ from turnkeeper.statuses import OPEN_STATUSES
 
 if TYPE_CHECKING:
     from turnkeeper.models import TurnState
+    from turnkeeper.workflows.recovery import Action
 
 
 async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
@@ -44,7 +45,7 @@ async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
     return TurnState(chat_id=chat_id) if record is None else state_of(record)
 
 
-async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> int:
+async def _decide(args: argparse.Namespace, settings: Settings, action: Action) -> int:
     from temporalio.client import WorkflowExecutionStatus
 
     from turnkeeper.workflows.recovery import (
@@ -57,13 +58,13 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: str) -> 
         # No run holds the turn: only a failed one can be decided, in the store (no worker needed).
         from turnkeeper.failed_turns import NotDecided, decide_failed_turn
 
-        store = await open_session_store(settings)
+        failed = await open_session_store(settings)
         try:
-            decided = await decide_failed_turn(store, args.chat, action)
+            decided = await decide_failed_turn(failed, args.chat, action)
         except NotDecided as err:
             raise Refused(str(err)) from None
         finally:
-            await store.close()
+            await failed.close()
         print(describe_gate(decided))
         return EXIT_OK
     state = await query_state(client, args.chat)

@@ -67,9 +67,18 @@ def _timestamp(raw: object) -> datetime:
     match = _TIMESTAMP.fullmatch(raw) if isinstance(raw, str) else None
     if match is None:
         raise Unreachable(f"not a timestamp: {raw!r}")
-    *parts, fraction = match.groups()
+    year, month, day, hour, minute, second, fraction = match.groups()
     try:
-        return datetime(*map(int, parts), int((fraction or "").ljust(9, "0")[:6]), tzinfo=UTC)
+        return datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            int((fraction or "").ljust(9, "0")[:6]),
+            tzinfo=UTC,
+        )
     except ValueError:
         raise Unreachable(f"not a timestamp: {raw!r}") from None
 

@@ -58,7 +58,7 @@ class DecryptionError(ValueError):
 
 
 def names_decryption_error(message: str | None) -> bool:
-    return bool(message) and CANNOT_DECRYPT in message
+    return message is not None and CANNOT_DECRYPT in message
 
 
 def key_id_of(payload: Payload) -> str | None:

@@ -30,7 +30,7 @@ class DraftsSQL:
         if attempt is None:
             row = await tx.fetchone("SELECT turn, step, attempt FROM drafts WHERE chat_id = ?", chat_id)
             same_step = row is not None and (row["turn"], row["step"]) == (turn, step)
-            attempt = int(row["attempt"]) + 1 if same_step else 1
+            attempt = int(row["attempt"]) + 1 if row is not None and same_step else 1
         # SQLite runs one writer at a time, so MAX + 1 grows; on PostgreSQL two chats'
         # writes can share a version, and a reader that misses one sees the next.
         version = int(await tx.fetchval("SELECT COALESCE(MAX(version), 0) + 1 FROM drafts"))

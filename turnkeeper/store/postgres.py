@@ -46,11 +46,15 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from turnkeeper.store.base import StoreError, StoreUnavailable
 from turnkeeper.store.core import SQLStore
 from turnkeeper.store.schema import SCHEMA_VERSION, schema, stored_version
 from turnkeeper.store.transaction import Availability, Transaction
+
+# A pooled connection (the pool's proxy of one) or one of its own (LISTEN): the calls made on both.
+Connection = asyncpg.Connection | PoolConnectionProxy
 
 T = TypeVar("T")
 
@@ -135,7 +139,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def _terminate(conn: asyncpg.Connection) -> None:
+def _terminate(conn: Connection) -> None:
     """End `conn` at once; the pool opens a new connection in its place."""
     with suppress(asyncpg.InterfaceError):  # the driver already gave it back, closed
         conn.terminate()
@@ -185,7 +189,7 @@ class _Transaction(Transaction):
 
     IN_TEXTS = "= ANY(?::text[])"
 
-    def __init__(self, conn: asyncpg.Connection, channel: str) -> None:
+    def __init__(self, conn: Connection, channel: str) -> None:
         self.conn = conn
         self.channel = channel
         self.wrote = False  # a row inserted, updated or deleted
@@ -283,8 +287,8 @@ class PostgresStore(SQLStore):
                 self._url, server_settings=self._server_settings(), timeout=CONNECT_TIMEOUT_S
             )
 
-        def relay(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-            kind, _, chat_id = payload.partition(":")
+        def relay(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            kind, _, chat_id = str(payload).partition(":")
             on_change(kind, chat_id)
 
         with self._errors("cannot listen on"):
@@ -339,16 +343,17 @@ class PostgresStore(SQLStore):
     @contextmanager
     def _errors(self, doing: str = "", *also: type[Exception]) -> Iterator[None]:
         """Driver and network errors become StoreError (retryable); the password never shows."""
-        try:
-            yield
-        except (
+        caught: tuple[type[Exception], ...] = (
             asyncpg.PostgresError,
             asyncpg.InterfaceError,
             asyncpg.exceptions.InternalClientError,
             OSError,
             TimeoutError,
             *also,
-        ) as exc:
+        )
+        try:
+            yield
+        except caught as exc:
             text = f"{type(exc).__name__}: {exc}" if str(exc) else self._silent(exc, doing)
             if self._password:
                 text = text.replace(self._password, "***")
@@ -358,7 +363,7 @@ class PostgresStore(SQLStore):
             raise kind(f"{where} {self.display_url}: {text}") from None
 
     @asynccontextmanager
-    async def _connection(self, pool: asyncpg.Pool, deadline: float) -> AsyncIterator[asyncpg.Connection]:
+    async def _connection(self, pool: asyncpg.Pool, deadline: float) -> AsyncIterator[Connection]:
         """A pooled connection for a call that must end by `deadline` (the loop's
         clock): then the connection is cut off, so that whatever waits on it (a
         statement, a rollback, its return to the pool) ends at once, and TimeoutError

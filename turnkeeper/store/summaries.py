@@ -88,6 +88,7 @@ class SummariesSQL:
             chat.chat_id,
             summary.upto_id,
         )
+        assert row is not None  # kept by this transaction, just above
         return codec.decode_summary(chat.chat_id, row)
 
     async def answered_call_ids(self, chat_id: str, tool_call_ids: list[str]) -> list[str]:

@@ -114,8 +114,8 @@ class TurnkeeperTestEnv:
             self._temporal = await start_temporal()
             self._own.append(self._temporal.shutdown)
         if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="turnkeeper-test-"))
-            self._own.append(lambda: shutil.rmtree(self._directory, ignore_errors=True))
+            directory = self._directory = Path(tempfile.mkdtemp(prefix="turnkeeper-test-"))
+            self._own.append(lambda: shutil.rmtree(directory, ignore_errors=True))
         target = self._temporal.client.service_client.config.target_host
         self.settings = Settings.from_env(
             {
@@ -130,12 +130,9 @@ class TurnkeeperTestEnv:
             }
         )
         # The env's own server or a shared one: either way, with turnkeeper's payloads.
-        self.client = Client(
-            **{
-                **self._temporal.client.config(),
-                "data_converter": data_converter(self.settings.encryption_keys),
-            }
-        )
+        config = self._temporal.client.config()  # a copy
+        config["data_converter"] = data_converter(self.settings.encryption_keys)
+        self.client = Client(**config)
         # The worker creates its task queue's reconcile schedule; nothing serves it afterwards.
         schedule = self.client.get_schedule_handle(schedule_id(self.settings.task_queue))
         self._own.append(schedule.delete)

@@ -16,6 +16,8 @@ from turnkeeper.web.backends import ApiError, backends, chat_id_of, read_json
 if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
 
+    from turnkeeper.workflows.recovery import Action
+
 # A worker answers in milliseconds; without one the server would hold the call.
 WORKER_TIMEOUT = timedelta(seconds=10)
 MAX_ID_CHARS = 200  # as the workflow's own models allow
@@ -130,7 +132,7 @@ async def history(request: Request) -> Response:
     return JSONResponse([m.public() for m in rows], headers={"X-Event-Seq": str(seq)})
 
 
-async def _decide(request: Request, action: str) -> Response:
+async def _decide(request: Request, action: Action) -> Response:
     from temporalio.client import WorkflowExecutionStatus
 
     chat_id = chat_id_of(request)
@@ -157,7 +159,7 @@ async def _decide(request: Request, action: str) -> Response:
     return JSONResponse(state.model_dump(mode="json"))
 
 
-async def _decide_without_run(request: Request, chat_id: str, action: str, recovery_id: str) -> Response:
+async def _decide_without_run(request: Request, chat_id: str, action: Action, recovery_id: str) -> Response:
     """No run holds the turn: only one whose recovery failed can be decided, in the
     store, as the CLI does."""
     from turnkeeper.failed_turns import NotDecided, decide_failed_turn
