@@ -626,6 +626,20 @@ async def test_status_and_list_read_temporal_over_its_http_api(stack: Stack) -> 
     assert [(r["chat_id"], r["status"], r["reason"]) for r in rows] == expected
     awaiting = json.loads((await tk(stack, "list", "--awaiting", "--json")).stdout)
     assert waiting in [r["chat_id"] for r in awaiting] and done not in [r["chat_id"] for r in awaiting]
+    # Another deployment's queue sees none of them.
+    stack.env_extra["TURNKEEPER_TASK_QUEUE"] = f"{stack.task_queue}-other"
+    try:
+        assert json.loads((await tk(stack, "list", "--json")).stdout) == []
+    finally:
+        del stack.env_extra["TURNKEEPER_TASK_QUEUE"]
+    # A run terminated at its gate keeps TurnStatus=awaiting_user: it is no longer listed.
+    await stack.client.get_workflow_handle(f"chat-{waiting}").terminate("an operator")
+    for _ in range(50):
+        awaiting = json.loads((await tk(stack, "list", "--awaiting", "--json")).stdout)
+        if waiting not in [r["chat_id"] for r in awaiting]:
+            break
+        await asyncio.sleep(0.2)
+    assert waiting not in [r["chat_id"] for r in awaiting]
 
     for address, words in (
         ("", "set TURNKEEPER_TEMPORAL_HTTP_ADDRESS"),

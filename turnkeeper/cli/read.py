@@ -226,11 +226,18 @@ async def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
         await store.close()
 
 
+OPEN = {TurnStatus.RUNNING.value, TurnStatus.AWAITING_USER.value, TurnStatus.RESUMING.value}
+
+
 def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
-    query = f"WorkflowType='{tk.WORKFLOW_TYPE}'"
+    # This deployment's chats only: another on the same namespace has its own task queue.
+    query = f"WorkflowType='{tk.WORKFLOW_TYPE}' AND TaskQueue='{settings.task_queue}'"
     status = TurnStatus.AWAITING_USER.value if args.awaiting else args.status
     if status:
         query += f" AND TurnStatus='{status}'"
+    if status in OPEN:
+        # A run terminated while open keeps the status it last set: only running ones count.
+        query += " AND ExecutionStatus='Running'"
     with closing(temporal_http(settings)) as api:
         try:
             listed = list(api.list_workflows(query, (CHAT_ID, TURN_STATUS, RECOVERY_REASON)))
