@@ -55,6 +55,24 @@ RUN_DETAILS = (
 )
 
 
+def why_unreachable(err: BaseException) -> str:
+    """The SDK's connect error in a few words (it carries the transport's debug text)."""
+    text = str(err)
+    for needle, words in (
+        ("Connection refused", "connection refused"),
+        ("dns error", "the host name does not resolve"),
+        ("certificate", "its TLS certificate is refused"),
+        ("tls", "the TLS handshake failed"),
+        ("timed out", "no answer"),
+        ("deadline", "no answer"),
+        ("Unauthenticated", "the credentials are refused"),
+        ("PermissionDenied", "the credentials are refused"),
+    ):
+        if needle.lower() in text.lower():
+            return words
+    return text.split(":")[0][:120] or type(err).__name__
+
+
 def run_summary(chat_id: str, why: str | None = None) -> str:
     return f"chat {chat_id}: {why}" if why else f"chat {chat_id}: a turn"
 

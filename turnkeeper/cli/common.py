@@ -42,7 +42,7 @@ async def connect_client(settings: Settings) -> Client:
     except Exception as err:
         where = settings.temporal_address or f"127.0.0.1:{settings.dev_server_port}"
         raise Refused(
-            f"cannot reach Temporal at {where} ({err}); is the worker running? "
+            f"cannot reach Temporal at {where} ({tk.why_unreachable(err)}); is the worker running? "
             "Start it with `turnkeeper worker`."
         ) from None
     # A turn the CLI starts is traced from here (OTEL_EXPORTER_OTLP_ENDPOINT).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -88,10 +89,10 @@ async def follow_turn(
                 continue
             if ev.type == "tool_started":
                 streamed.end_line()
-                print(f"  -> {p.get('name')} started", flush=True)
+                _line(f"  -> {p.get('name')} started\n")
             elif ev.type in ("tool_finished", "tool_interrupted"):
                 streamed.end_line()
-                print(f"  <- {p.get('name')} {p.get('status', 'interrupted')}", flush=True)
+                _line(f"  <- {p.get('name')} {p.get('status', 'interrupted')}\n")
             elif ev.type == "assistant_message" and not p.get("tool_calls"):
                 answer = p.get("text")
                 final_step = p.get("step")
@@ -185,12 +186,17 @@ def _say_the_store_is_back() -> None:
 
 class _StreamedText:
     """The answer as `send` prints it while it streams: each step's text as it
-    grows; a step run again (its call was lost) starts over on a new line."""
+    grows; a step run again (its call was lost) starts over on a new line. To a
+    terminal the text goes as it comes; elsewhere (a pipe, a file other commands
+    write to as well) only whole lines, each in one write, so that output of
+    commands run at once never mixes within a line."""
 
-    def __init__(self) -> None:
+    def __init__(self, live: bool | None = None) -> None:
         self._key: tuple[int, int] | None = None  # (step, attempt) being printed
         self._shown = ""
         self._mid_line = False
+        self._live = sys.stdout.isatty() if live is None else live
+        self._pending = ""  # the unfinished line, when not live
 
     def show(self, step: int, attempt: int, text: str) -> None:
         if self._key is not None and self._key[0] == step and attempt < self._key[1]:
@@ -198,11 +204,10 @@ class _StreamedText:
         if self._key != (step, attempt):
             if self._key is not None and self._key[0] == step and self._shown:
                 self.end_line()
-                print("  (the model call was run again; its answer starts over)", flush=True)
+                _line("  (the model call was run again; its answer starts over)\n")
             self._key, self._shown = (step, attempt), ""
         if text.startswith(self._shown) and len(text) > len(self._shown):
-            sys.stdout.write(text[len(self._shown) :])
-            sys.stdout.flush()
+            self._write(text[len(self._shown) :])
             self._shown, self._mid_line = text, True
 
     def recorded(self, step: object, text: object) -> None:
@@ -213,22 +218,41 @@ class _StreamedText:
             and isinstance(text, str)
             and text.startswith(self._shown)
         ):
-            sys.stdout.write(text[len(self._shown) :])
+            self._write(text[len(self._shown) :])
         self.end_line()
         self._key, self._shown = None, ""
 
     def finish(self, step: object, answer: str) -> None:
         if self._key is not None and self._key[0] == step and answer.startswith(self._shown):
-            print(answer[len(self._shown) :], flush=True)
+            self._write(answer[len(self._shown) :])
         else:
             self.end_line()
-            print(answer, flush=True)
-        self._mid_line = False
+            self._write(answer)
+        self._mid_line = True
+        self.end_line()
 
     def end_line(self) -> None:
         if self._mid_line:
-            print(flush=True)
+            self._write("\n")
             self._mid_line = False
+
+    def _write(self, piece: str) -> None:
+        if self._live:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            return
+        self._pending += piece
+        done, newline, self._pending = self._pending.rpartition("\n")
+        if newline:
+            _line(done + newline)
+
+
+def _line(text: str) -> None:
+    """Whole lines in one write (a pipe or an appended file keeps each one whole)."""
+    sys.stdout.flush()
+    data = text.encode()
+    while data:
+        data = data[os.write(sys.stdout.fileno(), data) :]
 
 
 async def _no_worker_polls(client: Client, task_queue: str) -> bool:

@@ -59,7 +59,9 @@ class Backends:
                         client = await asyncio.wait_for(tk.connect(self.settings), CONNECT_TIMEOUT_S)
                     except Exception as err:
                         where = self.settings.temporal_address or f"127.0.0.1:{self.settings.dev_server_port}"
-                        why = str(err) or f"no answer in {CONNECT_TIMEOUT_S:.0f} s"
+                        why = (
+                            tk.why_unreachable(err) if str(err) else f"no answer in {CONNECT_TIMEOUT_S:.0f} s"
+                        )
                         raise ApiError(
                             503, f"cannot reach Temporal at {where} ({why}); is the worker running?"
                         ) from None
