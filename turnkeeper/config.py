@@ -211,7 +211,8 @@ class Settings:
     temporal_address: str | None = _var(
         "TEMPORAL_ADDRESS",
         None,
-        shown="unset: the worker starts the embedded dev server, or reuses a healthy one on its port",
+        shown="unset: the address of the `temporal.toml` profile in use (as for the `temporal` CLI), "
+        "else the embedded dev server, which the worker starts or reuses on its port",
     )
     """Temporal frontend (`host:port`), for every process"""
     namespace: str = _var("TEMPORAL_NAMESPACE", "default")
@@ -385,6 +386,13 @@ class Settings:
                     problems.append(_in_words(name, raw, str(err), shown=f.repr))
         if problems:
             raise ConfigError("; ".join(problems))
+        if "temporal_address" not in values:
+            # As the `temporal` CLI does: a profile of temporal.toml names the server.
+            profile = temporal_profile(env)
+            if profile.get("address"):
+                values["temporal_address"] = str(profile["address"])
+                if "namespace" not in values and profile.get("namespace"):
+                    values["namespace"] = str(profile["namespace"])
         return cls(**values)
 
     def worker_deployment(self) -> tuple[str, str] | None:
@@ -464,6 +472,32 @@ TEMPORAL_CONNECTION_MEANING = (
     '(which also turns TLS on; Temporal Cloud), mTLS ([operations.md](operations.md), "Running on several '
     'machines")'
 )
+
+
+def temporal_profile(env: Mapping[str, str]) -> dict[str, Any]:
+    """The profile `temporal` would use (TEMPORAL_PROFILE, else `default`) of its config
+    file (TEMPORAL_CONFIG_FILE, else temporal.toml in the user's config directory); empty
+    when there is none. Read with the standard library: the SDK's loader costs the CLI
+    its start-up time; the SDK reads the same profile's TLS and API key when it connects."""
+    import tomllib
+
+    named = (env.get("TEMPORAL_PROFILE") or "").strip()
+    path = Path(env.get("TEMPORAL_CONFIG_FILE") or "").expanduser()
+    if not str(path) or str(path) == ".":
+        base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+        path = Path(base) / "temporalio" / "temporal.toml"
+    try:
+        profiles = tomllib.loads(path.read_text()).get("profile", {})
+    except FileNotFoundError:
+        if named:
+            raise ConfigError(f"TEMPORAL_PROFILE={named}: there is no config file {path}") from None
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"Temporal config file {path}: {err}") from None
+    profile = profiles.get(named or "default")
+    if profile is None and named:
+        raise ConfigError(f"TEMPORAL_PROFILE={named}: {path} has no [profile.{named}]")
+    return profile if isinstance(profile, dict) else {}
 
 
 def _in_words(name: str, raw: str, problem: str, shown: bool) -> str:

@@ -48,3 +48,23 @@ def test_refused_as_bad_usage_in_words(
 def test_good_ones_parse(argv: list[str]) -> None:
     args = cli.build_parser().parse_args(argv)
     assert args.chat == "c"
+
+
+def test_version_and_the_server_commands_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from turnkeeper.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"turnkeeper {version('turnkeeper')}\n"
+    for command, variables in (
+        ("worker", ("TEMPORAL_ADDRESS", "TURNKEEPER_TASK_QUEUE", "TURNKEEPER_MODEL")),
+        ("web", ("TURNKEEPER_WEB_ADDRESS", "TURNKEEPER_WEB_TOKEN", "TEMPORAL_ADDRESS")),
+        ("codec-server", ("TURNKEEPER_CODEC_ADDRESS", "TURNKEEPER_ENCRYPTION_KEYS")),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        shown = capsys.readouterr().out
+        assert "Configured by environment variables" in shown
+        assert all(v in shown for v in variables), (command, shown)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -114,3 +115,23 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_a_clear_error(monkeypatch:
     assert event_loop_factory("auto") is None
     with pytest.raises(ConfigError, match="TURNKEEPER_EVENT_LOOP=uvloop, but uvloop is not installed"):
         event_loop_factory("uvloop")
+
+
+def test_a_temporal_toml_profile_gives_the_address_and_namespace(tmp_path: Path) -> None:
+    config = tmp_path / "temporal.toml"
+    config.write_text('[profile.default]\naddress = "temporal.example:7233"\nnamespace = "prod"\n')
+    env = {"TEMPORAL_CONFIG_FILE": str(config)}
+    s = Settings.from_env(env)
+    assert (s.temporal_address, s.namespace) == ("temporal.example:7233", "prod")
+    s = Settings.from_env({**env, "TEMPORAL_ADDRESS": "other:7233", "TEMPORAL_NAMESPACE": "dev"})
+    assert (s.temporal_address, s.namespace) == ("other:7233", "dev")  # the variables win
+    home = tmp_path / "home"
+    (home / ".config" / "temporalio").mkdir(parents=True)
+    (home / ".config" / "temporalio" / "temporal.toml").write_text(config.read_text())
+    assert Settings.from_env({"HOME": str(home)}).temporal_address == "temporal.example:7233"
+    assert Settings.from_env({"HOME": str(tmp_path)}).temporal_address is None  # no file: embedded
+    with pytest.raises(ConfigError, match=r"has no \[profile.staging\]"):
+        Settings.from_env({**env, "TEMPORAL_PROFILE": "staging"})
+    config.write_text("[profile.default\n")
+    with pytest.raises(ConfigError, match="Temporal config file"):
+        Settings.from_env(env)

@@ -686,3 +686,43 @@ async def test_send_waits_for_approval_and_continue_approves(stack: Stack) -> No
         "wrote a.txt",
     ]
     assert (stack.ws / "a.txt").read_text() == "hi"
+
+
+async def test_a_temporal_toml_profile_names_the_server(stack: Stack) -> None:
+    """Without TEMPORAL_ADDRESS, the profile of Temporal's config file names the server
+    and the namespace, as for the `temporal` CLI (TEMPORAL_PROFILE picks one)."""
+    stack.script([{"text": "hello from the profile's server"}])
+    await stack.start_worker()
+    config = stack.dir / "temporal.toml"
+    config.write_text(
+        f'[profile.default]\naddress = "127.0.0.1:1"\n\n'
+        f'[profile.tests]\naddress = "{stack.address}"\nnamespace = "default"\n'
+    )
+    env = {k: v for k, v in stack.env().items() if k != "TEMPORAL_ADDRESS"}
+    env.update(TEMPORAL_CONFIG_FILE=str(config), TEMPORAL_PROFILE="tests")
+    proc = await asyncio.create_subprocess_exec(
+        TURNKEEPER,
+        "send",
+        stack.chat("profile"),
+        "hi",
+        env=env,
+        cwd=stack.dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "hello from the profile's server" in out.decode()
+    env["TEMPORAL_PROFILE"] = "nowhere"
+    proc = await asyncio.create_subprocess_exec(
+        TURNKEEPER,
+        "send",
+        stack.chat("profile"),
+        "hi",
+        env=env,
+        cwd=stack.dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and "has no [profile.nowhere]" in err.decode()

@@ -33,19 +33,71 @@ from turnkeeper.config import ConfigError, Settings, import_from_working_directo
 from turnkeeper.statuses import TurnStatus
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed distribution's, read only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        from importlib.metadata import version
+
+        print(f"turnkeeper {version('turnkeeper')}")
+        parser.exit()
+
+
+def _configured_by(names: Sequence[str]) -> str:
+    """A server command's options are environment variables: its --help lists them."""
+    import textwrap
+
+    listed = textwrap.fill(", ".join(names), width=78, initial_indent="  ", subsequent_indent="  ")
+    return (
+        "Configured by environment variables, not flags:\n"
+        f"{listed}\n"
+        "Each is described in docs/configuration.md."
+    )
+
+
+def _server_command(sub: argparse._SubParsersAction, name: str, help_: str, names: Sequence[str]) -> None:  # type: ignore[type-arg]  # argparse's private generic
+    sub.add_parser(
+        name,
+        help=help_,
+        description=help_[:1].upper() + help_[1:] + ".",
+        epilog=_configured_by(names),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from turnkeeper.config import ENV_VARS
+
     p = argparse.ArgumentParser(prog="turnkeeper", description="Durable AI chat turns on Temporal.")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "worker", help="run a worker (starts the embedded dev server when TEMPORAL_ADDRESS is unset)"
+    connection = [v for v in ENV_VARS if v.startswith("TEMPORAL_")] + [
+        "TURNKEEPER_TASK_QUEUE",
+        "TURNKEEPER_DATA_DIR",
+        "TURNKEEPER_DATABASE_URL",
+        "TURNKEEPER_ENCRYPTION_KEYS",
+    ]
+    _server_command(
+        sub,
+        "worker",
+        "run a worker (starts the embedded dev server when TEMPORAL_ADDRESS is unset)",
+        [v for v in ENV_VARS if not v.startswith(("TURNKEEPER_WEB_", "TURNKEEPER_CODEC_"))],
     )
-    sub.add_parser(
-        "web", help="serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, default 127.0.0.1:8000)"
+    _server_command(
+        sub,
+        "web",
+        "serve the HTTP API and the chat page (TURNKEEPER_WEB_ADDRESS, default 127.0.0.1:8000)",
+        connection + [v for v in ENV_VARS if v.startswith("TURNKEEPER_WEB_")],
     )
-    sub.add_parser(
+    _server_command(
+        sub,
         "codec-server",
-        help="decrypt and encrypt payloads for the Temporal UI and "
-        "`temporal --codec-endpoint` (TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)",
+        "decrypt and encrypt payloads for the Temporal UI and `temporal --codec-endpoint` "
+        "(TURNKEEPER_CODEC_ADDRESS, default 127.0.0.1:8081)",
+        ["TURNKEEPER_ENCRYPTION_KEYS"] + [v for v in ENV_VARS if v.startswith("TURNKEEPER_CODEC_")],
     )
     s = sub.add_parser("send", help="send a message and wait for the answer")
     s.add_argument("chat", type=_chat_id, help=CHAT_ID_RULE)
