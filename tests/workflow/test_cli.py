@@ -726,3 +726,30 @@ async def test_a_temporal_toml_profile_names_the_server(stack: Stack) -> None:
     )
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2 and "has no [profile.nowhere]" in err.decode()
+
+
+async def test_every_command_speaks_json(stack: Stack) -> None:
+    """--json on every command: its result as JSON, or one object naming the error."""
+    stack.env_extra["TURNKEEPER_CONFIRM_TOOLS"] = "write_file"
+    stack.script(
+        [
+            {"tool_calls": [{"name": "write_file", "arguments": {"path": "j.txt", "content": "j"}}]},
+            {"text": "wrote j.txt"},
+        ]
+    )
+    await stack.start_worker()
+    chat = stack.chat("json")
+    sent = await tk(stack, "send", chat, "write j", "--json")
+    assert sent.returncode == 3, sent.stderr
+    waiting = json.loads(sent.stdout)
+    assert (waiting["status"], waiting["reason"]) == ("awaiting_user", "approval_required")
+    approved = await tk(stack, "continue", chat, "--wait", "--json")
+    assert approved.returncode == 0, approved.stderr
+    assert json.loads(approved.stdout)["status"] == "completed"
+    refused = await tk(stack, "stop", chat, "--json")
+    assert refused.returncode == 1 and json.loads(refused.stdout) == {
+        "error": f"no turn of chat {chat!r} is running",
+        "exit_code": 1,
+    }
+    queued = json.loads((await tk(stack, "send", chat, "later", "--no-wait", "--json")).stdout)
+    assert queued["chat_id"] == chat and queued["sent"] is True

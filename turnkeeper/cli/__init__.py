@@ -68,6 +68,9 @@ def _server_command(sub: argparse._SubParsersAction, name: str, help_: str, name
     )
 
 
+JSON_HELP = 'print JSON: the result, or {"error": ..., "exit_code": ...}'
+
+
 def build_parser() -> argparse.ArgumentParser:
     from turnkeeper.config import ENV_VARS
 
@@ -107,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--message-id", type=_message_id, help="idempotency key, 1-200 characters (default: a new uuid)"
     )
     s.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait (default 600)")
+    s.add_argument("--json", action="store_true", help=JSON_HELP)
     s.set_defaults(func=cmd_send)
     for name, func, help_ in (
         ("status", cmd_status, "the turn's state"),
@@ -114,19 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
-        c.add_argument("--json", action="store_true")
+        c.add_argument("--json", action="store_true", help=JSON_HELP)
         c.set_defaults(func=func)
     e = sub.add_parser("events", help="the chat's event log")
     e.add_argument("chat")
     e.add_argument("--follow", "-f", action="store_true")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help=JSON_HELP)
     e.add_argument("--after", type=int, default=0, help="only events after this seq")
     e.set_defaults(func=cmd_events)
     ls = sub.add_parser("list", help="chats by their latest turn")
     group = ls.add_mutually_exclusive_group()
     group.add_argument("--status", choices=[s.value for s in TurnStatus])
     group.add_argument("--awaiting", action="store_true", help="chats waiting for their user")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help=JSON_HELP)
     ls.set_defaults(func=cmd_list)
     for name, func, help_ in (
         ("continue", cmd_continue, "Continue an interrupted turn"),
@@ -135,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         c = sub.add_parser(name, help=help_)
         c.add_argument("chat")
+        c.add_argument("--json", action="store_true", help=JSON_HELP)
         if name == "continue":
             c.add_argument(
                 "--wait",
@@ -159,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="24h",
         help="closed runs this recent, e.g. 30m, 24h, 7d (default 24h); running runs always",
     )
-    r.add_argument("--json", action="store_true")
+    r.add_argument("--json", action="store_true", help=JSON_HELP)
     r.set_defaults(func=cmd_replay)
     return p
 
@@ -243,26 +248,32 @@ def run(argv: Sequence[str] | None = None) -> int:
             code = asyncio.run(code)
         return code
     except ConfigError as err:
-        print(f"turnkeeper: configuration error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(args, f"configuration error: {err}", EXIT_USAGE)
     except Refused as err:
-        print(f"turnkeeper: {err}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _failed(args, str(err), EXIT_REFUSED)
     except Exception as err:
         # The store and the codec are imported lazily, so are their error classes: once something failed.
         from turnkeeper.payloads.encryption import DecryptionError
         from turnkeeper.store.base import StoreError
 
         if isinstance(err, DecryptionError):  # it names the key id, never any content
-            print(f"turnkeeper: {err}", file=sys.stderr)
-            return EXIT_REFUSED
+            return _failed(args, str(err), EXIT_REFUSED)
         if not isinstance(err, StoreError):
             raise
         # e.g. a row that does not decode, named in the message
-        print(f"turnkeeper: session store: {err}", file=sys.stderr)
-        return EXIT_REFUSED
+        return _failed(args, f"session store: {err}", EXIT_REFUSED)
     except KeyboardInterrupt:
         return 130
+
+
+def _failed(args: argparse.Namespace, why: str, code: int) -> int:
+    """Said on stderr; with --json also as one JSON object on stdout."""
+    print(f"turnkeeper: {why}", file=sys.stderr)
+    if getattr(args, "json", False):
+        import json
+
+        print(json.dumps({"error": why, "exit_code": code}, ensure_ascii=False))
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

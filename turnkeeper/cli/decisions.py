@@ -11,6 +11,7 @@ the functions that use them, as in every command (tests/process/test_cli_startup
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING
 
 from turnkeeper import client as tk
@@ -24,7 +25,7 @@ from turnkeeper.cli.common import (
     open_session_store,
     query_state,
 )
-from turnkeeper.cli.output import describe_gate
+from turnkeeper.cli.output import describe_gate, print_json, print_turn_json, quiet_if
 from turnkeeper.config import Settings
 from turnkeeper.statuses import OPEN_STATUSES
 
@@ -65,7 +66,7 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: Action) 
             raise Refused(str(err)) from None
         finally:
             await failed.close()
-        print(describe_gate(decided))
+        _show(args, decided)
         return EXIT_OK
     state = await query_state(client, args.chat)
     if not state.recovery_id:
@@ -79,21 +80,27 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: Action) 
             raise Refused(str(err)) from None
         except tk.DecisionPending as err:
             raise Refused(f"{err} (is a worker running?)") from None
-        print(describe_gate(new_state), flush=True)
         if store is None:
+            _show(args, new_state)
             return EXIT_OK
+        if not args.json:
+            print(describe_gate(new_state), flush=True)
         from turnkeeper.cli.follow import follow_turn
 
-        return await follow_turn(
-            client,
-            store,
-            args.chat,
-            None,
-            after,
-            args.timeout,
-            task_queue=settings.task_queue,
-            turn=new_state.turn,
-        )
+        with quiet_if(args.json):
+            code = await follow_turn(
+                client,
+                store,
+                args.chat,
+                None,
+                after,
+                args.timeout,
+                task_queue=settings.task_queue,
+                turn=new_state.turn,
+            )
+        if args.json:
+            await print_turn_json(store, args.chat)
+        return code
     finally:
         if store is not None:
             await store.close()
@@ -135,5 +142,17 @@ async def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
         raise Refused(f"chat {args.chat!r}: {err}") from None
     except tk.DecisionPending:
         later = later or " (no worker has taken it yet: the turn stops when one does)"
-    print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
+    if args.json:
+        print_json(
+            {"chat_id": args.chat, "turn": state.turn, "stop": "sent", "note": later.strip(" ()") or None}
+        )
+    else:
+        print(f"stop sent to chat {args.chat}, turn {state.turn}{later}")
     return EXIT_OK
+
+
+def _show(args: argparse.Namespace, state: TurnState) -> None:
+    if args.json:
+        print_json(json.loads(state.model_dump_json()))
+    else:
+        print(describe_gate(state), flush=True)

@@ -250,9 +250,14 @@ class _StreamedText:
 def _line(text: str) -> None:
     """Whole lines in one write (a pipe or an appended file keeps each one whole)."""
     sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout replaced (--json leaves it out)
+        sys.stdout.write(text)
+        return
     data = text.encode()
     while data:
-        data = data[os.write(sys.stdout.fileno(), data) :]
+        data = data[os.write(fd, data) :]
 
 
 async def _no_worker_polls(client: Client, task_queue: str) -> bool:

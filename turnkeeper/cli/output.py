@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from turnkeeper.statuses import Reason, TurnStatus
@@ -13,6 +16,24 @@ if TYPE_CHECKING:
 
 def print_json(obj: Any) -> None:
     print(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+@contextlib.contextmanager
+def quiet_if(quiet: bool) -> Iterator[None]:
+    """With --json, what a command shows as it goes is left out: only its result is printed."""
+    if not quiet:
+        yield
+        return
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        yield
+
+
+async def print_turn_json(store: Any, chat_id: str) -> None:
+    """The chat's latest turn as the store holds it (`status --json`'s shape)."""
+    from turnkeeper.failed_turns import state_of
+
+    record = await store.get_turn(chat_id)
+    print_json(None if record is None else json.loads(state_of(record).model_dump_json()))
 
 
 def describe_gate(state: TurnState) -> str:

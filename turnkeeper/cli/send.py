@@ -12,6 +12,7 @@ import argparse
 
 from turnkeeper import client as tk
 from turnkeeper.cli.common import EXIT_OK, Refused, connect_client, open_session_store
+from turnkeeper.cli.output import print_json, print_turn_json, quiet_if
 from turnkeeper.config import Settings
 
 
@@ -30,13 +31,16 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
         except tk.TurnTakesNoMoreMessages as err:
             raise Refused(str(err)) from None
         if store is None:
-            print(f"sent {message.message_id} to chat {args.chat}")
+            if args.json:
+                print_json({"chat_id": args.chat, "message_id": message.message_id, "sent": True})
+            else:
+                print(f"sent {message.message_id} to chat {args.chat}")
             return EXIT_OK
         from turnkeeper.cli.follow import follow_turn, saved_if_interrupted
 
         # The message is durable: Ctrl-C stops only the watching.
-        with saved_if_interrupted(args.chat, message.message_id):
-            return await follow_turn(
+        with saved_if_interrupted(args.chat, message.message_id), quiet_if(args.json):
+            code = await follow_turn(
                 client,
                 store,
                 args.chat,
@@ -45,6 +49,9 @@ async def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
                 args.timeout,
                 task_queue=settings.task_queue,
             )
+        if args.json:
+            await print_turn_json(store, args.chat)
+        return code
     finally:
         if store is not None:
             await store.close()
