@@ -58,7 +58,9 @@ def _configured_by(names: Sequence[str]) -> str:
     )
 
 
-def _server_command(sub: argparse._SubParsersAction, name: str, help_: str, names: Sequence[str]) -> None:  # type: ignore[type-arg]  # argparse's private generic
+def _server_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_: str, names: Sequence[str]
+) -> None:
     sub.add_parser(
         name,
         help=help_,
