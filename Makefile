@@ -37,8 +37,13 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/typecheck.py
 
+# The tests mostly wait on timers and other processes: TEST_PROCESSES runs them in
+# parallel (pytest-xdist), each process with its own dev server; tests of one
+# xdist_group run in one process, one at a time.
+TEST_PROCESSES ?= 3
+
 test: lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_PROCESSES) --dist loadgroup
 
 bench: setup
 	$(BIN)/python bench/turn_latency.py

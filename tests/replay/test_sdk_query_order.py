@@ -22,7 +22,9 @@ from temporalio.worker import Replayer, Worker
 
 from tests.support import ROOT
 
-pytestmark = pytest.mark.crash
+# Sticky-queue timing (STICKY_S): one xdist process runs this file and test_sdk_update_order.py
+# one test at a time (`--dist loadgroup`).
+pytestmark = [pytest.mark.crash, pytest.mark.xdist_group("sdk_order")]
 STICKY_S = 3.0  # worker A's sticky schedule-to-start timeout: also how long a query waits for A
 TAKES: list[tuple[str, bool, int, int]] = []  # (input, is_replaying, history length, history size)
 

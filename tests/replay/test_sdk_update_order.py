@@ -17,6 +17,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.worker import Replayer, Worker
 
+# Worker restarts timed against the server: run with test_sdk_query_order.py (`--dist loadgroup`).
+pytestmark = pytest.mark.xdist_group("sdk_order")
+
 step_started = asyncio.Event()
 step_release = asyncio.Event()
 

@@ -98,17 +98,18 @@ def test_the_first_key_encrypts_and_every_key_decrypts() -> None:
 SHORT = base64.b64encode(b"x" * 16).decode()
 
 
-@pytest.mark.parametrize(
-    "raw, message",
-    [
-        (f"k1:{KEY_1[:-3]}!!", "key 'k1' is not valid base64"),
-        (f"k1:{SHORT}", "key 'k1' is 16 bytes; AES-256 needs 32"),
-        (f"k1:{KEY_1},k1:{KEY_2}", "key id 'k1' is listed twice"),
-        (KEY_1, "entry 1 is not keyid:base64-key"),
-        (f"k1:{KEY_1},:{KEY_2}", "entry 2 is not keyid:base64-key"),
-        (f"k 1:{KEY_1}", "entry 1: a key id is 1-64 characters"),
-    ],
-)
+BAD_KEYS = [
+    (f"k1:{KEY_1[:-3]}!!", "key 'k1' is not valid base64"),
+    (f"k1:{SHORT}", "key 'k1' is 16 bytes; AES-256 needs 32"),
+    (f"k1:{KEY_1},k1:{KEY_2}", "key id 'k1' is listed twice"),
+    (KEY_1, "entry 1 is not keyid:base64-key"),
+    (f"k1:{KEY_1},:{KEY_2}", "entry 2 is not keyid:base64-key"),
+    (f"k 1:{KEY_1}", "entry 1: a key id is 1-64 characters"),
+]
+
+
+# Named by the message, not the random keys: every xdist process collects the same ids.
+@pytest.mark.parametrize("raw, message", BAD_KEYS, ids=[message for _, message in BAD_KEYS])
 def test_a_bad_key_is_refused_without_showing_it(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"TURNKEEPER_ENCRYPTION_KEYS: {message}") as caught:
         keys(raw)
