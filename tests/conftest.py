@@ -4,26 +4,20 @@ and per-test stacks (own task queue, data dir, workspace and scripted model)."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.support import Stack
+from tests.pg import drop_own_database
+from tests.support import Stack, free_port
 from turnkeeper.testing import start_temporal
 
 _exit_status = 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-_HTTP_PORT = _free_port()
+_HTTP_PORT = free_port()
 
 # A deleted closed run leaves the visibility list only once the transfer queue's
 # ack level passes its close (Temporal saves that level every 30 s by default).
@@ -86,6 +80,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     global _exit_status
     _exit_status = int(exitstatus)
+    drop_own_database()  # an xdist process's PostgreSQL database (tests/pg.py)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

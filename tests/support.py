@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +30,37 @@ ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = ROOT / "tests" / "histories"
 # What the worker logs once it polls.
 WORKER_READY = "worker serving task queue"
+
+# Ports for the servers tests start: below Linux's ephemeral range (32768-60999), where
+# neither an outgoing connection nor a port the dev server picks for its own services
+# can take one between its choice and its bind; each xdist process has a block of its own.
+_PORTS = range(20000, 32000)
+
+
+def _port_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    size = len(_PORTS) // max(count, 1)
+    return range(_PORTS.start + index * size, _PORTS.start + (index + 1) * size)
+
+
+_PORT_BLOCK = _port_block()
+# A random start: a second run on the machine (another checkout's) rarely meets this one.
+_next_port = random.randrange(len(_PORT_BLOCK))
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on, for a server a test starts; each call
+    gives another one (in turn through this process's block)."""
+    global _next_port
+    for _ in range(len(_PORT_BLOCK)):
+        port = _PORT_BLOCK[_next_port % len(_PORT_BLOCK)]
+        _next_port += 1
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free port in {_PORT_BLOCK}")
 
 
 async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

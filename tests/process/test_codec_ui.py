@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.async_api import async_playwright
 
-from tests.support import ROOT
-from tests.workflow.test_encryption import KEYS_1, CodecServer, free_port
+from tests.support import ROOT, free_port
+from tests.workflow.test_encryption import KEYS_1, CodecServer
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnStatus

@@ -14,18 +14,12 @@ import time
 import pytest
 from temporalio.client import Client
 
-from tests.support import Stack
+from tests.support import Stack, free_port
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.worker.dev_server import is_healthy, stop_dev_server
 
 pytestmark = pytest.mark.crash
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _wait_healthy(address: str, timeout: float = 60) -> None:
@@ -38,7 +32,7 @@ async def _wait_healthy(address: str, timeout: float = 60) -> None:
 
 
 async def test_embedded_dev_server_outlives_a_killed_worker(stack: Stack) -> None:
-    port, ui = _free_port(), _free_port()
+    port, ui = free_port(), free_port()
     embedded = {
         "TEMPORAL_ADDRESS": "",
         "TURNKEEPER_DEV_SERVER_PORT": str(port),
@@ -108,7 +102,7 @@ async def test_a_taken_port_is_a_clear_error(stack: Stack) -> None:
         proc = stack.spawn_worker(
             TEMPORAL_ADDRESS="",
             TURNKEEPER_DATA_DIR=str(stack.dir / "own"),
-            TURNKEEPER_DEV_SERVER_PORT=str(_free_port()),
+            TURNKEEPER_DEV_SERVER_PORT=str(free_port()),
             TURNKEEPER_DEV_UI_PORT=str(taken.getsockname()[1]),
         )
         assert proc.wait(timeout=60) == 1

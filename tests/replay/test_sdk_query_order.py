@@ -100,9 +100,10 @@ async def _query_while_a_is_dead(
     client: Client, order: str, guard: bool
 ) -> tuple[object, list[str], WorkflowHandle]:
     """Worker A (another process) takes the first task and is SIGKILLed; the run is queried and
-    worker B started at once: the query waits STICKY_S for A, then B answers it. `timer_first`: the timer
+    worker B started: the query waits STICKY_S for A, then B answers it. `timer_first`: the timer
     fires during that wait and the signal comes after the answer; `signal_first`: the signal comes
-    during the wait and the timer fires after the answer, both before A's pending task times out."""
+    during the wait and the timer fires after the answer, both before A's pending task times out.
+    The signal is sent before B starts, so however long B takes to start it comes during the wait."""
     queue = f"sdk-query-order-{uuid.uuid4()}"
     worker_a = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -132,12 +133,13 @@ async def _query_while_a_is_dead(
             return err
 
     answer = asyncio.create_task(query())
-    async with Worker(client, task_queue=queue, workflows=[TimerAndSignal], activities=[on_timer, on_signal]):
-        if order == "signal_first":
-            await asyncio.sleep(STICKY_S / 2)
-        else:
-            await answer
+    if order == "signal_first":
+        await asyncio.sleep(STICKY_S / 2)
         await handle.signal(TimerAndSignal.poke)
+    async with Worker(client, task_queue=queue, workflows=[TimerAndSignal], activities=[on_timer, on_signal]):
+        if order == "timer_first":
+            await answer
+            await handle.signal(TimerAndSignal.poke)
         return await answer, await handle.result(), handle
 
 

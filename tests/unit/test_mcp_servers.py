@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ import mcp_types as types
 import pytest
 
 from tests.mcp_servers import GIT, TIME, commits, everything, git_repo, probe
+from tests.support import free_port
 from turnkeeper.activities.tools import ToolContext, ToolRegistry, default_registry
 from turnkeeper.activities.tools.mcp import IDEMPOTENCY_KEY_META, McpTools, render
 from turnkeeper.mcp_config import parse
@@ -239,12 +239,6 @@ async def test_a_server_that_crashes_mid_call_is_reported_and_connected_again(
     assert ran.read_text() == "ran\n"  # nothing was sent twice
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _http_everything(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
     entry = everything("streamableHttp")
     log_path = tmp_path / f"server-{time.monotonic_ns()}.log"
@@ -264,7 +258,7 @@ def _http_everything(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
 async def test_a_streamable_http_server_with_headers_from_the_environment_connected_again_after_it_went_away(
     closing: list[McpTools], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _free_port()
+    port = free_port()
     server = _http_everything(tmp_path, port)
     try:
         monkeypatch.setenv("TK_MCP_TEST_TOKEN", "t0ken")

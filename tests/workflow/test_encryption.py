@@ -32,7 +32,7 @@ from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
-from tests.support import Stack, until
+from tests.support import Stack, free_port, until
 from tests.web_support import request, serving
 from turnkeeper import client as tk
 from turnkeeper.activities.reconcile import verdict as reconcile_verdict
@@ -71,12 +71,6 @@ def keys(raw: str) -> Settings:
 
 def json_payload(value: Any) -> Payload:
     return Payload(metadata={"encoding": b"json/plain"}, data=json.dumps(value).encode())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Stack, until_async
+from tests.support import Stack, free_port, until_async
 from turnkeeper import client as tk
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.models import TurnStatus
@@ -44,11 +44,7 @@ def scrape(address: str) -> str:
 
 
 def free_address() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 async def test_the_worker_serves_sdk_and_turnkeeper_metrics(stack: Stack) -> None:

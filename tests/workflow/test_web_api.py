@@ -16,7 +16,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from tests.pg import pg_schema, url_with_search_path
-from tests.support import ROOT, Stack
+from tests.support import ROOT, Stack, free_port
 from tests.web_support import read_events, request, serving
 from turnkeeper import client as tk
 from turnkeeper.models import ChatTurnInput, Reason, RecoveryStart, ToolCallStatus, TurnStatus, UserMessage
@@ -410,11 +410,7 @@ async def test_the_command_refuses_an_open_address_without_a_token(stack: Stack)
     assert refused.returncode == 2
     assert "without a token" in refused.stderr and "TURNKEEPER_WEB_TOKEN" in refused.stderr
 
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [*cmd, "web"],
         env=stack.env(TURNKEEPER_WEB_ADDRESS=f"127.0.0.1:{port}"),
