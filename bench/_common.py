@@ -1,5 +1,7 @@
 """What the benchmark scripts share: their own Temporal dev server, progress
 output, statistics, a workflow history as a timeline, and the way they exit.
+The dev server, free ports and the median's interval are the tests' too
+(tests/support.py), imported here under their names.
 
 Imported as `bench._common` (bench/__init__.py: how a script finds `bench`).
 """
@@ -7,30 +9,25 @@ Imported as `bench._common` (bench/__init__.py: how a script finds `bench`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import WorkflowHistory
 
-from turnkeeper.worker.dev_server import is_healthy, start_dev_command
+# Shared with the tests (the chaos harness among them): they live in tests/support.py.
+from tests.support import Server as Server
+from tests.support import dev_server as dev_server
+from tests.support import free_port as free_port
+from tests.support import median_interval as median_interval
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SERVER_START_TIMEOUT_S = 60.0
 
 T = TypeVar("T")
 
@@ -39,111 +36,11 @@ def progress(text: str) -> None:
     print(f"[bench] {text}", file=sys.stderr, flush=True)
 
 
-# -- the Temporal dev server ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass(frozen=True)
-class Server:
-    address: str
-    pid: int
-    http_address: str  # Temporal's HTTP API, as `turnkeeper status` asks it
-
-
-@contextlib.asynccontextmanager
-async def dev_server(
-    tmp: Path,
-    dynamic_config: dict[str, object] | None = None,
-    cli_defaults: bool = False,
-    metrics_port: int | None = None,
-    attempts: int = 1,
-) -> AsyncIterator[Server]:
-    """The embedded server's `temporal server start-dev` on a free port, with its
-    SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
-    Prometheus metrics served there); stopped on the way out.
-
-    The dev server picks the ports of its internal services itself and can pick
-    the one just chosen for the frontend: it then panics a moment after turning
-    healthy. With `attempts` > 1, a start is looked at again 1.5 s after it
-    turned healthy, and one that died is made again on other ports."""
-    for attempt in range(1, attempts + 1):
-        port, http_port = free_port(), free_port()
-        address = f"127.0.0.1:{port}"
-        suffix = "" if attempt == 1 else f"-{attempt}"
-        cmd = start_dev_command(
-            port,
-            tmp / f"temporal{suffix}.db",
-            log_level="error",
-            http_port=http_port,
-            dynamic_config=dynamic_config,
-            cli_defaults=cli_defaults,
-        )
-        if metrics_port is not None:
-            cmd += ["--metrics-port", str(metrics_port)]
-        log_path = tmp / f"temporal-server{suffix}.log"
-        # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        try:
-            deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-            while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
-            if attempts > 1 and proc.poll() is None:
-                await asyncio.sleep(1.5)  # past the internal services' start-up
-            if proc.poll() is not None or not await is_healthy(address):
-                if attempt < attempts:
-                    continue
-                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
-            yield Server(address, proc.pid, f"127.0.0.1:{http_port}")
-            return
-        finally:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 # -- statistics --------------------------------------------------------------------------
 
 
 def p90(values: Sequence[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
-
-
-def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free interval for the median of the distribution `values`
-    were drawn from: the k-th lowest and k-th highest value, with k as large as
-    keeps the chance of covering it at least `level` (binomial order statistics).
-    Returns (low, high, that chance). Six rounds give their whole range (97%);
-    twelve, the third lowest to the third highest (96%); sixty, the 22nd (97%)."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if n == 0:
-        raise ValueError("no values")
-    k, coverage = 1, 1 - 2 * 0.5**n
-    while k + 1 <= n // 2:
-        wider_k = k + 1
-        # Coverage of [x(k), x(n-k+1)]: 1 - 2 P(Binomial(n, 1/2) <= k - 1).
-        chance = 1 - 2 * sum(math.comb(n, i) for i in range(wider_k)) / 2**n
-        if chance < level:
-            break
-        k, coverage = wider_k, chance
-    return ordered[k - 1], ordered[n - k], coverage
 
 
 def near_median(items: Sequence[T], value: Callable[[T], float]) -> T:

@@ -5,7 +5,7 @@ an approved tool starts.
 
 One `python worker.py` process (TURNKEEPER_MAX_CACHED_WORKFLOWS left at its
 default, 200) and the scripted model: each chat's first model call asks for
-`ledger_confirm` (bench/chaos_tools.py, registered `confirm=True`), so each turn
+`ledger_confirm` (tests/chaos/tools.py, registered `confirm=True`), so each turn
 waits at an approval gate (`approval_required`). After each step's chats all
 wait: the worker's resident memory (VmRSS, /proc), and how long a fresh chat's
 turn takes beside them to reach its own gate (a waiting approval holds no worker
@@ -96,7 +96,7 @@ async def main(steps: list[int], approve: int) -> None:
                     "TURNKEEPER_DATA_DIR": str(tmp / "data"),
                     "TURNKEEPER_WORKSPACE": str(tmp / "ws"),
                     "TURNKEEPER_MODEL": f"scripted:{tmp / 'script.json'}",
-                    "TURNKEEPER_TOOL_MODULES": "bench.chaos_tools",
+                    "TURNKEEPER_TOOL_MODULES": "tests.chaos.tools",
                     "TURNKEEPER_TOOLS": "ledger_write,ledger_confirm",
                     "CHAOS_LEDGER": str(ledger),
                     "TURNKEEPER_LOG_LEVEL": "WARNING",

@@ -1,11 +1,16 @@
 """A per-test stack on the shared dev server: own task queue, data dir,
-workspace, scripted model, and workers in-process or as real processes."""
+workspace, scripted model, and workers in-process or as real processes.
+
+Also what the tests share with the benchmarks (bench/ imports them from here): free
+ports, a dev server of its own on an on-disk SQLite file as the worker starts it
+(the chaos harness's and the benchmarks'), and the median's interval."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -14,7 +19,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,7 @@ from turnkeeper import client as tk
 from turnkeeper.config import Settings
 from turnkeeper.models import TurnState
 from turnkeeper.store import SessionStore, open_store
+from turnkeeper.worker.dev_server import is_healthy, start_dev_command
 from turnkeeper.worker.main import run_worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +68,105 @@ def free_port() -> int:
             sock.bind(("127.0.0.1", port))
             return port
     raise RuntimeError(f"no free port in {_PORT_BLOCK}")
+
+
+# -- a dev server of its own ----------------------------------------------------------
+
+DEV_SERVER_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Server:
+    address: str
+    pid: int
+    http_address: str  # Temporal's HTTP API, as `turnkeeper status` asks it
+
+
+@contextlib.asynccontextmanager
+async def dev_server(
+    tmp: Path,
+    dynamic_config: dict[str, object] | None = None,
+    cli_defaults: bool = False,
+    metrics_port: int | None = None,
+    attempts: int = 1,
+) -> AsyncIterator[Server]:
+    """The embedded server's `temporal server start-dev` on a free port, with its
+    SQLite file in `tmp` (`cli_defaults`: without its tuning; `metrics_port`: its
+    Prometheus metrics served there); stopped on the way out.
+
+    The dev server picks the ports of its internal services itself and can pick
+    the one just chosen for the frontend: it then panics a moment after turning
+    healthy. With `attempts` > 1, a start is looked at again 1.5 s after it
+    turned healthy, and one that died is made again on other ports."""
+    for attempt in range(1, attempts + 1):
+        port, http_port = free_port(), free_port()
+        address = f"127.0.0.1:{port}"
+        suffix = "" if attempt == 1 else f"-{attempt}"
+        cmd = start_dev_command(
+            port,
+            tmp / f"temporal{suffix}.db",
+            log_level="error",
+            http_port=http_port,
+            dynamic_config=dynamic_config,
+            cli_defaults=cli_defaults,
+        )
+        if metrics_port is not None:
+            cmd += ["--metrics-port", str(metrics_port)]
+        log_path = tmp / f"temporal-server{suffix}.log"
+        # Own session: a Ctrl-C at the terminal reaches only us, and we stop the server last.
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        try:
+            deadline = time.monotonic() + DEV_SERVER_START_TIMEOUT_S
+            while not await is_healthy(address) and proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            if attempts > 1 and proc.poll() is None:
+                await asyncio.sleep(1.5)  # past the internal services' start-up
+            if proc.poll() is not None or not await is_healthy(address):
+                if attempt < attempts:
+                    continue
+                raise RuntimeError(f"the Temporal dev server did not start:\n{log_path.read_text()[-800:]}")
+            yield Server(address, proc.pid, f"127.0.0.1:{http_port}")
+            return
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# -- statistics ---------------------------------------------------------------------------
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of the distribution `values`
+    were drawn from: the k-th lowest and k-th highest value, with k as large as
+    keeps the chance of covering it at least `level` (binomial order statistics).
+    Returns (low, high, that chance). Six rounds give their whole range (97%);
+    twelve, the third lowest to the third highest (96%); sixty, the 22nd (97%)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no values")
+    k, coverage = 1, 1 - 2 * 0.5**n
+    while k + 1 <= n // 2:
+        wider_k = k + 1
+        # Coverage of [x(k), x(n-k+1)]: 1 - 2 P(Binomial(n, 1/2) <= k - 1).
+        chance = 1 - 2 * sum(math.comb(n, i) for i in range(wider_k)) / 2**n
+        if chance < level:
+            break
+        k, coverage = wider_k, chance
+    return ordered[k - 1], ordered[n - k], coverage
 
 
 async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:

@@ -1,4 +1,4 @@
-"""A short run of the chaos harness (bench/chaos.py): three worker processes,
+"""A short run of the chaos harness (tests/chaos/): three worker processes,
 SIGKILLed at random while chats send messages, follow-ups and retried ids,
 their users press Continue, Dismiss and Stop at random moments (by
 turnkeeper.client.decide or as bare signals, stale ids among them), a burst of
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-import bench.chaos as chaos
-from bench.chaos_base import Action, ActionLog, error_kind, percentile
-from bench.chaos_check import ended_by_reconciler, held_by_killed_workers, no_worker_gaps, unserved_s
-from bench.chaos_infra import WorkerPool, WorkerProc
+import tests.chaos.harness as chaos
+from tests.chaos.base import Action, ActionLog, error_kind, percentile
+from tests.chaos.check import ended_by_reconciler, held_by_killed_workers, no_worker_gaps, unserved_s
+from tests.chaos.infra import WorkerPool, WorkerProc
 from tests.pg import PG_URL, pg_admin
 
 

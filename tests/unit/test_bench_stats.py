@@ -1,5 +1,6 @@
-"""The interval the benchmarks put around a median round ratio (bench/_common.py):
-it decides whether a throughput goal is reported as told apart from noise."""
+"""The interval the benchmarks put around a median round ratio (tests/support.py,
+which bench/_common.py imports it from): it decides whether a throughput goal is
+reported as told apart from noise."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from bench._common import median_interval
+from tests.support import median_interval
 
 
 def _coverage(n: int, k: int) -> float:

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from bench.chaos_base import CLOSED_TURN
+from tests.chaos.base import CLOSED_TURN
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 # How often a `cut` outage cuts the role's sessions off again.

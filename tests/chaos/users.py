@@ -4,7 +4,7 @@ turnkeeper.client.decide, which signals and reads the answer back from `state`, 
 by a bare signal; with current, stale and made-up recovery ids), sends bursts of large
 follow-ups while a tool runs; a gate driver answers every gate; and after the
 run a probe message goes to every chat. Every action's answer time is recorded.
-See bench/chaos.py."""
+See tests/chaos/harness.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio.client import WorkflowExecutionStatus
 
-from bench.chaos_base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
+from tests.chaos.base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
 from turnkeeper import client as tk
 from turnkeeper.models import UserMessage
 from turnkeeper.store import SessionStore, StoreError, open_store
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from temporalio.client import Client
 
-    from bench.chaos_base import ActionLog, ChaosConfig
+    from tests.chaos.base import ActionLog, ChaosConfig
     from turnkeeper.config import Settings
 
 

@@ -1,6 +1,6 @@
 """What the chaos harness's parts share: its configuration, its report, the
 per-chat bookkeeping, the record of every user action and small helpers.
-See bench/chaos.py."""
+See tests/chaos/harness.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 
 TOOL = "ledger_write"
 CONFIRM_TOOL = "ledger_confirm"  # asks first: runs only once its user approved the call
-TOOL_MODULE = "bench.chaos_tools"
+TOOL_MODULE = "tests.chaos.tools"
 TASK_QUEUE = "chaos"
 WORKER_READY_LINE = "worker serving task queue"
 # Workflow task failures that are part of normal operation, not bugs.
@@ -67,7 +67,7 @@ class ChaosConfig:
     burst_bytes: tuple[int, int] = (40_000, 60_000)  # bytes per follow-up
     burst_gap_s: float = 0.05  # pause between a burst's sends: uniform 0..this
     oversize: float = 0.3  # P(a burst also holds one message over the single-message limit)
-    # store outages (bench/chaos_store.py: a held write lock; on PostgreSQL also read-only, cut sessions)
+    # store outages (tests/chaos/store.py: a held write lock; on PostgreSQL also read-only, cut sessions)
     outages: int | None = None  # outages to make, paced over the target turns (None: turns // 60)
     outage_s: tuple[float, float] = (3.0, 12.0)  # how long each lasts
     outage_kinds: tuple[str, ...] | None = None  # these in turn; None: the store's kinds at random

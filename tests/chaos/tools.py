@@ -1,8 +1,8 @@
-"""The tool of the chaos harness (bench/chaos.py): a slow side effect that
+"""The tool of the chaos harness (tests/chaos/harness.py): a slow side effect that
 leaves a trace in a ledger file before and after it acts, so that the harness
 can count executions across worker processes, SIGKILLs included.
 
-    TURNKEEPER_TOOL_MODULES=bench.chaos_tools TURNKEEPER_TOOLS=ledger_write,ledger_confirm CHAOS_LEDGER=/path/ledger.txt
+    TURNKEEPER_TOOL_MODULES=tests.chaos.tools TURNKEEPER_TOOLS=ledger_write,ledger_confirm CHAOS_LEDGER=/path/ledger.txt
 
 `ledger_confirm` is the same side effect from a tool that asks first
 (`confirm=True`): a call runs only once its user approved it; its lines name it.

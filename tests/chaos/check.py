@@ -1,7 +1,7 @@
 """The chaos harness's checker: reads the store (through its API, as any backend
 serves it), the ledger, the worker logs, the harness's own records and every
 workflow history after a run, and counts each invariant's violations. See
-bench/chaos.py for the invariants."""
+tests/chaos/harness.py for the invariants."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from bench.chaos_base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report, percentile
-from bench.chaos_infra import unanswered_tool_calls
+from tests.chaos.base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report, percentile
+from tests.chaos.infra import unanswered_tool_calls
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
@@ -28,7 +28,7 @@ from turnkeeper.replay_watch import FailureWatch
 from turnkeeper.store import SessionStore, TranscriptRow, open_store
 
 if TYPE_CHECKING:
-    from bench.chaos import Chaos
+    from tests.chaos.harness import Chaos
 
 LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
 QUERY_CATCH_UP = "QueryCatchUp"

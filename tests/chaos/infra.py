@@ -1,5 +1,5 @@
 """The chaos harness's surroundings: the fake model and the worker processes
-(its Temporal dev server is bench/_common.py's). See bench/chaos.py."""
+(its Temporal dev server is tests/support.py's `dev_server`). See tests/chaos/harness.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._common import ROOT
-from bench.chaos_base import CONFIRM_TOOL, TOOL, ChaosConfig
+from tests.chaos.base import CONFIRM_TOOL, TOOL, ChaosConfig
+from tests.support import ROOT
 from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION
 
 SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
