@@ -229,8 +229,8 @@ def test_a_workers_serving_time_is_read_from_its_log(tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))
     log.write_text(
-        f"{stamp},250 INFO turnkeeper.worker.main: registered search attributes []\n"
-        f"{stamp},500 INFO turnkeeper.worker.main: worker serving task queue 'q' (model demo)\n"
+        f"{stamp},250 INFO turnkeeper.worker: registered search attributes []\n"
+        f"{stamp},500 INFO turnkeeper.worker: worker serving task queue 'q' (model demo)\n"
     )
     w = WorkerProc(0, proc=None, log=log, started=time.monotonic() - 6)  # type: ignore[arg-type]
     w.look_for_serving()
