@@ -5,7 +5,8 @@ It looks only at the last history row:
 - a tool row: a final answer summarising the tool results of this turn;
 - a user row `write <path>: <content>`, `read <path>`, `list` / `ls [path]`,
   `run <command>`: a call to write_file / read_file / list_dir / exec (if that
-  tool is enabled);
+  tool is enabled); `call <tool> {json arguments}`: a call to any enabled tool
+  (an MCP server's `<server>__<tool>` among them);
 - anything else: a friendly echo with a hint.
 """
 
@@ -33,9 +34,10 @@ _WRITE = re.compile(r"^write\s+(?P<path>[^:\n]+?)\s*:[ \t]?(?P<content>.*)\Z", r
 _READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
 _RUN = re.compile(r"^run\s+(?P<command>\S.*?)\s*\Z", re.I | re.S)
 _LIST = re.compile(r"^(?:list|ls)(?:\s+(?P<path>\S.*?))?\s*\Z", re.I | re.S)
+_CALL = re.compile(r"^call\s+(?P<tool>[A-Za-z0-9_-]+)(?:\s+(?P<arguments>\{.*\}))?\s*\Z", re.S)
 
 
-def _parse_command(text: str) -> tuple[str, dict[str, str]] | None:
+def _parse_command(text: str) -> tuple[str, dict[str, object]] | None:
     text = text.strip()
     if m := _WRITE.match(text):
         return "write_file", {"path": m["path"], "content": m["content"]}
@@ -45,6 +47,12 @@ def _parse_command(text: str) -> tuple[str, dict[str, str]] | None:
         return "exec", {"command": m["command"]}
     if m := _LIST.match(text):
         return "list_dir", {"path": m["path"] or "."}
+    if m := _CALL.match(text):
+        try:
+            arguments = json.loads(m["arguments"] or "{}")
+        except json.JSONDecodeError:
+            return None
+        return (m["tool"], arguments) if isinstance(arguments, dict) else None
     return None
 
 

@@ -158,6 +158,22 @@ async def test_demo_write_read_list() -> None:
         assert call.name == "list_dir" and json.loads(call.arguments) == {"path": path}
 
 
+async def test_demo_calls_any_enabled_tool_by_name() -> None:
+    """`call <tool> {json}`: how a newcomer tries an MCP server's tools with the demo model."""
+    mcp = ToolSpec(name="time__get_current_time", description="now", parameters={"type": "object"})
+    demo = DemoProvider()
+    reply = await demo.complete(
+        [user('call time__get_current_time {"timezone": "UTC"}')], [*TOOLS, mcp], call_index=0
+    )
+    (call,) = reply.tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("time__get_current_time", {"timezone": "UTC"})
+    (call,) = (await demo.complete([user("call list_dir")], TOOLS, call_index=0)).tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("list_dir", {})
+    refused = await demo.complete([user("call time__get_current_time {}")], TOOLS, call_index=0)
+    assert "not enabled" in (refused.text or "")
+    assert (await demo.complete([user("call x {not json}")], TOOLS, call_index=0)).is_final
+
+
 async def test_demo_echoes_with_a_hint() -> None:
     reply = await DemoProvider().complete([user("hello there")], TOOLS, call_index=0)
     assert reply.is_final
