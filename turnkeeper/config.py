@@ -118,6 +118,16 @@ def _address(raw: str) -> str:
     return raw
 
 
+def _http_address(raw: str) -> str:
+    if raw.startswith("https://"):
+        host = raw.removeprefix("https://").rstrip("/")
+        if host and "/" not in host and (":" not in host or split_address(host)):
+            return raw
+        raise ValueError("must be https://host or https://host:port")
+    split_address(raw.removeprefix("http://").rstrip("/"))
+    return raw
+
+
 def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if not pattern.fullmatch(raw):
@@ -221,11 +231,13 @@ class Settings:
     temporal_http_address: str | None = _var(
         "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
         None,
-        shown="the embedded server's; with `TEMPORAL_ADDRESS`, none (gRPC)",
+        _http_address,
+        shown="the embedded server's; with `TEMPORAL_ADDRESS`, none: set it for `status` and `list`",
     )
-    """`host:port` of Temporal's HTTP API, which `turnkeeper status`, `list` and `send` use
-    instead of loading the SDK; they fall back to gRPC when it does not answer, when a payload
-    is not plain JSON, or (`send`) with encryption keys or tracing set. CLI only"""
+    """Temporal's HTTP API, which `turnkeeper status` and `list` read instead of loading the
+    SDK: `host:port`, or `https://host[:port]` (Temporal Cloud: `https://<namespace>.<account>.tmprl.cloud`,
+    with `TEMPORAL_API_KEY`, or with `TEMPORAL_TLS_CLIENT_CERT_PATH` and `TEMPORAL_TLS_CLIENT_KEY_PATH`
+    for mTLS; `TEMPORAL_TLS_SERVER_CA_CERT_PATH` for a private CA). CLI only"""
     task_queue: str = _var("TURNKEEPER_TASK_QUEUE", "turnkeeper")
     """task queue, the same for every worker and client"""
     data_dir: Path = _var("TURNKEEPER_DATA_DIR", Path(".turnkeeper"), Path, "`./.turnkeeper`")

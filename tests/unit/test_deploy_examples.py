@@ -272,7 +272,7 @@ def _cloud(name: str) -> dict[str, str | None]:
     # Names the settings read, or temporalio.envconfig reads for them: a rename breaks this.
     unknown = set(variables) - set(config.ENV_VARS) - set(config.TEMPORAL_CONNECTION_ENV_VARS)
     assert not unknown, f"{name}: nothing reads {sorted(unknown)}"
-    # The CLI's HTTP reads speak plain HTTP without a key: on Cloud it uses gRPC.
+    # The worker's files: the CLI's HTTP address is the operator's to add (docs/operations.md).
     assert "TURNKEEPER_TEMPORAL_HTTP_ADDRESS" not in variables
     assert re.fullmatch(r"<namespace>\.<account-id>", variables["TEMPORAL_NAMESPACE"] or "")
     return variables

@@ -68,7 +68,8 @@ def temporal_http(settings: Settings) -> TemporalHttp:
         raise Refused(
             "this command reads Temporal over its HTTP API, and with TEMPORAL_ADDRESS set its "
             "address is not known: set TURNKEEPER_TEMPORAL_HTTP_ADDRESS to the frontend's HTTP "
-            "host:port (its `httpPort`, 7243 on a dev server)"
+            "host:port (its `httpPort`, 7243 on a dev server), or https://host for a TLS endpoint "
+            "such as Temporal Cloud's"
         )
     try:
         return TemporalHttp(

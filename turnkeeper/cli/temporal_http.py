@@ -15,8 +15,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import re
-from collections.abc import Iterator, Sequence
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -137,12 +139,21 @@ class TemporalHttp:
         keys: Sequence[EncryptionKey] = (),
         timeout: float = 10.0,
         connect_timeout: float = 0.5,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        host, _, port = address.removeprefix("http://").rstrip("/").rpartition(":")
+        """`address`: `host:port`, or `https://host[:port]`; over TLS `env`'s (os.environ's)
+        TEMPORAL_API_KEY and TEMPORAL_TLS_* variables apply, as the SDK reads them."""
+        self._tls = address.startswith("https://")
+        rest = address.removeprefix("https://").removeprefix("http://").rstrip("/")
+        host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "443" if self._tls else "")
         if not host or not port.isdigit():
             raise Unreachable(f"not a host:port address: {address!r}")
         self.address = f"{host}:{port}"
         self._host, self._port = host, int(port)
+        self._env = os.environ if env is None else env
+        self._auth: dict[str, str] = {}
+        if api_key := (self._env.get("TEMPORAL_API_KEY") or "").strip():
+            self._auth = {"Authorization": f"Bearer {api_key}", "temporal-namespace": namespace}
         self._prefix = f"/api/v1/namespaces/{quote(namespace, safe='')}"
         self._keys = keys
         self._timeout, self._connect_timeout = timeout, connect_timeout
@@ -206,7 +217,7 @@ class TemporalHttp:
                 method,
                 self._prefix + path,
                 body=data,
-                headers={"Content-Type": "application/json", "Accept": "application/json"},
+                headers={"Content-Type": "application/json", "Accept": "application/json", **self._auth},
             )
             response = conn.getresponse()
             raw = response.read()
@@ -230,7 +241,13 @@ class TemporalHttp:
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+            conn = (
+                http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._connect_timeout, context=self._tls_context()
+                )
+                if self._tls
+                else http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+            )
             try:
                 conn.connect()
             except OSError as err:
@@ -240,3 +257,16 @@ class TemporalHttp:
             conn.sock.settimeout(self._timeout)
             self._conn = conn
         return self._conn
+
+    def _tls_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self._env.get("TEMPORAL_TLS_SERVER_CA_CERT_PATH") or None)
+        cert, key = (
+            self._env.get("TEMPORAL_TLS_CLIENT_CERT_PATH"),
+            self._env.get("TEMPORAL_TLS_CLIENT_KEY_PATH"),
+        )
+        if cert and key:  # mTLS
+            try:
+                context.load_cert_chain(cert, key)
+            except (OSError, ssl.SSLError) as err:
+                raise Unreachable(f"TEMPORAL_TLS_CLIENT_CERT_PATH / _KEY_PATH: {err}") from None
+        return context
