@@ -269,9 +269,10 @@ class DecisionPending(Exception):
 
 DECISION_WAIT_S = 10.0
 # A query handed to a worker that dies with it is answered by nobody until its RPC
-# times out: each attempt gets this long at first (a cold replay takes well under it),
-# then twice as long, so a lost query is asked again within seconds.
-QUERY_ATTEMPT_S = 2.0
+# times out: each attempt gets this long at first, then twice as long, so a lost query
+# is asked again within seconds. 5 s covers a task held by a killed worker (2 s) and a
+# cold replay on a busy worker; a shorter cut only makes a busy worker replay again.
+QUERY_ATTEMPT_S = 5.0
 
 
 async def decide(
