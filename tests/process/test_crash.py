@@ -54,11 +54,13 @@ def _slow_write(stack: Stack, path: str, seconds: int, answer: str) -> Path:
 
 
 async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
-    ledger = _slow_write(stack, "k.txt", 6, "I could not confirm the write; please check k.txt")
+    tool_s = 6
+    ledger = _slow_write(stack, "k.txt", tool_s, "I could not confirm the write; please check k.txt")
     first = stack.spawn_worker()
     chat = stack.chat("crash")
     await stack.send(chat, "write k.txt slowly")
     await _wait_for_line(ledger, "start")
+    started = time.monotonic()
     stack.kill(first)  # SIGKILL while the tool is acting
     stack.spawn_worker()
 
@@ -72,7 +74,8 @@ async def test_sigkill_mid_write_tool_never_runs_it_again(stack: Stack) -> None:
         "tool_call_id": hist[1]["tool_calls"][0]["id"],
         "name": "slow_write",
     }
-    await asyncio.sleep(8)  # longer than the tool would have taken: nobody re-ran it
+    # Past the time the tool would have taken, with 2 s to spare: nobody re-ran it.
+    await asyncio.sleep(started + tool_s + 2 - time.monotonic())
     assert ledger.read_text().split("\n")[:-1] == [f"start {chat}/1/{hist[1]['tool_calls'][0]['id']}"]
 
     resumed = await stack.decide(chat, "continue", state.recovery_id)
