@@ -232,7 +232,7 @@ class Settings:
         "TURNKEEPER_TEMPORAL_HTTP_ADDRESS",
         None,
         _http_address,
-        shown="the embedded server's; with `TEMPORAL_ADDRESS`, none: set it for `status` and `list`",
+        shown="the embedded server's; with `TEMPORAL_ADDRESS`, none (`status` and `list` then use gRPC)",
     )
     """Temporal's HTTP API, which `turnkeeper status` and `list` read instead of loading the
     SDK: `host:port`, or `https://host[:port]` (Temporal Cloud: `https://<namespace>.<account>.tmprl.cloud`,

@@ -591,9 +591,9 @@ async def test_status_and_dismiss_of_a_turn_whose_recovery_failed(stack: Stack) 
 
 
 async def test_status_and_list_read_temporal_over_its_http_api(stack: Stack) -> None:
-    """`status` and `list` read Temporal over its HTTP API, their one way to it: without
-    its address (TEMPORAL_ADDRESS set, TURNKEEPER_TEMPORAL_HTTP_ADDRESS not) or with
-    nothing listening there they refuse in words, exit 1."""
+    """`status` and `list` read Temporal over its HTTP API; with only TEMPORAL_ADDRESS
+    (the HTTP port unknown) over gRPC; with nothing listening at the HTTP address they
+    refuse in words, exit 1."""
     stack.script(  # each chat's model calls in turn: `waiting` has a second turn, which fails
         [
             {"tool_calls": [{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}]},
@@ -641,10 +641,18 @@ async def test_status_and_list_read_temporal_over_its_http_api(stack: Stack) -> 
         await asyncio.sleep(0.2)
     assert waiting not in [r["chat_id"] for r in awaiting]
 
-    for address, words in (
-        ("", "set TURNKEEPER_TEMPORAL_HTTP_ADDRESS"),
-        ("127.0.0.1:1", "cannot reach Temporal's HTTP API at 127.0.0.1:1"),
-    ):
+    # With TEMPORAL_ADDRESS alone the HTTP API's port is unknown: they read over gRPC.
+    stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = ""
+    try:
+        over_grpc = await tk(stack, "status", done, "--json")
+        assert over_grpc.returncode == 0, over_grpc.stderr
+        assert json.loads(over_grpc.stdout)["status"] == "completed"
+        listed = json.loads((await tk(stack, "list", "--json")).stdout)
+        assert {r["chat_id"] for r in listed} >= {waiting, done}
+        assert (await tk(stack, "status", stack.chat("never"))).returncode == 1
+    finally:
+        del stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"]
+    for address, words in (("127.0.0.1:1", "cannot reach Temporal's HTTP API at 127.0.0.1:1"),):
         stack.env_extra["TURNKEEPER_TEMPORAL_HTTP_ADDRESS"] = address
         try:
             for args in (("status", waiting), ("list",)):

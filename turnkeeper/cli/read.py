@@ -2,7 +2,8 @@
 
 Each has one way to what it reads. `status` and `list` read Temporal over its
 HTTP API (turnkeeper.cli.temporal_http): the SDK's import alone would take
-longer than either may take in all. `status` also reads the store when no run
+longer than either may take in all. Only where that API's address is unknown
+(TEMPORAL_ADDRESS alone) do they read over gRPC (turnkeeper.cli.temporal_grpc). `status` also reads the store when no run
 holds the turn or no worker answers; `history` and `events` read only the
 store. Each returns its exit code (a coroutine of it for those that always
 read the store) or raises `Refused`; `turnkeeper.cli` dispatches here.
@@ -54,6 +55,7 @@ from turnkeeper.statuses import (
 )
 
 if TYPE_CHECKING:
+    from turnkeeper.cli.temporal_grpc import TemporalGrpc
     from turnkeeper.models import TurnState
 
 EVENTS_PAGE = 1000
@@ -62,15 +64,20 @@ EVENTS_PAGE = 1000
 QUERY_TRIES = 3
 
 
-def temporal_http(settings: Settings) -> TemporalHttp:
+def temporal_http(settings: Settings) -> TemporalHttp | TemporalGrpc:
+    """Temporal's HTTP API where its address is known (the embedded server's, or
+    TURNKEEPER_TEMPORAL_HTTP_ADDRESS); with only TEMPORAL_ADDRESS, its gRPC API."""
     address = settings.http_api_address
     if address is None:
-        raise Refused(
-            "this command reads Temporal over its HTTP API, and with TEMPORAL_ADDRESS set its "
-            "address is not known: set TURNKEEPER_TEMPORAL_HTTP_ADDRESS to the frontend's HTTP "
-            "host:port (its `httpPort`, 7243 on a dev server), or https://host for a TLS endpoint "
-            "such as Temporal Cloud's"
-        )
+        from turnkeeper.cli.temporal_grpc import TemporalGrpc
+
+        try:
+            return TemporalGrpc(settings, QUERY_TIMEOUT.total_seconds())
+        except Unreachable as err:
+            raise Refused(
+                f"cannot reach Temporal at {settings.temporal_address} ({err}); is the worker running? "
+                "Start it with `turnkeeper worker`."
+            ) from None
     try:
         return TemporalHttp(
             address,
@@ -82,7 +89,7 @@ def temporal_http(settings: Settings) -> TemporalHttp:
         raise Refused(f"TURNKEEPER_TEMPORAL_HTTP_ADDRESS: {err}") from None
 
 
-def unreachable(api: TemporalHttp, err: Exception) -> Refused:
+def unreachable(api: TemporalHttp | TemporalGrpc, err: Exception) -> Refused:
     return Refused(
         f"cannot reach Temporal's HTTP API at {api.address} ({err}); is the worker running? "
         "Start it with `turnkeeper worker`."
