@@ -39,8 +39,8 @@ lint: setup
 
 # The tests mostly wait on timers and other processes: TEST_PROCESSES runs them in
 # parallel (pytest-xdist), each process with its own dev server; tests of one
-# xdist_group run in one process, one at a time.
-TEST_PROCESSES ?= 3
+# xdist_group run in one process, one at a time. On 2 cores 4 beat 2 and 3.
+TEST_PROCESSES ?= 4
 
 test: lint
 	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_PROCESSES) --dist loadgroup
