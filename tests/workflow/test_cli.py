@@ -15,11 +15,13 @@ from tests.support import Stack
 TURNKEEPER = str(Path(sys.executable).parent / "turnkeeper")
 
 
-async def tk(stack: Stack, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+async def tk(
+    stack: Stack, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     proc = await asyncio.create_subprocess_exec(
         TURNKEEPER,
         *args,
-        env=stack.env(),
+        env=stack.env() if env is None else env,
         cwd=stack.dir,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -707,33 +709,13 @@ async def test_a_temporal_toml_profile_names_the_server(stack: Stack) -> None:
         f'[profile.tests]\naddress = "{stack.address}"\nnamespace = "default"\n'
     )
     env = {k: v for k, v in stack.env().items() if k != "TEMPORAL_ADDRESS"}
-    env.update(TEMPORAL_CONFIG_FILE=str(config), TEMPORAL_PROFILE="tests")
-    proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER,
-        "send",
-        stack.chat("profile"),
-        "hi",
-        env=env,
-        cwd=stack.dir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
-    assert "hello from the profile's server" in out.decode()
-    env["TEMPORAL_PROFILE"] = "nowhere"
-    proc = await asyncio.create_subprocess_exec(
-        TURNKEEPER,
-        "send",
-        stack.chat("profile"),
-        "hi",
-        env=env,
-        cwd=stack.dir,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 2 and "has no [profile.nowhere]" in err.decode()
+    env["TEMPORAL_CONFIG_FILE"] = str(config)
+
+    sent = await tk(stack, "send", stack.chat("profile"), "hi", env={**env, "TEMPORAL_PROFILE": "tests"})
+    assert sent.returncode == 0, sent.stderr
+    assert "hello from the profile's server" in sent.stdout
+    missing = await tk(stack, "send", stack.chat("profile"), "hi", env={**env, "TEMPORAL_PROFILE": "nowhere"})
+    assert missing.returncode == 2 and "has no [profile.nowhere]" in missing.stderr
 
 
 async def test_every_command_speaks_json(stack: Stack) -> None:
