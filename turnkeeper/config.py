@@ -400,6 +400,8 @@ class Settings:
             raise ConfigError("; ".join(problems))
         if "temporal_address" not in values:
             # As the `temporal` CLI does: a profile of temporal.toml names the server.
+            from turnkeeper.temporal_profile import temporal_profile
+
             profile = temporal_profile(env)
             if profile.get("address"):
                 values["temporal_address"] = str(profile["address"])
@@ -484,32 +486,6 @@ TEMPORAL_CONNECTION_MEANING = (
     '(which also turns TLS on; Temporal Cloud), mTLS ([operations.md](operations.md), "Running on several '
     'machines")'
 )
-
-
-def temporal_profile(env: Mapping[str, str]) -> dict[str, Any]:
-    """The profile `temporal` would use (TEMPORAL_PROFILE, else `default`) of its config
-    file (TEMPORAL_CONFIG_FILE, else temporal.toml in the user's config directory); empty
-    when there is none. Read with the standard library: the SDK's loader costs the CLI
-    its start-up time; the SDK reads the same profile's TLS and API key when it connects."""
-    import tomllib
-
-    named = (env.get("TEMPORAL_PROFILE") or "").strip()
-    path = Path(env.get("TEMPORAL_CONFIG_FILE") or "").expanduser()
-    if not str(path) or str(path) == ".":
-        base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
-        path = Path(base) / "temporalio" / "temporal.toml"
-    try:
-        profiles = tomllib.loads(path.read_text()).get("profile", {})
-    except FileNotFoundError:
-        if named:
-            raise ConfigError(f"TEMPORAL_PROFILE={named}: there is no config file {path}") from None
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"Temporal config file {path}: {err}") from None
-    profile = profiles.get(named or "default")
-    if profile is None and named:
-        raise ConfigError(f"TEMPORAL_PROFILE={named}: {path} has no [profile.{named}]")
-    return profile if isinstance(profile, dict) else {}
 
 
 def _in_words(name: str, raw: str, problem: str, shown: bool) -> str:
