@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnStatus, UserMessage
+from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnState, TurnStatus, UserMessage
 
 BEGIN_TURN = "turnkeeper.begin_turn"
 ADOPT_TURN = "turnkeeper.adopt_turn"
@@ -149,6 +149,12 @@ class UpdateTurnInput(BaseModel):
     """With FINISH_TURN: an assistant row that closes the turn (interruption notice)."""
     commit_messages: list[UserMessage] = Field(default_factory=list)
     """With FINISH_TURN: follow-ups to commit as user rows without model work."""
+
+    @classmethod
+    def of(cls, s: TurnState) -> UpdateTurnInput:
+        """The turn row as the workflow's state has it."""
+        fields = ("chat_id", "turn", "status", "reason", "recovery_id", "can_continue", "attempts", "detail")
+        return cls(**{name: getattr(s, name) for name in fields})
 
 
 class TurnWriteResult(BaseModel):

@@ -297,7 +297,7 @@ async def decide(
     from temporalio.service import RPCError
 
     from turnkeeper.models import TurnState
-    from turnkeeper.workflows.recovery import NOT_RUNNING, NOT_WAITING
+    from turnkeeper.recovery import NOT_RUNNING, NOT_WAITING
 
     if run_id is None:
         run_id = (await client.get_workflow_handle(workflow_id(chat_id)).describe()).run_id

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from turnkeeper import recovery
 from turnkeeper.models import DISMISSED_TEXT, Reason, TurnRecord, TurnState, TurnStatus
-from turnkeeper.workflows import recovery
 
 if TYPE_CHECKING:
     from turnkeeper.store import SessionStore

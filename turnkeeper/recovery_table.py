@@ -4,7 +4,7 @@ status, each cell in words (docs/recovery.md embeds it; a test keeps it current)
 from __future__ import annotations
 
 from turnkeeper.models import Reason, TurnStatus
-from turnkeeper.workflows.recovery import Effect, Input, decide
+from turnkeeper.recovery import Effect, Input, decide
 
 # What each effect means, in the words of the table in docs/recovery.md.
 EFFECT_TEXT: dict[Effect, str] = {

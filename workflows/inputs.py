@@ -19,6 +19,8 @@ from temporalio.common import RawValue
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from turnkeeper import recovery
+    from turnkeeper.inbox import wire_size
     from turnkeeper.models import (
         DecisionRecord,
         NewEvent,
@@ -28,15 +30,13 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
-    from turnkeeper.workflows import recovery
-    from turnkeeper.workflows.inbox import wire_size
+    from turnkeeper.recovery import Effect, Input
     from turnkeeper.workflows.payloads import (
         Undecodable,
         decode_payload,
         first_error,
         message_id_of,
     )
-    from turnkeeper.workflows.recovery import Effect, Input
 
 if TYPE_CHECKING:
     from turnkeeper.workflows.turn_loop import Turn

@@ -22,15 +22,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io
+    from turnkeeper import activity_io, recovery
     from turnkeeper import models as rows
+    from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.models import (
         OPEN_STATUSES,
         TURN_TASK_TIMEOUT,
@@ -48,14 +49,9 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
-    from turnkeeper.search_attributes import (
-        CHAT_ID_ATTR,
-        RECOVERY_REASON_ATTR,
-        TURN_STATUS_ATTR,
-    )
+    from turnkeeper.search_attributes import CHAT_ID_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
     from turnkeeper.telemetry import metrics
-    from turnkeeper.workflows import recovery, steps
-    from turnkeeper.workflows.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.workflows import steps
     from turnkeeper.workflows.input_queue import InputQueue
     from turnkeeper.workflows.inputs import (
         Decision,
@@ -66,6 +62,8 @@ with workflow.unsafe.imports_passed_through():
         take_decision,
         take_message,
     )
+
+R = TypeVar("R")
 
 # A run started without a message (`temporal workflow start`, say) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
@@ -128,9 +126,8 @@ class Turn:
     # -- what `state` shows ------------------------------------------------------------
     def query(self) -> TurnState:
         held_back = [] if self._call_running else self.inbox.in_flight
-        return self.state.model_copy(
-            update={"pending_followups": [m.message_id for m in held_back + self.inbox.waiting]}
-        )
+        pending = [m.message_id for m in held_back + self.inbox.waiting]
+        return self.state.model_copy(update={"pending_followups": pending})
 
     # -- inputs: taken one at a time, in history order -------------------------------------
     def take(self, inp: TurnInput) -> None:
@@ -141,11 +138,6 @@ class Turn:
         else:
             self.inputs.take_end(inp)
 
-    def watch(
-        self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None
-    ) -> None:
-        self.inputs.watch(future, then)
-
     async def until(self, done: Callable[[], bool]) -> None:
         while not done():
             self.take(await self.inputs.next())
@@ -154,7 +146,7 @@ class Turn:
         """Take inputs until every future has ended; Stop, Dismiss or a newer message
         cancel them (`cancel_on_end`) and the wait goes on until they have stopped."""
         for future in futures:
-            self.watch(future)
+            self.inputs.watch(future)
         cancelled = False
         while not all(f in self.inputs.ended for f in futures):
             if cancel_on_end and self.ending is not None and not cancelled:
@@ -193,7 +185,7 @@ class Turn:
             summary="announce refusals",
             patient=True,
         )
-        self.watch(self._announcing, self._announce_next)
+        self.inputs.watch(self._announcing, self._announce_next)
 
     def check_superseding(self, message_id: str) -> None:
         self._superseding.append(message_id)
@@ -207,7 +199,7 @@ class Turn:
             summary="is the newer message a retry?",
             patient=True,
         )
-        self.watch(check, self._superseding_checked)
+        self.inputs.watch(check, self._superseding_checked)
 
     def _superseding_checked(self, check: asyncio.Future[Any]) -> None:
         held = set(check.result().held)
@@ -253,7 +245,7 @@ class Turn:
 
     async def _first_message(self) -> bool:
         idle = asyncio.ensure_future(asyncio.sleep(IDLE_TIMEOUT.total_seconds()))
-        self.watch(idle)
+        self.inputs.watch(idle)
         await self.until(
             lambda: bool(self.inbox.waiting) or idle in self.inputs.ended or self.inputs.cancel_requested
         )
@@ -291,11 +283,8 @@ class Turn:
 
     async def _adopt(self, turn: int) -> activity_io.AdoptTurnResult:
         self.state.turn, self._turn_taken, self.under_way = turn, True, True
-        adopted: activity_io.AdoptTurnResult = await self._write(
-            activity_io.ADOPT_TURN,
-            activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn, run_id=workflow.info().run_id),
-            activity_io.AdoptTurnResult,
-        )
+        arg = activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn, run_id=workflow.info().run_id)
+        adopted = await self._write(activity_io.ADOPT_TURN, arg, activity_io.AdoptTurnResult)
         self.settings, self.settings_known = adopted.settings, True
         return adopted
 
@@ -357,16 +346,10 @@ class Turn:
             if not await self._ensure_turn():
                 return NO_TURN
             for chunk in chunks(self.inbox.in_flight):
-                await self._write(
-                    activity_io.COMMIT_MESSAGES,
-                    activity_io.CommitMessagesInput(
-                        chat_id=self.state.chat_id,
-                        turn=self.state.turn,
-                        messages=chunk,
-                        answer_lost_calls=after_loss,
-                    ),
-                    list[str],
+                arg = activity_io.CommitMessagesInput(
+                    **self._at(), messages=chunk, answer_lost_calls=after_loss
                 )
+                await self._write(activity_io.COMMIT_MESSAGES, arg, list[str])
                 self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
@@ -374,8 +357,7 @@ class Turn:
                 return ENDED
             call = steps.model_call(
                 activity_io.ModelCallInput(
-                    chat_id=self.state.chat_id,
-                    turn=self.state.turn,
+                    **self._at(),
                     step=step,
                     new_messages=self.inbox.in_flight,
                     closes_turn=not resuming,
@@ -411,16 +393,11 @@ class Turn:
                 return NO_TURN
             self.inbox.in_flight = []  # committed by the call
             if not result.recorded:
-                await self._write(
-                    activity_io.RECORD_ASSISTANT,
-                    activity_io.RecordAssistantInput(
-                        chat_id=self.state.chat_id,
-                        turn=self.state.turn,
-                        step=step,
-                        reply=result.reply,
-                        final=result.reply.is_final and not resuming,
-                    ),
+                final = result.reply.is_final and not resuming
+                record = activity_io.RecordAssistantInput(
+                    **self._at(), step=step, reply=result.reply, final=final
                 )
+                await self._write(activity_io.RECORD_ASSISTANT, record)
             # Stop, Dismiss or a newer message judged meanwhile: the reply stands in the
             # store, and the turn ends as its user said.
             return ENDED if self.ending is not None else result.reply
@@ -429,14 +406,8 @@ class Turn:
         self.settings, self.settings_known = began.settings, True
         for message in self.inbox.in_flight:
             if message.message_id in began.oversized_ids:
-                refuse_message(
-                    self,
-                    message.message_id,
-                    (
-                        f"message is {len(message.text.encode())} bytes; "
-                        f"the limit is {began.settings.max_message_bytes}"
-                    ),
-                )
+                size, limit = len(message.text.encode()), began.settings.max_message_bytes
+                refuse_message(self, message.message_id, f"message is {size} bytes; the limit is {limit}")
         left_out = set(began.duplicate_ids) | set(began.oversized_ids)
         self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in left_out]
         if began.turn is None:  # every message was one the chat holds, or refused: no turn
@@ -451,17 +422,14 @@ class Turn:
         if self.state.turn and self._turn_taken:
             return True
         # With no message in hand (the lost call committed them), only the turn it began is asked for.
-        began: activity_io.BeginTurnResult = await self._write(
-            activity_io.BEGIN_TURN,
-            activity_io.BeginTurnInput(
-                chat_id=self.state.chat_id,
-                run_id=workflow.info().run_id,
-                only_existing=not create or not self.inbox.in_flight,
-                message_ids=[m.message_id for m in self.inbox.in_flight],
-                message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight],
-            ),
-            activity_io.BeginTurnResult,
+        arg = activity_io.BeginTurnInput(
+            chat_id=self.state.chat_id,
+            run_id=workflow.info().run_id,
+            only_existing=not create or not self.inbox.in_flight,
+            message_ids=[m.message_id for m in self.inbox.in_flight],
+            message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight],
         )
+        began = await self._write(activity_io.BEGIN_TURN, arg, activity_io.BeginTurnResult)
         self._begun(began)
         return began.turn is not None
 
@@ -486,7 +454,7 @@ class Turn:
                         chat_id=self.state.chat_id, turn=self.state.turn, call=call, approved=approved
                     )
                 )
-                self.watch(handle, partial(_show_result, view=view))  # shown as each ends
+                self.inputs.watch(handle, partial(_show_result, view=view))  # shown as each ends
                 handles.append(handle)
             await self.wait(handles)
             again = []
@@ -520,26 +488,18 @@ class Turn:
             # It may or may not have acted: never run again. A result it recorded stands.
             view.status = ToolCallStatus.INTERRUPTED
             unstarted = refused or steps.never_started(err)
-            await self._record_tool(
-                call, "interrupted", rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT
-            )
+            text = rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT
+            await self._record_tool(call, "interrupted", text)
             return Reason.RESTART_REQUIRES_CONFIRMATION if unstarted else Reason.TOOL_STATE_UNKNOWN
         if not result.recorded:
             await self._record_tool(call, result.status, result.content)
         return None
 
     async def _record_tool(self, call: ToolCall, status: str, content: str) -> None:
-        await self._write(
-            activity_io.RECORD_TOOL_RESULT,
-            activity_io.RecordToolResultInput(
-                chat_id=self.state.chat_id,
-                turn=self.state.turn,
-                tool_call_id=call.id,
-                name=call.name,
-                status=status,
-                content=content,
-            ),
+        arg = activity_io.RecordToolResultInput(
+            **self._at(), tool_call_id=call.id, name=call.name, status=status, content=content
         )
+        await self._write(activity_io.RECORD_TOOL_RESULT, arg)
 
     # -- gates ------------------------------------------------------------------------------
     async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> Flow:
@@ -554,9 +514,7 @@ class Turn:
         recovery.open_gate(opened, reason, new_id, can_continue)
         opened.detail = detail
         # Persist, then announce: decisions are taken against the gate once it is written.
-        written: activity_io.TurnWriteResult = await self._write(
-            activity_io.UPDATE_TURN, _turn_write(opened), activity_io.TurnWriteResult
-        )
+        written = await self._write_turn(activity_io.UpdateTurnInput.of(opened))
         if self.ending is not None:
             await self._end()
             return ENDED
@@ -567,23 +525,19 @@ class Turn:
             setattr(self.state, name, getattr(opened, name))
         self.decided = False
         self._upsert()
-        workflow.set_current_details(
-            f"Waiting for the user: {reason.value}. Continue or Dismiss with "
-            f"recovery id {opened.recovery_id}."
-        )
+        ask = f"Continue or Dismiss with recovery id {opened.recovery_id}."
+        workflow.set_current_details(f"Waiting for the user: {reason.value}. {ask}")
         if self._count_gate:
             metrics.gate_opened(workflow.metric_meter(), reason.value)
         self._count_gate = True
         while not self.decided and self.ending is None:
-            self._hand_on_gate_if_long()
+            self._hand_on_if_long()
             self.take(await self.inputs.next())
         workflow.set_current_details("")
         if self.ending is not None:
             await self._end()
             return ENDED
-        written = await self._write(
-            activity_io.UPDATE_TURN, _turn_write(self.state), activity_io.TurnWriteResult
-        )
+        written = await self._write_turn(activity_io.UpdateTurnInput.of(self.state))
         if not written.written:
             return await self._store_ended(written)
         self.decided = False
@@ -595,15 +549,9 @@ class Turn:
         ending stands. What the lost call held goes to the next turn unless the store has it."""
         self.state.status, self.state.reason, self.state.approvals = written.status, written.reason, []
         if self.inbox.in_flight:
-            held: activity_io.HeldMessagesResult = await self._write(
-                activity_io.HELD_MESSAGES,
-                activity_io.HeldMessagesInput(
-                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]
-                ),
-                activity_io.HeldMessagesResult,
-            )
+            held = await self._stored(self.inbox.in_flight)
             self.inbox.return_in_flight()
-            self.inbox.drop(set(held.held))
+            self.inbox.drop(held)
         self._upsert()
         return ENDED
 
@@ -642,14 +590,8 @@ class Turn:
             return
         if self.inbox.in_flight:
             # A lost call may have committed them: the next turn takes only what the store lacks.
-            stored: activity_io.HeldMessagesResult = await self._write(
-                activity_io.HELD_MESSAGES,
-                activity_io.HeldMessagesInput(
-                    chat_id=self.state.chat_id, message_ids=[m.message_id for m in self.inbox.in_flight]
-                ),
-                activity_io.HeldMessagesResult,
-            )
-            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in set(stored.held)]
+            stored = await self._stored(self.inbox.in_flight)
+            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in stored]
         self.inbox.return_in_flight()
         denied = bool(self.held) and reason == Reason.DISMISSED
         if self.held:
@@ -673,23 +615,38 @@ class Turn:
         await self._finish(text, commit)
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
-        update = _turn_write(self.state)
+        update = activity_io.UpdateTurnInput.of(self.state)
         update.closing_text, update.commit_messages = closing_text, commit or []
-        written: activity_io.TurnWriteResult = await self._write(
-            activity_io.FINISH_TURN, update, activity_io.TurnWriteResult
-        )
+        written = await self._write_turn(update, activity_io.FINISH_TURN)
         if not written.written:  # a persisted completion wins
             self.state.status, self.state.reason = written.status, written.reason
         self._upsert()
 
     # -- store writes -----------------------------------------------------------------------------
-    async def _write(self, activity: str, arg: Any, result_type: Any = None) -> Any:
+    async def _write_turn(
+        self, row: activity_io.UpdateTurnInput, activity: str = activity_io.UPDATE_TURN
+    ) -> activity_io.TurnWriteResult:
+        """The turn's row as `row` has it (UPDATE_TURN), or its closing (FINISH_TURN)."""
+        return await self._write(activity, row, activity_io.TurnWriteResult)
+
+    def _at(self) -> dict[str, Any]:
+        """The chat and turn every step and write names."""
+        return {"chat_id": self.state.chat_id, "turn": self.state.turn}
+
+    async def _stored(self, messages: list[UserMessage]) -> set[str]:
+        """Which of `messages` the store holds (a lost call may have committed them)."""
+        ids = [m.message_id for m in messages]
+        arg = activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=ids)
+        held = await self._write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
+        return set(held.held)
+
+    async def _write(self, activity: str, arg: Any, result_type: type[R] | None = None) -> R:
         """A store write that waits out an outage: `store_unavailable` shows in `state`."""
         while True:
             handle = steps.store_write(activity, arg, result_type)
             await self.wait([handle], cancel_on_end=False)
             try:
-                result = handle.result()
+                result: R = handle.result()
             except ActivityError as err:
                 if steps.error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
                     raise  # the run fails; the reconciler finds its turn
@@ -702,9 +659,8 @@ class Turn:
         if not self.state.store_unavailable:
             self.state.store_unavailable = True
             self._store_wait_s = STORE_WAIT_FIRST_S
-            workflow.logger.warning(
-                "chat %s: the session store is unavailable, the turn waits: %s", self.state.chat_id, why
-            )
+            log = "chat %s: the session store is unavailable, the turn waits: %s"
+            workflow.logger.warning(log, self.state.chat_id, why)
         pause = asyncio.ensure_future(asyncio.sleep(self._store_wait_s))
         self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
         await self.wait([pause], cancel_on_end=cancel_on_end)
@@ -719,13 +675,12 @@ class Turn:
         if self._upserted == (self.state.status, reason):
             return
         self._upserted = (self.state.status, reason)
+        shown = RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset()
         workflow.upsert_search_attributes(
             [
                 CHAT_ID_ATTR.value_set(self.state.chat_id),
                 TURN_STATUS_ATTR.value_set(self.state.status.value),
-                RECOVERY_REASON_ATTR.value_set(reason.value)
-                if reason
-                else RECOVERY_REASON_ATTR.value_unset(),
+                shown,
             ]
         )
 
@@ -745,59 +700,32 @@ class Turn:
         info = workflow.info()
         return info.is_continue_as_new_suggested() or info.get_current_history_length() > RUN_HISTORY_EVENTS
 
-    def _hand_on_if_long(self, step: int) -> None:
-        if not (self._history_long() and self._quiet_now() and not self.held):
+    def _hand_on_if_long(self, step: int | None = None) -> None:
+        """A long history goes on in a fresh run of the same turn: between steps
+        (`step`) as a carried-on turn, at a gate as the same gate."""
+        if not (self._history_long() and self._quiet_now()) or (step is not None and self.held):
             return
-        state = self.state.model_copy(
-            update={
-                "pending_followups": [],
-                "approvals": [],
-                "decisions": [],
-                "tool_calls": self.state.tool_calls[-CARRIED_TOOL_CALLS:],
-            }
-        )
+        s, carry_on, gate = self.state, None, None
+        if step is not None:
+            kept: dict[str, Any] = {"pending_followups": [], "approvals": [], "decisions": []}
+            carried = s.model_copy(update={**kept, "tool_calls": s.tool_calls[-CARRIED_TOOL_CALLS:]})
+            carry_on = CarryOn(state=carried, step=step)
+        else:
+            assert s.reason is not None  # a gate always has one
+            self.inbox.return_in_flight()
+            gate = RecoveryStart(
+                turn=s.turn,
+                reason=s.reason,
+                can_continue=s.can_continue,
+                recovery_id=s.recovery_id,
+                attempts=s.attempts,
+                detail=s.detail,
+                approvals=list(self.held),
+            )
         workflow.continue_as_new(
-            ChatTurnInput(
-                chat_id=state.chat_id, pending=self.inbox.waiting, carry_on=CarryOn(state=state, step=step)
-            ),
+            ChatTurnInput(chat_id=s.chat_id, pending=self.inbox.waiting, carry_on=carry_on, recovery=gate),
             task_timeout=TURN_TASK_TIMEOUT,
         )
-
-    def _hand_on_gate_if_long(self) -> None:
-        if not (self._history_long() and self._quiet_now()):
-            return
-        s = self.state
-        assert s.reason is not None  # a gate always has one
-        self.inbox.return_in_flight()
-        workflow.continue_as_new(
-            ChatTurnInput(
-                chat_id=s.chat_id,
-                pending=self.inbox.waiting,
-                recovery=RecoveryStart(
-                    turn=s.turn,
-                    reason=s.reason,
-                    can_continue=s.can_continue,
-                    recovery_id=s.recovery_id,
-                    attempts=s.attempts,
-                    detail=s.detail,
-                    approvals=list(self.held),
-                ),
-            ),
-            task_timeout=TURN_TASK_TIMEOUT,
-        )
-
-
-def _turn_write(s: TurnState) -> activity_io.UpdateTurnInput:
-    return activity_io.UpdateTurnInput(
-        chat_id=s.chat_id,
-        turn=s.turn,
-        status=s.status,
-        reason=s.reason,
-        recovery_id=s.recovery_id,
-        can_continue=s.can_continue,
-        attempts=s.attempts,
-        detail=s.detail,
-    )
 
 
 def _show_result(handle: asyncio.Future[Any], view: ToolCallView) -> None:

@@ -26,7 +26,7 @@ with open(sys.argv[1], "w") as out:
 os._exit(code)
 """
 
-# Never needed by a command that is not `worker` or `web`. (`turnkeeper.workflows.recovery`,
+# Never needed by a command that is not `worker` or `web`. (`turnkeeper.recovery`,
 # the recovery rules as plain functions, is: the CLI decides a failed turn by them.)
 HEAVY = (
     "openai",

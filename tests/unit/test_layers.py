@@ -1,7 +1,6 @@
 """The package's layers: what is under turnkeeper/ (the store, the clients, the CLI,
 the web process) never imports the activities or the workflows, except where it
-runs or replays them (the worker, `turnkeeper replay`, the test kit) and the recovery rules,
-which are plain functions the CLI and the web process decide failed turns by."""
+runs or replays them (the worker, `turnkeeper replay`, the test kit)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ from tests.support import ROOT
 
 # The modules that run or replay the workflows and activities.
 RUNS_THEM = ("turnkeeper/worker/", "turnkeeper/replay.py", "turnkeeper/testing/")
-# Pure functions and their words, importable from anywhere.
-RULES = "turnkeeper.workflows.recovery"
 UP = ("turnkeeper.activities", "turnkeeper.workflows")
 
 
@@ -23,7 +20,7 @@ def _imported(tree: ast.AST) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module in ("turnkeeper", *UP):  # `from turnkeeper.workflows import recovery`
+            if node.module in ("turnkeeper", *UP):  # `from turnkeeper.workflows import steps`
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
             else:
                 found.add(node.module)
@@ -36,7 +33,7 @@ def test_nothing_under_turnkeeper_imports_up_into_activities_or_workflows() -> N
         name = path.relative_to(ROOT).as_posix()
         if name.startswith(RUNS_THEM):
             continue
-        up = sorted(m for m in _imported(ast.parse(path.read_text())) if m.startswith(UP) and m != RULES)
+        up = sorted(m for m in _imported(ast.parse(path.read_text())) if m.startswith(UP))
         if up:
             reaching_up[name] = up
     assert not reaching_up, f"import the activities or workflows from below: {reaching_up}"

@@ -1,4 +1,4 @@
-"""The recovery machine, model-based: Hypothesis drives `workflows.recovery`
+"""The recovery machine, model-based: Hypothesis drives `turnkeeper.recovery`
 through random sequences of every input (as the workflow, the reconciler and the
 CLI apply them) and checks the invariants after each step. No Temporal here; the
 same cells run on a real server in tests/workflow/test_recovery_cells.py."""
@@ -10,10 +10,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from turnkeeper import recovery_table
+from turnkeeper import recovery, recovery_table
 from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
-from turnkeeper.workflows import recovery
-from turnkeeper.workflows.recovery import Effect, Input, decide
+from turnkeeper.recovery import Effect, Input, decide
 
 GATE_REASONS = [
     Reason.RESTART_REQUIRES_CONFIRMATION,
@@ -283,8 +282,8 @@ def test_the_docs_show_the_table() -> None:
 
 
 def test_the_inbox_keeps_its_pending_bytes_as_messages_move() -> None:
+    from turnkeeper.inbox import Inbox, chunks, wire_size
     from turnkeeper.models import UserMessage
-    from turnkeeper.workflows.inbox import Inbox, chunks, wire_size
 
     inbox = Inbox()
     messages = [UserMessage(message_id=f"m{i}", text="x" * (i * 1000)) for i in range(1, 6)]

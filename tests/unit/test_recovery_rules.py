@@ -1,12 +1,12 @@
-"""The recovery rules of `workflows/recovery.py`, as plain functions over a
+"""The recovery rules of `turnkeeper/recovery.py`, as plain functions over a
 `TurnState`: no Temporal here. tests/workflow/test_recovery.py runs them in real turns."""
 
 from __future__ import annotations
 
 import pytest
 
+from turnkeeper import recovery
 from turnkeeper.models import Reason, TurnState, TurnStatus
-from turnkeeper.workflows import recovery
 
 GATE_ID = "rec-1"
 

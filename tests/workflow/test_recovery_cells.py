@@ -1,7 +1,7 @@
 """Every cell of the recovery table on a real dev server: a turn is brought to a
 status, one input arrives, and then (a) the input was answered within 2 s (a
 decision read back in the table's words), (b) the turn did what
-`workflows.recovery.decide` says, and (c) the chat answers its next message, its
+`turnkeeper.recovery.decide` says, and (c) the chat answers its next message, its
 runs close and none is left listed as open. The approval gate (`awaiting_user/approval_required`,
 a tool that asks first) is a column of its own. The crash inputs (a lost step, a shutdown, a run
 that ended abnormally) have their own tests in test_recovery.py and
@@ -20,8 +20,8 @@ from temporalio.service import RPCError
 from tests.support import Stack
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.recovery import Effect, Input, decide
 from turnkeeper.testing import FakeChatServer
-from turnkeeper.workflows.recovery import Effect, Input, decide
 
 ANSWER_WITHIN_S = 2.0
 FAIL = {"status": 400, "message": "provider says no"}

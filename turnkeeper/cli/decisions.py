@@ -31,7 +31,7 @@ from turnkeeper.statuses import OPEN_STATUSES
 
 if TYPE_CHECKING:
     from turnkeeper.models import TurnState
-    from turnkeeper.workflows.recovery import Action
+    from turnkeeper.recovery import Action
 
 
 async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
@@ -49,7 +49,7 @@ async def _stored_turn(settings: Settings, chat_id: str) -> TurnState:
 async def _decide(args: argparse.Namespace, settings: Settings, action: Action) -> int:
     from temporalio.client import WorkflowExecutionStatus
 
-    from turnkeeper.workflows.recovery import (
+    from turnkeeper.recovery import (
         NOT_WAITING,  # the commands refuse in its words
     )
 

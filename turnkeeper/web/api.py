@@ -16,7 +16,7 @@ from turnkeeper.web.backends import ApiError, backends, chat_id_of, read_json
 if TYPE_CHECKING:
     from temporalio.client import WorkflowHandle
 
-    from turnkeeper.workflows.recovery import Action
+    from turnkeeper.recovery import Action
 
 # A worker answers in milliseconds; without one the server would hold the call.
 WORKER_TIMEOUT = timedelta(seconds=10)

@@ -2,7 +2,8 @@
 
 Bounded so that nothing a user sends can add up to a workflow task Temporal
 refuses (2 MB per payload): the pending bytes of a chat are capped, and messages
-travel to the store in chunks well under the limit. Pure; used by `ChatTurn`.
+travel to the store in chunks well under the limit. Pure: the turn workflow keeps
+one; the reconciler cuts a failed turn's messages into the same chunks.
 """
 
 from __future__ import annotations
