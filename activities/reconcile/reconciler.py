@@ -28,6 +28,7 @@ from turnkeeper.activities.reconcile import wedged_runs
 from turnkeeper.activities.reconcile.run_sweep import ENDED, RunSweep, describe, readable, terminate
 from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
+from turnkeeper.inbox import chunks, wire_size
 from turnkeeper.models import (
     INTERRUPTED_TOOL_TEXT,
     OPEN_STATUSES,
@@ -45,7 +46,6 @@ from turnkeeper.reconcile_io import RECONCILE_PASS, ReconcileSummary
 from turnkeeper.store import CorruptRowError, SessionStore, StoreError, TurnUpdate
 from turnkeeper.store.base import TurnRef
 from turnkeeper.telemetry import metrics
-from turnkeeper.workflows.inbox import chunks, wire_size
 
 log = logging.getLogger("turnkeeper.reconciler")
 
