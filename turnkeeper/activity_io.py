@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from turnkeeper.models import ModelReply, NewEvent, Reason, ToolCall, TurnState, TurnStatus, UserMessage
+from turnkeeper.models import (
+    ModelReply,
+    NewEvent,
+    Reason,
+    SubagentLink,
+    ToolCall,
+    TurnState,
+    TurnStatus,
+    UserMessage,
+)
 
 BEGIN_TURN = "turnkeeper.begin_turn"
 ADOPT_TURN = "turnkeeper.adopt_turn"
@@ -21,6 +30,9 @@ FINISH_TURN = "turnkeeper.finish_turn"
 APPEND_EVENTS = "turnkeeper.append_events"
 COMMIT_MESSAGES = "turnkeeper.commit_messages"
 RECORD_ASSISTANT = "turnkeeper.record_assistant"
+SUBAGENT_START = "turnkeeper.subagent_start"
+SUBAGENT_RESULT = "turnkeeper.subagent_result"
+REPORT_TO_PARENT = "turnkeeper.report_to_parent"
 
 # Raised by the model activity when its worker is shutting down: nothing happened
 # outside, so the workflow schedules the call again for the next worker.
@@ -35,6 +47,15 @@ CHECKPOINT_INVALID_ERROR = "CheckpointInvalid"
 STORE_UNAVAILABLE_ERROR = "StoreUnavailable"
 
 
+class SubagentLimits(BaseModel):
+    max_depth: int = 2
+    """How deep subagents may nest: 1 lets a chat's turn delegate, its subagents not."""
+    max_fanout: int = 4
+    """Delegate calls one model reply may make; the rest are refused in words."""
+    profiles: list[str] = Field(default_factory=list)
+    """The configured profiles' names (their instructions, model and tools stay with the worker)."""
+
+
 class TurnSettings(BaseModel):
     """The worker's configuration as the turn's decisions need it. It reaches the
     workflow as an activity result, so it is recorded in history and replays
@@ -45,6 +66,8 @@ class TurnSettings(BaseModel):
     max_pending_bytes: int = 1024 * 1024
     confirm_tools: list[str] = Field(default_factory=list)
     """Tools whose calls wait for the user's approval before they are scheduled."""
+    subagents: SubagentLimits | None = None
+    """Set when the `delegate` tool is enabled."""
 
 
 class BeginTurnInput(BaseModel):
@@ -94,6 +117,9 @@ class ModelCallInput(BaseModel):
     begins_turn: bool = False
     """The run's first call: number the turn first (as `begin_turn`, by the run's id),
     refusing messages over the configured limit and leaving out those the chat holds."""
+    subagent: SubagentLink | None = None
+    """A subagent's call: its profile's instructions and tools apply, and `delegate`
+    only below the depth limit."""
 
 
 class ModelCallResult(BaseModel):
@@ -111,6 +137,8 @@ class ToolCallInput(BaseModel):
     call: ToolCall
     approved: bool = False
     """The user approved this call at its gate; a tool that asks first runs only then."""
+    subagent: SubagentLink | None = None
+    """A subagent's call: only its profile's tools (never more than the worker enables) run."""
 
     @property
     def idempotency_key(self) -> str:
@@ -204,3 +232,41 @@ class RecordAssistantInput(BaseModel):
     step: int
     reply: ModelReply
     final: bool
+
+
+class SubagentStartInput(BaseModel):
+    """Records the parent's `delegate` call as started (`tool_started`) before its
+    child workflow starts: the store tells a delegation that may have begun."""
+
+    chat_id: str
+    turn: int
+    call: ToolCall
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"{self.chat_id}/{self.turn}/{self.call.id}"
+
+
+class SubagentResultInput(BaseModel):
+    """Records the parent's `delegate` call's result from the sub-chat's transcript:
+    the subagent's final answer, or what ended its turn otherwise."""
+
+    chat_id: str
+    turn: int
+    call: ToolCall
+    sub_chat_id: str
+    sub_turn: int
+    sub_status: TurnStatus
+    sub_reason: Reason | None = None
+    background: bool = False
+    """The child goes on by itself: the result says where its answer will arrive."""
+
+
+class ReportToParentInput(BaseModel):
+    """A background subagent's answer, sent to its parent's chat as a message."""
+
+    sub_chat_id: str
+    sub_turn: int
+    sub_status: TurnStatus
+    sub_reason: Reason | None = None
+    parent: SubagentLink

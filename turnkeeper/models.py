@@ -118,6 +118,38 @@ class RecoveryStart(LazyModel):
     """Tool calls that waited for the user's approval when a gate handed itself on."""
 
 
+DelegateMode = Literal["wait", "background"]
+
+
+class SubagentLink(LazyModel):
+    """What a subagent's run knows of the turn that delegated to it."""
+
+    parent_chat_id: str
+    parent_workflow_id: str
+    parent_turn: int
+    tool_call_id: str
+    depth: int = 1
+    """1 for a subagent of a chat's own turn, 2 for its subagent, and so on."""
+    mode: DelegateMode = "wait"
+    profile: str | None = None
+    task: str = ""
+
+
+class SubagentView(LazyModel):
+    """A subagent of this turn, as `state` lists it: its own chat holds its transcript."""
+
+    chat_id: str
+    workflow_id: str
+    tool_call_id: str
+    task: str
+    """The task's first 200 characters."""
+    mode: DelegateMode
+    status: TurnStatus = TurnStatus.RUNNING
+    reason: Reason | None = None
+    recovery_id: str | None = None
+    can_continue: bool = True
+
+
 class ChatTurnInput(LazyModel):
     """`ChatTurn`'s input (contract): `{"chat_id": ...}` starts a turn; the other
     fields are the workflow's own."""
@@ -129,6 +161,8 @@ class ChatTurnInput(LazyModel):
     """Set by the reconciler: take over this turn at a gate instead of starting one."""
     carry_on: CarryOn | None = None
     """Set by a running turn whose history grew long: take its next step in this run."""
+    parent: SubagentLink | None = None
+    """Set when a turn delegated this one (a subagent's chat, docs/subagents.md)."""
 
 
 # --- transcript rows ------------------------------------------------------------
@@ -214,6 +248,8 @@ class TurnState(LazyModel):
     """With `approval_required`: the calls that run once the user approves (Continue)."""
     decisions: list[DecisionRecord] = Field(default_factory=list)
     """The latest decisions that carried a `request_id`, oldest first."""
+    subagents: list[SubagentView] = Field(default_factory=list)
+    """The subagents this turn delegated to, in the order it started them."""
 
 
 class CarryOn(LazyModel):

@@ -57,6 +57,8 @@ class Effect(str, Enum):
     ASK_APPROVAL = "ask_approval"
     APPROVE = "approve"
     DENY = "deny"
+    FORWARD = "forward"
+    """Continue at a subagent's gate shown in its parent's chat: the subagent takes it."""
     REFUSE = "refuse"
     NOTHING = "nothing"
 
@@ -114,6 +116,8 @@ def decide(
             return Outcome(Effect.REFUSE, NOT_WAITING)
         if not can_continue:
             return Outcome(Effect.REFUSE, CONTEXT_UNAVAILABLE)
+        if status == _AWAITING and reason == Reason.SUBAGENT_WAITING:
+            return Outcome(Effect.FORWARD)
         return Outcome(Effect.RESUME)
     if input == Input.STOP:
         return Outcome(Effect.STOP) if status in OPEN_STATUSES else Outcome(Effect.REFUSE, NOT_RUNNING)
@@ -144,6 +148,27 @@ def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | 
     if outcome.refusal == "stale":
         return f"recovery id {recovery_id!r} is stale"
     return outcome.refusal
+
+
+def shown(state: TurnState) -> TurnState:
+    """The turn as its user sees and decides it: a turn waiting for a subagent
+    that is at a gate of its own shows that gate (`subagent_waiting`, the
+    subagent's recovery id). Its own status is unchanged underneath."""
+    if state.status not in (_RUNNING, _RESUMING):
+        return state
+    waiting = next((v for v in state.subagents if v.mode == "wait" and v.status == _AWAITING), None)
+    if waiting is None:
+        return state
+    why = waiting.reason.value if waiting.reason else "waiting"
+    return state.model_copy(
+        update={
+            "status": _AWAITING,
+            "reason": Reason.SUBAGENT_WAITING,
+            "recovery_id": waiting.recovery_id,
+            "can_continue": waiting.can_continue,
+            "detail": f"subagent {waiting.chat_id} waits for the user: {why}",
+        }
+    )
 
 
 # -- the only code that writes a status ------------------------------------------

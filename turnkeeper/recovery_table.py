@@ -30,6 +30,9 @@ EFFECT_TEXT: dict[Effect, str] = {
         "each waiting call gets `denied by the user`, no tool runs; ends `recovered/dismissed`, "
         "pending follow-ups become user rows, no model work"
     ),
+    Effect.FORWARD: (
+        "the subagent waiting at the gate takes the Continue; the turn goes on waiting for its answer"
+    ),
     Effect.REFUSE: "refused, nothing changes",
     Effect.NOTHING: "nothing",
 }
@@ -43,11 +46,12 @@ STATUSES: tuple[TurnStatus, ...] = (
     TurnStatus.RECOVERED,
     TurnStatus.FAILED,
 )
-# The table's columns: every status, and the approval gate beside the other gates.
+# The table's columns: every status; the approval gate and a subagent's gate beside the other gates.
 COLUMNS: tuple[tuple[TurnStatus, Reason | None], ...] = (
     (TurnStatus.RUNNING, None),
     (TurnStatus.AWAITING_USER, None),
     (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED),
+    (TurnStatus.AWAITING_USER, Reason.SUBAGENT_WAITING),
     (TurnStatus.RESUMING, None),
     (TurnStatus.COMPLETED, None),
     (TurnStatus.RECOVERED, None),

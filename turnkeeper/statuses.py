@@ -68,6 +68,9 @@ class Reason(str, Enum):
     RECOVERY_FAILED = "recovery_failed"
     APPROVAL_REQUIRED = "approval_required"
     """Not a loss: the model asked for a tool that must be approved before it runs."""
+    SUBAGENT_WAITING = "subagent_waiting"
+    """A subagent this turn waits for is at a gate of its own: its recovery id is shown here,
+    and Continue or Dismiss given to this chat reach it (docs/subagents.md)."""
 
 
 class ToolCallStatus(str, Enum):
