@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from turnkeeper import recovery, recovery_table
-from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
+from turnkeeper.models import OPEN_STATUSES, Reason, SubagentView, TurnState, TurnStatus
 from turnkeeper.recovery import Effect, Input, decide
 
 GATE_REASONS = [
@@ -61,6 +61,8 @@ class Chat(RuleBasedStateMachine):
         self.ran: list[str] = []
         self.approved: set[str] = set()
         self.not_run: set[str] = set()
+        self.children = 0
+        self.forwarded = 0
 
     # -- helpers -------------------------------------------------------------
     def _new_id(self) -> str:
@@ -75,6 +77,9 @@ class Chat(RuleBasedStateMachine):
         self.not_run.update(self.waiting)
         self.waiting = []
         self.before_approval = None
+        for view in self.state.subagents:  # a run that ends asks its children to stop (close policy)
+            if view.status in (TurnStatus.RUNNING, TurnStatus.AWAITING_USER, TurnStatus.RESUMING):
+                view.status = TurnStatus.RECOVERED
 
     def _next_turn(self) -> None:
         assert self.state.status not in OPEN_STATUSES
@@ -83,9 +88,20 @@ class Chat(RuleBasedStateMachine):
         self.first_id = None
         self.attempts_seen = 0
 
+    def _waiting_children(self) -> list[SubagentView]:
+        return [v for v in self.state.subagents if v.status == TurnStatus.AWAITING_USER]
+
     def _apply(self, outcome: recovery.Outcome) -> None:
         ending = recovery.ending_of(outcome.effect)
-        if outcome.effect == Effect.RESUME:
+        if outcome.effect == Effect.FORWARD:  # the child takes the Continue; the turn waits on
+            before = (self.state.status, self.state.reason)
+            shown_id = recovery.shown(self.state).recovery_id
+            for view in self._waiting_children():
+                if view.recovery_id == shown_id:
+                    view.status = TurnStatus.RESUMING
+            assert (self.state.status, self.state.reason) == before
+            self.forwarded += 1
+        elif outcome.effect == Effect.RESUME:
             recovery.accept_continue(self.state)
         elif outcome.effect == Effect.APPROVE:
             recovery.accept_continue(self.state)
@@ -95,7 +111,7 @@ class Chat(RuleBasedStateMachine):
             self.waiting = []
             self.before_approval = None
         elif ending is not None:
-            self._drop_waiting()
+            self._drop_waiting()  # Dismiss dismisses the waiting children too, the rest stop
             recovery.end_recovered(self.state, ending)
             if outcome.effect == Effect.SUPERSEDE:
                 self._next_turn()
@@ -103,7 +119,7 @@ class Chat(RuleBasedStateMachine):
     # -- inputs ----------------------------------------------------------------
     @rule()
     def user_message(self) -> None:
-        outcome = decide(self.state.status, Input.USER_MESSAGE)
+        outcome = decide(recovery.shown(self.state).status, Input.USER_MESSAGE)
         if outcome.effect == Effect.NEXT_TURN:
             if self.state.status == TurnStatus.FAILED:  # begin_turn closes it first
                 recovery.end_recovered(self.state, Reason.SUPERSEDED)
@@ -113,15 +129,16 @@ class Chat(RuleBasedStateMachine):
 
     @rule(action=st.sampled_from(["continue", "dismiss"]), stale=st.booleans())
     def decision(self, action: str, stale: bool) -> None:
-        before = self.state.model_copy()
-        given = "not-the-id" if stale else self.state.recovery_id
-        why = recovery.refusal(self.state, action, given)  # type: ignore[arg-type]
+        before = self.state.model_copy(deep=True)
+        shown = recovery.shown(self.state)  # judged as the user sees the turn
+        given = "not-the-id" if stale else shown.recovery_id
+        why = recovery.refusal(shown, action, given)  # type: ignore[arg-type]
         outcome = decide(
-            self.state.status,
+            shown.status,
             Input(action),
-            can_continue=self.state.can_continue,
-            reason=self.state.reason,
-            id_matches=bool(self.state.recovery_id) and given == self.state.recovery_id,
+            can_continue=shown.can_continue,
+            reason=shown.reason,
+            id_matches=bool(shown.recovery_id) and given == shown.recovery_id,
         )
         assert (why is None) == outcome.accepted
         if not outcome.accepted:
@@ -144,6 +161,32 @@ class Chat(RuleBasedStateMachine):
         assert (self.state.status, self.state.reason) == (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED)
         assert self.state.can_continue and self.state.attempts == attempts
 
+    @rule(can_continue=st.booleans())
+    def a_waiting_subagent_opens_a_gate(self, can_continue: bool) -> None:
+        """A subagent this turn waits for loses a step: its gate shows in this chat."""
+        if self.state.status not in (TurnStatus.RUNNING, TurnStatus.RESUMING):
+            return
+        self.children += 1
+        self.state.subagents.append(
+            SubagentView(
+                chat_id=f"c.sub-{self.children}",
+                workflow_id=f"chat-c.sub-{self.children}",
+                tool_call_id=f"d{self.children}",
+                task="t",
+                mode="wait",
+                status=TurnStatus.AWAITING_USER,
+                reason=Reason.TOOL_STATE_UNKNOWN,
+                recovery_id=f"child-{self.children}",
+                can_continue=can_continue,
+            )
+        )
+
+    @rule()
+    def a_subagent_answers(self) -> None:
+        for view in self.state.subagents:
+            if view.status == TurnStatus.RESUMING:
+                view.status = TurnStatus.COMPLETED
+
     @rule()
     def stop(self) -> None:
         self._apply(decide(self.state.status, Input.STOP))
@@ -153,7 +196,14 @@ class Chat(RuleBasedStateMachine):
         if decide(self.state.status, Input.STEP_LOST).effect == Effect.OPEN_GATE:
             recovery.open_gate(self.state, reason, self._new_id(), can_continue)
 
-    @precondition(lambda self: self.state.status in (TurnStatus.RUNNING, TurnStatus.RESUMING))
+    @precondition(
+        lambda self: (
+            self.state.status in (TurnStatus.RUNNING, TurnStatus.RESUMING)
+            and not any(
+                v.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING) for v in self.state.subagents
+            )
+        )
+    )
     @rule()
     def model_answers(self) -> None:
         recovery.finish(self.state)
@@ -244,6 +294,19 @@ class Chat(RuleBasedStateMachine):
             assert self._at_approval()
             assert recovery.refusal(self.state, "continue", self.state.recovery_id) is None
             assert recovery.refusal(self.state, "dismiss", self.state.recovery_id) is None
+
+    @invariant()
+    def a_waiting_subagent_shows_as_the_turns_gate(self) -> None:
+        shown = recovery.shown(self.state)
+        waiting = self._waiting_children()
+        if self.state.status in (TurnStatus.RUNNING, TurnStatus.RESUMING) and waiting:
+            assert (shown.status, shown.reason) == (TurnStatus.AWAITING_USER, Reason.SUBAGENT_WAITING)
+            assert shown.recovery_id == waiting[0].recovery_id  # the first to ask, first
+            assert recovery.refusal(shown, "dismiss", shown.recovery_id) is None
+        else:
+            assert shown == self.state
+        if self.state.status not in OPEN_STATUSES:
+            assert not waiting  # a closed turn leaves no child at a gate
 
     @invariant()
     def terminal_statuses_stay_terminal(self) -> None:
