@@ -1,6 +1,7 @@
 """The chat page in a real browser (Debian's chromium, driven by playwright),
-against `turnkeeper web`, the dev server and real workers. A screenshot of each
-state goes to tests/artifacts/."""
+against `turnkeeper web`, the dev server and real workers; a turn's subagents
+against answers of the API made up here. A screenshot of each state goes to
+tests/artifacts/."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Route, async_playwright, expect
 
 from tests.support import ROOT, Stack
 from tests.web_support import serving
+from turnkeeper import recovery
+from turnkeeper.config import Settings
+from turnkeeper.models import Reason, SubagentView, TurnState, TurnStatus
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -297,3 +303,96 @@ async def test_the_answer_streams_in(stack: Stack, browser: Browser) -> None:
             assert await page.evaluate("window.__injected") is None
             await snap(page, "page-streamed")
             await page.close()
+
+
+async def test_a_turns_subagents_and_a_subagents_gate(browser: Browser, tmp_path: Path) -> None:
+    """The page lists the turn's subagents from its state, opens a sub-chat as the
+    chat it is, and shows a waiting subagent's gate as the parent's own, whose
+    Continue goes to the parent chat with the gate's recovery id (the workflow
+    hands it on). The API's answers are made up here: no workflow needed."""
+    parent, sub, other = "sa", "sa.sub1-0123456789ab", "sa.sub1-89abcdef0123"
+    task = f"write k.txt slowly {INJECTED}"
+
+    def view(chat_id: str, **fields: Any) -> SubagentView:
+        return SubagentView(chat_id=chat_id, workflow_id=f"chat-{chat_id}", tool_call_id="c", **fields)
+
+    def parent_state(status: TurnStatus, reason: Reason | None, recovery_id: str | None) -> dict[str, Any]:
+        waiting = view(sub, task=task, mode="wait", status=status, reason=reason, recovery_id=recovery_id)
+        running = TurnState(
+            chat_id=parent,
+            turn=1,
+            subagents=[waiting, view(other, task="list the workspace", mode="background")],
+        )
+        return recovery.shown(running).model_dump(mode="json")
+
+    states = {
+        parent: parent_state(TurnStatus.AWAITING_USER, Reason.TOOL_STATE_UNKNOWN, "rec-sub"),
+        sub: TurnState(
+            chat_id=sub,
+            turn=1,
+            status=TurnStatus.AWAITING_USER,
+            reason=Reason.TOOL_STATE_UNKNOWN,
+            recovery_id="rec-sub",
+        ).model_dump(mode="json"),
+    }
+    rows = {sub: [{"role": "user", "content": task}]}
+    posted: list[tuple[str, Any]] = []
+
+    async def api(route: Route) -> None:
+        request = route.request
+        path = unquote(urlsplit(request.url).path)
+        chat = path.removeprefix("/api/chats/").removesuffix("/messages").removesuffix("/events")
+        if request.method == "POST":
+            posted.append((path, request.post_data_json))
+            states[parent] = parent_state(TurnStatus.RESUMING, None, "rec-sub")
+            await route.fulfill(json=states[parent])
+        elif path.endswith("/events"):
+            await route.fulfill(status=204)  # no stream: an EventSource does not try again
+        elif path.endswith("/messages"):
+            await route.fulfill(json=rows.get(chat, []), headers={"X-Event-Seq": "0"})
+        elif path == "/api/chats":
+            await route.fulfill(json=[])
+        else:
+            await route.fulfill(json=states[chat])
+
+    settings = Settings.from_env({"TURNKEEPER_DATA_DIR": str(tmp_path), "TEMPORAL_ADDRESS": "127.0.0.1:9"})
+    with serving(settings) as web:
+        page = await browser.new_page()
+        await page.route(re.compile(r".*/api/.*"), api)
+        await page.goto(f"{web.url}/chats/{parent}")
+        await expect(page.get_by_role("status")).to_contain_text("awaiting_user (subagent_waiting)")
+        notice = page.locator("#notice")
+        await expect(notice).to_contain_text("A subagent this turn waits for needs you.")
+        await expect(notice).to_contain_text("may or may not have done its work")
+        await expect(notice).to_contain_text(f"Why: subagent {sub} waits for the user: tool_state_unknown")
+        await expect(notice.get_by_role("link", name=f"Open the subagent's chat ({sub})")).to_be_visible()
+        listed = page.get_by_role("list", name="Subagents")
+        await expect(listed.get_by_role("listitem")).to_have_count(2)
+        first, second = listed.get_by_role("listitem").nth(0), listed.get_by_role("listitem").nth(1)
+        await expect(first).to_contain_text("awaiting_user (tool_state_unknown)")
+        await expect(first).to_contain_text("waited for")
+        await expect(first).to_contain_text(task)
+        await expect(second).to_contain_text("running")
+        await expect(second).to_contain_text("in the background")
+        assert await listed.locator("img, script").count() == 0
+        assert await page.evaluate("window.__injected") is None
+        await expect(page.get_by_role("button", name="Dismiss")).to_be_visible()
+        await snap(page, "page-subagent-gate")
+
+        await page.get_by_role("button", name="Continue").click()
+        await expect(first).to_contain_text("resuming")
+        assert posted == [(f"/api/chats/{parent}/continue", {"recovery_id": "rec-sub"})]
+        await expect(notice).to_be_hidden()
+        await expect(page.get_by_role("status")).to_contain_text("Turn 1: running")
+        # Its next gate opens in its own chat's log: the page reads the waiting turn's state again.
+        states[parent] = parent_state(TurnStatus.AWAITING_USER, Reason.LOOP_GUARD, "rec-sub")
+        await expect(notice).to_contain_text("The step that was continued was interrupted again.")
+
+        await listed.get_by_role("link", name=sub).click()
+        await page.wait_for_url(f"{web.url}/chats/{sub}")
+        await expect(page.locator("#chat-title")).to_have_text(sub)
+        await expect(page.locator("#thread")).to_contain_text(task)
+        await expect(page.get_by_role("status")).to_contain_text("awaiting_user (tool_state_unknown)")
+        await expect(page.locator("#subagents")).to_be_hidden()
+        await snap(page, "page-sub-chat")
+        await page.close()

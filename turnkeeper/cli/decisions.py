@@ -97,6 +97,8 @@ async def _decide(args: argparse.Namespace, settings: Settings, action: Action) 
                 args.timeout,
                 task_queue=settings.task_queue,
                 turn=new_state.turn,
+                # Continue went to a subagent's gate: the turn waits for it still.
+                delegating=any(v.mode == "wait" and v.status in OPEN_STATUSES for v in new_state.subagents),
             )
         if args.json:
             await print_turn_json(store, args.chat)

@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 from turnkeeper.cli.common import EXIT_AWAITING, EXIT_OK, Refused, query_state
 from turnkeeper.cli.output import describe_gate
-from turnkeeper.statuses import TurnStatus
+from turnkeeper.statuses import Reason, TurnStatus
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from turnkeeper.models import TurnState
     from turnkeeper.store import SessionStore
 
 POLL_S = 0.1
@@ -30,6 +31,10 @@ NO_WORKER_CHECK_S = 5.0
 # says the message is saved and what it waits for (a worker killed seconds ago
 # still counts as polling for a while, so the check above stays quiet then).
 WAITING_NOTE_S = 2.0
+# A subagent's gate is written to its own chat's log, not to the log of the turn
+# that waits for it: while a `delegate` call of the followed turn runs, its state
+# is asked this often, to see such a gate (docs/subagents.md).
+SUBAGENT_CHECK_S = 1.0
 
 
 async def follow_turn(
@@ -41,11 +46,17 @@ async def follow_turn(
     timeout: float,
     task_queue: str,
     turn: int | None = None,
+    delegating: bool = False,
 ) -> int:
     """Show the turn that takes our message (or `turn`): its tools as they run,
     its answer as it streams (and whole once recorded); exit 3 if it waits for
-    its user again."""
+    its user again, a subagent's gate included. `delegating`: the turn already
+    waits for a subagent (Continue given at that subagent's gate)."""
     from turnkeeper.store.base import StoreUnavailable  # loaded with `store` already
+    from turnkeeper.subagents import DELEGATE_TOOL
+
+    delegate_calls: set[object] = set()  # the followed turn's delegate calls not yet finished
+    check_subagents_at = 0.0
 
     answer: str | None = None
     final_step: object = None
@@ -90,7 +101,10 @@ async def follow_turn(
             if ev.type == "tool_started":
                 streamed.end_line()
                 _line(f"  -> {p.get('name')} started\n")
+                if p.get("name") == DELEGATE_TOOL:
+                    delegate_calls.add(p.get("tool_call_id"))
             elif ev.type in ("tool_finished", "tool_interrupted"):
+                delegate_calls.discard(p.get("tool_call_id"))
                 streamed.end_line()
                 _line(f"  <- {p.get('name')} {p.get('status', 'interrupted')}\n")
             elif ev.type == "assistant_message" and not p.get("tool_calls"):
@@ -119,6 +133,13 @@ async def follow_turn(
                     streamed.end_line()
                     print(f"turn {turn} ended: {p.get('status')} ({p.get('reason')})")
                 return EXIT_OK
+        if (delegate_calls or delegating) and time.monotonic() >= check_subagents_at:
+            check_subagents_at = time.monotonic() + SUBAGENT_CHECK_S
+            gate = await _subagent_gate(client, chat_id)
+            if gate is not None:
+                streamed.end_line()
+                print(describe_gate(gate))
+                return EXIT_AWAITING
         if turn is None and waiting_note_at is not None and time.monotonic() >= waiting_note_at:
             waiting_note_at = None  # once
             assert message_id is not None
@@ -133,6 +154,17 @@ async def follow_turn(
         f"no answer within {timeout:.0f} s (the message is safe; the turn goes on): "
         f"see `turnkeeper status {chat_id}`"
     )
+
+
+async def _subagent_gate(client: Client, chat_id: str) -> TurnState | None:
+    """The turn's state if it shows a subagent's gate (`subagent_waiting`), else None."""
+    try:
+        state = await query_state(client, chat_id)
+    except Exception:  # no worker answers now, say: the log is followed all the same
+        return None
+    if state.status == TurnStatus.AWAITING_USER and state.reason == Reason.SUBAGENT_WAITING:
+        return state
+    return None
 
 
 async def _say_waiting(store: SessionStore, chat_id: str, message_id: str) -> None:

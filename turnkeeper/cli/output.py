@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from turnkeeper.statuses import Reason, TurnStatus
 
 if TYPE_CHECKING:
-    from turnkeeper.models import ChatMessage, Event, TurnState
+    from turnkeeper.models import ChatMessage, Event, SubagentView, TurnState
 
 
 def print_json(obj: Any) -> None:
@@ -57,6 +57,8 @@ def describe_gate(state: TurnState) -> str:
         lines.append(f"recovery id: {state.recovery_id}")
         lines.append(f"  turnkeeper continue {state.chat_id}   # approve: the calls above run, once")
         lines.append(f"  turnkeeper dismiss {state.chat_id}    # deny: none of them runs, and the turn ends")
+    elif state.status == TurnStatus.AWAITING_USER and state.reason == Reason.SUBAGENT_WAITING:
+        lines.extend(_subagent_gate(state))
     elif state.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
         lines.append(f"recovery id: {state.recovery_id}")
         if state.can_continue:
@@ -68,6 +70,70 @@ def describe_gate(state: TurnState) -> str:
             lines.append("  (continue is not possible: the saved context is unavailable)")
         lines.append(f"  turnkeeper dismiss {state.chat_id}    # close the turn and keep what is known")
     return "\n".join(lines)
+
+
+def _waiting_subagent(state: TurnState) -> SubagentView | None:
+    """The subagent whose gate this turn shows: the one with the gate's recovery id."""
+    gated = [v for v in state.subagents if v.status == TurnStatus.AWAITING_USER]
+    return next((v for v in gated if v.recovery_id == state.recovery_id), None)
+
+
+def _subagent_gate(state: TurnState) -> list[str]:
+    """A subagent's gate, shown by the turn that waits for it: decided in this chat,
+    which hands Continue and Dismiss on to the subagent (docs/subagents.md)."""
+    chat, view = state.chat_id, _waiting_subagent(state)
+    sub = view.chat_id if view else "the subagent"
+    lines = [f"recovery id: {state.recovery_id} (the gate of subagent {sub}: decide it here, in chat {chat})"]
+    if view is not None and view.reason == Reason.APPROVAL_REQUIRED:
+        lines.append(f"  turnkeeper continue {chat}   # approve: the calls the subagent asks for run, once")
+        lines.append(f"  turnkeeper dismiss {chat}    # deny them: this turn ends, its subagents with it")
+    else:
+        if state.can_continue:
+            lines.append(
+                f"  turnkeeper continue {chat}   # the subagent goes on from its saved context "
+                "(interrupted tools are not run again); this turn waits for its answer"
+            )
+        else:
+            lines.append("  (continue is not possible: the subagent's saved context is unavailable)")
+        lines.append(
+            f"  turnkeeper dismiss {chat}    # close this turn; its subagents are dismissed or stopped"
+        )
+    if view is not None:
+        lines.append(f"  turnkeeper status {view.chat_id}   # the subagent's own turn and gate")
+        lines.append(f"  turnkeeper history {view.chat_id}  # its transcript")
+    return lines
+
+
+def one_line(text: str) -> str:
+    """Text a model wrote, on one line of a terminal: no line breaks, no control characters."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def describe_subagents(state: TurnState) -> list[str]:
+    """The turn's subagents, one line each (sub-chat, mode, status[/reason], task),
+    and how to read a sub-chat: it is a chat of its own."""
+    views = state.subagents
+    if not views:
+        return []
+    shown = [v.status.value + (f"/{v.reason.value}" if v.reason else "") for v in views]
+    id_width = max(len(v.chat_id) for v in views)
+    status_width = max(len(s) for s in shown)
+    lines = ["subagents:"]
+    for v, status in zip(views, shown, strict=True):
+        lines.append(f"  {v.chat_id:<{id_width}}  {v.mode:<10}  {status:<{status_width}}  {one_line(v.task)}")
+    for v in views:
+        if v.mode == "background" and v.status in (TurnStatus.AWAITING_USER, TurnStatus.FAILED):
+            # Its parent's turn may have ended: its gate is decided in its own chat.
+            lines.append(
+                f"  {v.chat_id} waits in its own chat: "
+                f"turnkeeper continue {v.chat_id} | turnkeeper dismiss {v.chat_id}"
+            )
+    if len(views) == 1:
+        sub = views[0].chat_id
+        lines.append(f"transcript: turnkeeper history {sub}   its turn: turnkeeper status {sub}")
+    else:
+        lines.append("transcripts: turnkeeper history SUB-CHAT   their turns: turnkeeper status SUB-CHAT")
+    return lines
 
 
 def event_line(ev: Event) -> str:

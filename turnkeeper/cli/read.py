@@ -30,6 +30,7 @@ from turnkeeper.cli.common import (
 from turnkeeper.cli.output import (
     chat_row,
     describe_gate,
+    describe_subagents,
     event_line,
     event_text,
     print_json,
@@ -127,6 +128,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print(f"pending follow-ups: {', '.join(state.pending_followups)}")
     for call in state.tool_calls:
         print(f"  tool {call.name} [{call.id}]: {call.status.value}")
+    for line in describe_subagents(state):
+        print(line)
     return EXIT_OK
 
 

@@ -96,6 +96,52 @@ SPEC: dict[str, Any] = {
                     },
                     "detail": {"type": ["string", "null"]},
                     "store_unavailable": {"type": "boolean"},
+                    "approvals": {
+                        "type": "array",
+                        "description": "with `approval_required`: the calls Continue approves",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "id": {"type": "string"},
+                                "name": {"type": "string"},
+                                "arguments": {"type": "string"},
+                                "idempotency_key": {"type": "string"},
+                            },
+                        },
+                    },
+                    "decisions": {
+                        "type": "array",
+                        "description": "the latest decisions that carried a `request_id`, oldest first",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "request_id": {"type": "string"},
+                                "action": {"enum": ["continue", "dismiss", "stop"]},
+                                "refusal": {"type": ["string", "null"]},
+                            },
+                        },
+                    },
+                    "subagents": {"type": "array", "items": {"$ref": "#/components/schemas/Subagent"}},
+                },
+            },
+            "Subagent": {
+                "type": "object",
+                "description": (
+                    "a subagent of the turn (docs/subagents.md): a chat of its own, "
+                    "`GET /api/chats/{chat_id}` and its transcript like any chat's"
+                ),
+                "properties": {
+                    "chat_id": {"type": "string"},
+                    "workflow_id": {"type": "string"},
+                    "tool_call_id": {"type": "string"},
+                    "task": {"type": "string", "description": "the task's first 200 characters"},
+                    "mode": {"enum": ["wait", "background"]},
+                    "status": {
+                        "enum": ["running", "awaiting_user", "resuming", "completed", "recovered", "failed"]
+                    },
+                    "reason": {"type": ["string", "null"]},
+                    "recovery_id": {"type": ["string", "null"]},
+                    "can_continue": {"type": "boolean"},
                 },
             },
             "Message": {

@@ -14,11 +14,16 @@ const REASONS = {
   checkpoint_unknown: "This turn's saved context cannot be read, so it cannot be continued.",
   recovery_failed: "Recovering this turn failed.",
   approval_required: "The assistant asks to run a tool that needs your approval first. Approve runs it once; Deny answers it as denied and ends the turn.",
+  subagent_waiting: "A subagent this turn waits for needs you.",
 };
 const STATUS_WORDS = {
   running: "working", resuming: "continuing", awaiting_user: "waiting for you",
   completed: "done", recovered: "closed", failed: "failed",
 };
+const OPEN = ["running", "resuming", "awaiting_user"];
+// A subagent's gate opens and closes in its own chat's event log, not in this
+// one's: while this turn waits for a subagent, its state is read this often.
+const SUBAGENT_POLL_MS = 2000;
 
 const match = location.pathname.match(/^\/chats\/(.+)$/);
 const chatId = match ? decodeURIComponent(match[1]) : null;
@@ -141,6 +146,47 @@ function onDelta(p) {
   renderAnswer();
 }
 
+function chatLink(id, text) {
+  const link = el("a", null, text);
+  link.href = `/chats/${encodeURIComponent(id)}`;
+  return link;
+}
+
+// The turn's subagents: each a chat of its own, opened in this page like any chat.
+function renderSubagents(state) {
+  const subs = state.subagents || [];
+  $("subagents").hidden = subs.length === 0;
+  const list = $("subagent-list");
+  list.replaceChildren();
+  for (const s of subs) {
+    const item = el("li");
+    const link = chatLink(s.chat_id, s.chat_id);
+    link.title = "Open the subagent's chat: its transcript and its turn";
+    item.append(link, el("span", `badge ${s.status}`, s.reason ? `${s.status} (${s.reason})` : s.status),
+                el("span", "mode", s.mode === "background" ? "in the background" : "waited for"),
+                el("p", "task", s.task));
+    list.append(item);
+  }
+}
+
+// The gate of a subagent this turn waits for: decided here, the workflow hands it on.
+function subagentNotice(sub) {
+  const lead = REASONS.subagent_waiting;
+  const outcome = "Dismiss ends this turn, and its subagents with it.";
+  if (!sub) return `${lead} Continue lets it go on; ${outcome}`;
+  if (sub.reason === "approval_required") {
+    return `${lead} It asks to run a tool that needs your approval first (its chat lists the calls). ` +
+      `Continue approves them: they run, once. Dismiss denies them and ends this turn, and its subagents with it.`;
+  }
+  const why = REASONS[sub.reason] || `It waits (${sub.reason}).`;
+  return `${lead} ${why} Continue lets it go on from where it stopped; ${outcome}`;
+}
+
+function waitsForSubagent() {
+  return Boolean(shown) && OPEN.includes(shown.status) &&
+    (shown.subagents || []).some((s) => s.mode === "wait" && OPEN.includes(s.status));
+}
+
 function renderState(state) {
   shown = state;
   const words = STATUS_WORDS[state.status] || state.status;
@@ -151,8 +197,14 @@ function renderState(state) {
   $("status").textContent = line;
   const waiting = state.status === "awaiting_user" || state.status === "failed";
   $("notice").hidden = !waiting;
+  const forSub = waiting && state.reason === "subagent_waiting";
+  const sub = forSub
+    ? (state.subagents || []).find((s) => s.status === "awaiting_user" && s.recovery_id === state.recovery_id)
+    : null;
   if (waiting) {
-    $("notice-text").textContent = REASONS[state.reason] || `The turn waits for you (${state.reason}).`;
+    $("notice-text").textContent = forSub
+      ? subagentNotice(sub)
+      : REASONS[state.reason] || `The turn waits for you (${state.reason}).`;
     $("notice-detail").textContent = state.detail ? `Why: ${state.detail}` : "";
     $("notice-detail").hidden = !state.detail;
     $("continue").hidden = !state.can_continue;
@@ -165,11 +217,19 @@ function renderState(state) {
   calls.replaceChildren();
   for (const a of asks ? state.approvals || [] : []) calls.append(el("li", null, `${a.name}(${a.arguments})`));
   calls.hidden = !asks;
+  $("notice-sub").hidden = !sub;
+  if (sub) $("notice-sub").replaceChildren(chatLink(sub.chat_id, `Open the subagent's chat (${sub.chat_id})`));
+  renderSubagents(state);
   $("stop").hidden = !(["running", "resuming"].includes(state.status) && state.turn > 0);
   // The state's tool calls are the truth for its turn; events refine it between reads.
   working.clear();
   for (const c of state.tool_calls || []) working.set(c.id, { name: c.name, status: c.status });
   renderWorking();
+}
+
+async function refreshState() {
+  const res = await call("GET", chatPath);
+  if (res.status === 200) renderState(res.data);
 }
 
 async function refreshChat() {
@@ -192,10 +252,15 @@ function refreshSoon() {
 function follow(after) {
   stream = new EventSource(`${chatPath}/events?after=${after}`);
   const on = (type, fn) => stream.addEventListener(type, (e) => fn(JSON.parse(e.data)));
-  on("tool_started", (p) => { working.set(p.tool_call_id, { name: p.name, status: "running" }); renderWorking(); });
+  on("tool_started", (p) => {
+    working.set(p.tool_call_id, { name: p.name, status: "running" });
+    renderWorking();
+    if (p.name === "delegate") refreshSoon();  // the state lists the subagent it starts
+  });
   const finished = (p) => {
     working.set(p.tool_call_id, { name: p.name, status: p.status || "interrupted" });
     renderWorking();
+    if (p.name === "delegate") refreshSoon();
   };
   on("tool_finished", finished);
   on("tool_interrupted", finished);
@@ -317,6 +382,7 @@ async function start() {
     $("stop").addEventListener("click", stop);
     follow(await refreshChat());
     setInterval(() => refreshList().catch(() => {}), 5000);
+    setInterval(() => { if (waitsForSubagent()) refreshState().catch(() => {}); }, SUBAGENT_POLL_MS);
   } catch (err) {
     if (!(err instanceof LoginNeeded)) throw err;
   }
