@@ -10,6 +10,7 @@ from turnkeeper.activities.providers import ModelProvider
 from turnkeeper.activities.reconcile.quiet_passes import QuietPasses
 from turnkeeper.activities.reconcile.reconciler import Reconciler
 from turnkeeper.activities.store_activities import StoreActivities
+from turnkeeper.activities.subagent_activities import SubagentActivities
 from turnkeeper.activities.tool_call import ToolCallActivity
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
@@ -25,6 +26,7 @@ def build_activities(
     tools = ToolCallActivity(settings, store, registry)
     reconciler = Reconciler(settings, store)
     quiet = QuietPasses(settings)
+    subagents = SubagentActivities(settings, store)
     return [
         model.model_call,
         tools.tool_call,
@@ -37,6 +39,9 @@ def build_activities(
         writes.update_turn,
         writes.finish_turn,
         writes.append_events,
+        subagents.subagent_start,
+        subagents.subagent_result,
+        subagents.report_to_parent,
         reconciler.reconcile_pass,
         quiet.delete_quiet_passes,
     ]

@@ -155,6 +155,8 @@ class Context:
     """Transcript rows sent whole."""
     summaries_made: int
     """Summary calls this build made (0 when the stored one was enough)."""
+    preamble: int = 0
+    """System rows sent before the summary and the rows (a subagent's instructions)."""
 
 
 async def _as_is(call: Awaitable[str]) -> str:
@@ -173,14 +175,21 @@ class ContextBuilder:
         self._guard = guard or _as_is  # the model activity's: a summary call gives way to a shutdown
 
     async def build(
-        self, chat_id: str, tools: Sequence[ToolSpec], loaded: ContextRows | None = None
+        self,
+        chat_id: str,
+        tools: Sequence[ToolSpec],
+        loaded: ContextRows | None = None,
+        instructions: str | None = None,
     ) -> Context:
-        """`loaded`: the rows already read (`SessionStore.prepare_model_call`)."""
+        """`loaded`: the rows already read (`SessionStore.prepare_model_call`).
+        `instructions`: a system row sent first (a subagent profile's), counted as the tools are."""
         if loaded is None:
             loaded = await self._store.context_rows(chat_id)
         summary, rows = loaded.summary, list(loaded.rows)
         sizes = [row_tokens(r.message) for r in rows]
-        tools_cost = tools_tokens(tools)
+        preamble = [ChatMessage(role="system", content=instructions)] if instructions else []
+        # Sent with every call, like the tools' schemas: a fixed cost the fold leaves room for.
+        tools_cost = tools_tokens(tools) + sum(row_tokens(m) for m in preamble)
         made = 0
         while self._size(summary, sizes, tools_cost) > self.budget.total:
             cut = fold_point(rows, self.budget.keep(tools_cost))
@@ -193,12 +202,13 @@ class ContextBuilder:
             r.message.role == "assistant" for r in rows
         )
         return Context(
-            messages=compose(summary, rows),
+            messages=[*preamble, *compose(summary, rows)],
             tokens=self._size(summary, sizes, tools_cost),
             call_index=assistant,
             summary=summary,
             rows=len(rows),
             summaries_made=made,
+            preamble=len(preamble),
         )
 
     async def unique_call_ids(self, chat_id: str, reply: ModelReply, context: Context) -> ModelReply:
@@ -206,7 +216,7 @@ class ContextBuilder:
         it was sent; one that a folded row used (a server that reuses ids) is replaced too."""
         if not reply.tool_calls:
             return reply
-        if context.summary is None and len(context.messages) == context.rows:
+        if context.summary is None and len(context.messages) == context.preamble + context.rows:
             # The call was sent every row of the chat: checked here, without a read.
             calls = ensure_tool_call_ids(reply.tool_calls, context.messages, call_index=context.call_index)
             return reply if calls == reply.tool_calls else reply.model_copy(update={"tool_calls": calls})

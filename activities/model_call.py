@@ -21,6 +21,7 @@ from turnkeeper.activities.drafts import DraftWriter
 from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.activities.providers import ModelProvider, ProviderError
 from turnkeeper.activities.providers.base import well_formed
+from turnkeeper.activities.subagent_activities import allowed_tools, instructions
 from turnkeeper.activities.tools import ToolRegistry
 from turnkeeper.config import Settings
 from turnkeeper.store import (
@@ -89,7 +90,9 @@ class ModelCallActivity:
                         "new_messages": [m for m in inp.new_messages if m.message_id not in left_out],
                     }
                 )
-            tools = self._registry.specs(self._settings.tools)
+            # A subagent sees its profile's tools and instructions (docs/tools.md).
+            tools = self._registry.specs(allowed_tools(self._settings, inp.subagent))
+            told = instructions(self._settings, inp.subagent)
             try:
                 prepared = await self._store.prepare_model_call(
                     inp.chat_id, inp.turn, inp.new_messages, answer_lost_calls=inp.answer_lost_calls
@@ -97,7 +100,7 @@ class ModelCallActivity:
                 committed = prepared.committed
                 if isinstance(prepared.context, CorruptRowError):
                     raise prepared.context
-                context = await self._context.build(inp.chat_id, tools, prepared.context)
+                context = await self._context.build(inp.chat_id, tools, prepared.context, instructions=told)
             except CorruptRowError as err:
                 # Retrying reads the same row: the user sees it named, and can Dismiss.
                 raise ApplicationError(

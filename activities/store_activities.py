@@ -16,6 +16,7 @@ from turnkeeper.activities.heartbeat import heartbeating
 from turnkeeper.config import Settings
 from turnkeeper.models import OPEN_STATUSES
 from turnkeeper.store import SessionStore, TurnUpdate
+from turnkeeper.subagents import DELEGATE_TOOL
 
 T = TypeVar("T")
 
@@ -83,6 +84,13 @@ class StoreActivities:
             max_message_bytes=s.max_message_bytes,
             max_pending_bytes=s.max_pending_bytes,
             confirm_tools=self._confirm_tools,
+            subagents=activity_io.SubagentLimits(
+                max_depth=s.subagent_max_depth,
+                max_fanout=s.subagent_max_fanout,
+                profiles=sorted(p.name for p in s.subagent_profiles),
+            )
+            if DELEGATE_TOOL in s.tools
+            else None,
         )
 
     @activity.defn(name=activity_io.RECORD_TOOL_RESULT)

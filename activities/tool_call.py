@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from turnkeeper import activity_io
 from turnkeeper.activities.heartbeat import heartbeating
+from turnkeeper.activities.subagent_activities import allowed_tools, not_allowed_text
 from turnkeeper.activities.tools import ToolContext, ToolRegistry
 from turnkeeper.config import Settings
 from turnkeeper.store import SessionStore, StoreUnavailable, inline_calls
@@ -23,6 +24,7 @@ ALREADY_STARTED_TEXT = "Error: this tool call was started before and may have ac
 # tool's; the rest are calls the tool never finished or never saw.
 NOT_RUN_AGAIN = "not_run_again"
 NOT_APPROVED = "not_approved"
+NOT_ALLOWED = "not_allowed"
 STORE_UNAVAILABLE = "store_unavailable"
 CANCELLED = "cancelled"
 FAILED = "failed"
@@ -58,23 +60,32 @@ class ToolCallActivity:
     async def _call(self, inp: activity_io.ToolCallInput) -> tuple[activity_io.ToolCallResult, str]:
         """The call's result, and its outcome for the metric."""
         call = inp.call
+        enabled = allowed_tools(self._settings, inp.subagent)
         async with heartbeating():
+            # A subagent's call of a tool outside its profile is refused, never run.
+            refused = inp.subagent is not None and call.name not in enabled
             # The workflow asks first; this holds should a run's settings know less than this worker.
             unapproved = (
-                not inp.approved
+                not refused
+                and not inp.approved
                 and call.name in self._settings.tools
                 and self._registry.needs_approval(call.name, self._settings.confirm_tools)
             )
             try:
-                first = unapproved or await self._store.tool_started(
-                    inp.chat_id, inp.turn, call, inp.idempotency_key
+                first = (
+                    refused
+                    or unapproved
+                    or await self._store.tool_started(inp.chat_id, inp.turn, call, inp.idempotency_key)
                 )
             except StoreUnavailable as err:
                 # Not recorded, so not run: the workflow runs the call once the store is back.
                 raise ApplicationError(
                     str(err), type=activity_io.STORE_UNAVAILABLE_ERROR, non_retryable=True
                 ) from None
-            if unapproved:
+            if inp.subagent is not None and refused:
+                status, content = "error", not_allowed_text(self._settings, call.name, inp.subagent)
+                outcome = NOT_ALLOWED
+            elif unapproved:
                 status, content = "error", NOT_APPROVED_TEXT
                 outcome = NOT_APPROVED
             elif not first:
@@ -94,7 +105,7 @@ class ToolCallActivity:
                     call.name,
                     call.arguments,
                     ctx,
-                    enabled=self._settings.tools,
+                    enabled=enabled,
                     max_output_bytes=self._settings.max_tool_output_bytes,
                 )
                 status, content = ran.status, ran.content

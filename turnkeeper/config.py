@@ -210,6 +210,56 @@ def _var(
     return field(default=default, repr=not secret, metadata={"env": name, "parse": parse, "shown": shown})
 
 
+@dataclass(frozen=True)
+class SubagentProfile:
+    """A kind of subagent a `delegate` call may name: what it is told first and which
+    tools it may use (those the worker enables among them: docs/tools.md)."""
+
+    name: str
+    instructions: str
+    tools: tuple[str, ...]
+    model: str | None = None
+    """Accepted, not used yet: a worker has one model provider."""
+
+
+PROFILE_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_PROFILE_KEYS = ("instructions", "tools", "model")
+PROFILES_SHAPE = '{"<name>": {"instructions": "...", "tools": ["read_file", ...], "model": "..."}}'
+
+
+def _profiles(raw: str) -> tuple[SubagentProfile, ...]:
+    """A JSON object, name -> {"instructions": str, "tools": [str], "model"?: str}.
+    Errors say where and never start with `must`, so the value is not echoed: it can be long."""
+    import json  # only when the variable is set
+
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON ({err.msg} at character {err.pos}); expected {PROFILES_SHAPE}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object of profiles, {PROFILES_SHAPE}")
+    profiles = []
+    for name, spec in data.items():
+        where = f"profile {name!r}"
+        if not PROFILE_NAME.fullmatch(name):
+            raise ValueError(f"{where}: a profile name is 1-64 characters of A-Z a-z 0-9 . _ -")
+        if not isinstance(spec, dict):
+            raise ValueError(f'{where} is not an object like {{"instructions": "...", "tools": [...]}}')
+        unknown = sorted(set(spec) - set(_PROFILE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; known: {', '.join(_PROFILE_KEYS)}")
+        instructions, tools, model = spec.get("instructions"), spec.get("tools"), spec.get("model")
+        if not isinstance(instructions, str):
+            raise ValueError(f"{where}: 'instructions' must be a string")
+        if not isinstance(tools, list) or not all(isinstance(t, str) and t.strip() for t in tools):
+            raise ValueError(f"{where}: 'tools' must be a list of tool names")
+        if model is not None and not (isinstance(model, str) and model.strip()):
+            raise ValueError(f"{where}: 'model' must be a non-empty string")
+        names = tuple(dict.fromkeys(t.strip() for t in tools))
+        profiles.append(SubagentProfile(name, instructions, names, model))
+    return tuple(profiles)
+
+
 _PORT = _whole(1, 65535)
 
 
@@ -266,6 +316,18 @@ class Settings:
     mcp_servers: Path | None = _var("TURNKEEPER_MCP_SERVERS", None, Path, "unset: none")
     """a JSON file of MCP servers (`{"mcpServers": {...}}`, the shape MCP clients share): the worker
     serves their tools beside the built-in ones, as `<server>__<tool>` ([mcp.md](mcp.md))"""
+    subagent_max_depth: int = _var("TURNKEEPER_SUBAGENT_MAX_DEPTH", 2, _whole(1))
+    """how deep subagents nest, with `delegate` in `TURNKEEPER_TOOLS`: `1` lets a chat's turn
+    delegate and its subagents not ([tools.md](tools.md), "Delegating to subagents")"""
+    subagent_max_fanout: int = _var("TURNKEEPER_SUBAGENT_MAX_FANOUT", 4, _whole(1))
+    """`delegate` calls one model reply may start; the others are refused in words"""
+    subagent_profiles: tuple[SubagentProfile, ...] = _var(
+        "TURNKEEPER_SUBAGENT_PROFILES", (), _profiles, "unset: none (a subagent sees the worker's tools)"
+    )
+    """kinds of subagent a `delegate` call may name, as JSON: `{"<name>": {"instructions": "...",
+    "tools": ["read_file", ...], "model": "..."}}`; the instructions come first in the subagent's
+    calls, and it may use only the listed tools the worker enables; `model` is accepted and not yet
+    used (a worker has one model provider)"""
     context_tokens: int = _var("TURNKEEPER_CONTEXT_TOKENS", 0, _context_tokens)
     """tokens of context a model call sends at most, at least 512 ([architecture.md](architecture.md),
     "Long chats"); `0`: the model's window less 4,096 for its answer"""
@@ -438,6 +500,9 @@ class Settings:
         if self.temporal_http_address:
             return self.temporal_http_address
         return None if self.temporal_address else f"127.0.0.1:{self.dev_http_port}"
+
+    def subagent_profile(self, name: str) -> SubagentProfile | None:
+        return next((p for p in self.subagent_profiles if p.name == name), None)
 
     @property
     def sqlite_path(self) -> Path:

@@ -6,7 +6,11 @@ It looks only at the last history row:
 - a user row `write <path>: <content>`, `read <path>`, `list` / `ls [path]`,
   `run <command>`: a call to write_file / read_file / list_dir / exec (if that
   tool is enabled); `call <tool> {json arguments}`: a call to any enabled tool
-  (an MCP server's `<server>__<tool>` among them);
+  (an MCP server's `<server>__<tool>` among them); `delegate: <task>`,
+  `delegate in background: <task>`, `delegate as <profile>: <task>` (the two
+  combine): a `delegate` call, whose sub-chat's first message is the task, which
+  the demo model there reads like any message;
+- a background subagent's report: an acknowledgement quoting it;
 - anything else: a friendly echo with a hint.
 """
 
@@ -34,11 +38,26 @@ _WRITE = re.compile(r"^write\s+(?P<path>[^:\n]+?)\s*:[ \t]?(?P<content>.*)\Z", r
 _READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
 _RUN = re.compile(r"^run\s+(?P<command>\S.*?)\s*\Z", re.I | re.S)
 _LIST = re.compile(r"^(?:list|ls)(?:\s+(?P<path>\S.*?))?\s*\Z", re.I | re.S)
+_DELEGATE = re.compile(
+    r"^delegate(?P<options>(?:\s+as\s+[A-Za-z0-9._-]+|\s+in\s+(?:the\s+)?background)*)\s*:\s*(?P<task>\S.*)\Z",
+    re.I | re.S,
+)
+_PROFILE = re.compile(r"\sas\s+(?P<profile>[A-Za-z0-9._-]+)", re.I)
+# activities/subagent_activities.py's report heads.
+_REPORT = re.compile(
+    r"^Subagent \(chat (?P<chat>[^,]+), task: .*?\) (?P<how>answered|ended without an answer):\n", re.S
+)
 _CALL = re.compile(r"^call\s+(?P<tool>[A-Za-z0-9_-]+)(?:\s+(?P<arguments>\{.*\}))?\s*\Z", re.S)
 
 
 def _parse_command(text: str) -> tuple[str, dict[str, object]] | None:
     text = text.strip()
+    if m := _DELEGATE.match(text):
+        arguments: dict[str, object] = {"task": m["task"].strip()}
+        arguments["mode"] = "background" if "background" in m["options"].lower() else "wait"
+        if profile := _PROFILE.search(m["options"]):
+            arguments["profile"] = profile["profile"]
+        return "delegate", arguments
     if m := _WRITE.match(text):
         return "write_file", {"path": m["path"], "content": m["content"]}
     if m := _READ.match(text):
@@ -103,6 +122,9 @@ class DemoProvider(ModelProvider):
             return ModelReply(text=f"I am the offline demo model. {HINT}")
 
         text = last.content or ""
+        if report := _REPORT.match(text):
+            lead = "A subagent reported back" if report["how"] == "answered" else "A subagent stopped short"
+            return ModelReply(text=f"{lead} (chat {report['chat']}): {text[report.end() :].strip()}")
         command = _parse_command(text)
         if command is None:
             return ModelReply(text=f'You said: "{text.strip()}". I am the offline demo model. {HINT}')

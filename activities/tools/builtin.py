@@ -1,8 +1,10 @@
-"""Built-in tools: files in the workspace, and an opt-in shell (sandboxed, sandbox.py).
+"""Built-in tools: files in the workspace, an opt-in shell (sandboxed, sandbox.py),
+and `delegate`, whose calls the turn's workflow runs as child workflows.
 
 All paths go through `resolve_in_workspace`. Registered into the default
 registry at import; which ones a model may call is the caller's `enabled` list
-(by default read_file, write_file and list_dir; `exec` only when configured).
+(by default read_file, write_file and list_dir; `exec` and `delegate` only when
+configured).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from turnkeeper.subagents import DELEGATE_DESCRIPTION, DELEGATE_TOOL, DelegateArgs
 
 from . import sandbox
-from .registry import tool
-from .schema import ToolContext
+from .registry import default_registry, tool
+from .schema import ToolContext, arguments_schema, external_tool
 from .workspace import resolve_in_workspace
 
 # read_file reads at most this much: a huge file must not exhaust the worker's
@@ -133,6 +138,36 @@ async def exec_command(command: str, *, ctx: ToolContext) -> str:
             f"command timed out after {ctx.exec_timeout:g}s and was killed; output so far:\n{text}"
         )
     return f"exit code {_describe_code(code)}\n{text}"
+
+
+DELEGATE_NOT_HERE_TEXT = (
+    "Error: delegate runs as a child workflow of the turn, never as a tool activity; this call did not "
+    "start a subagent."
+)
+
+
+class _Delegate:
+    """`delegate` as the model sees it (its schema is `DelegateArgs`'). The turn's workflow
+    runs its calls as child workflows (docs/subagents.md); should the tool activity
+    be asked to run one, it refuses in words instead."""
+
+    def check(self, arguments: dict[str, Any]) -> str | None:
+        return None  # the refusal below says more than a schema error would
+
+    async def __call__(self, arguments: dict[str, Any], ctx: ToolContext) -> tuple[bool, str]:
+        return True, DELEGATE_NOT_HERE_TEXT
+
+
+default_registry().add(
+    external_tool(
+        _Delegate(),
+        name=DELEGATE_TOOL,
+        description=DELEGATE_DESCRIPTION,
+        parameters=arguments_schema(DelegateArgs),
+        effect="write",
+        confirm=False,
+    )
+)
 
 
 # Only these reach a command: the worker's environment holds API keys and

@@ -141,8 +141,7 @@ def build_tool(
         params.append((field, param.name))
 
     model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-    schema = _strip_titles(model.model_json_schema())
-    schema.setdefault("properties", {})
+    schema = arguments_schema(model)
     return RegisteredTool(
         name=tool_name,
         description=_first_paragraph(fn) if description is None else description,
@@ -154,6 +153,13 @@ def build_tool(
         parameters_schema=schema,
         confirm=confirm,
     )
+
+
+def arguments_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema a model sees for arguments shaped as `model`."""
+    schema: dict[str, Any] = _strip_titles(model.model_json_schema())
+    schema.setdefault("properties", {})
+    return schema
 
 
 def external_tool(

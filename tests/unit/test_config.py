@@ -9,7 +9,7 @@ import pytest
 import uvloop
 from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum
 
-from turnkeeper.config import ConfigError, Settings
+from turnkeeper.config import ConfigError, Settings, SubagentProfile
 from turnkeeper.worker.main import WORKFLOW_TASK_POLLS, event_loop_factory, poller_behaviors
 
 
@@ -135,3 +135,59 @@ def test_a_temporal_toml_profile_gives_the_address_and_namespace(tmp_path: Path)
     config.write_text("[profile.default\n")
     with pytest.raises(ConfigError, match="Temporal config file"):
         Settings.from_env(env)
+
+
+# -- subagents ---------------------------------------------------------------------------
+
+
+def test_subagent_limits_and_profiles_default_to_none() -> None:
+    settings = Settings.from_env({})
+    assert (settings.subagent_max_depth, settings.subagent_max_fanout) == (2, 4)
+    assert settings.subagent_profiles == ()
+    assert "delegate" not in settings.tools  # enabled only when listed
+
+
+def test_subagent_profiles_are_read_from_json() -> None:
+    raw = (
+        '{"reviewer": {"instructions": "Review; never edit.", "tools": ["read_file", " list_dir", "read_file"]},'
+        ' "writer": {"instructions": "", "tools": [], "model": "openai:gpt-4o-mini"}}'
+    )
+    settings = Settings.from_env(
+        {
+            "TURNKEEPER_SUBAGENT_PROFILES": raw,
+            "TURNKEEPER_SUBAGENT_MAX_DEPTH": "1",
+            "TURNKEEPER_SUBAGENT_MAX_FANOUT": "8",
+        }
+    )
+    reviewer = settings.subagent_profile("reviewer")
+    assert reviewer == SubagentProfile("reviewer", "Review; never edit.", ("read_file", "list_dir"))
+    writer = settings.subagent_profile("writer")
+    assert writer is not None and (writer.tools, writer.model) == ((), "openai:gpt-4o-mini")
+    assert settings.subagent_profile("nobody") is None
+    assert (settings.subagent_max_depth, settings.subagent_max_fanout) == (1, 8)
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("{reviewer: 1}", r"TURNKEEPER_SUBAGENT_PROFILES: not JSON \(.* at character 1\); expected \{"),
+        ('["reviewer"]', "TURNKEEPER_SUBAGENT_PROFILES: expected a JSON object of profiles"),
+        ('{"a b": {"instructions": "", "tools": []}}', "profile 'a b': a profile name is 1-64 characters"),
+        ('{"r": "read only"}', "profile 'r' is not an object"),
+        ('{"r": {"tools": []}}', "profile 'r': 'instructions' must be a string"),
+        ('{"r": {"instructions": "x", "tools": "read_file"}}', "profile 'r': 'tools' must be a list"),
+        ('{"r": {"instructions": "x", "tools": [1]}}', "profile 'r': 'tools' must be a list of tool names"),
+        ('{"r": {"instructions": "x", "tools": [], "model": 3}}', "profile 'r': 'model' must be"),
+        ('{"r": {"instructions": "x", "tools": [], "tool": []}}', r"profile 'r': unknown keys \['tool'\]"),
+    ],
+)
+def test_a_bad_profiles_value_is_refused_naming_the_variable(raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as refused:
+        Settings.from_env({"TURNKEEPER_SUBAGENT_PROFILES": raw})
+    assert str(refused.value).startswith("TURNKEEPER_SUBAGENT_PROFILES")
+
+
+@pytest.mark.parametrize("name", ["TURNKEEPER_SUBAGENT_MAX_DEPTH", "TURNKEEPER_SUBAGENT_MAX_FANOUT"])
+def test_subagent_limits_are_at_least_one(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"{name} must be at least 1, got '0'"):
+        Settings.from_env({name: "0"})

@@ -208,6 +208,77 @@ async def test_demo_does_not_call_tools_that_are_not_enabled() -> None:
     assert reply.is_final and "not enabled" in (reply.text or "")
 
 
+DELEGATE = ToolSpec(name="delegate", description="Hand a task to a subagent.", parameters={"type": "object"})
+
+
+@pytest.mark.parametrize(
+    "text, arguments",
+    [
+        ("delegate: write notes.txt: hi", {"task": "write notes.txt: hi", "mode": "wait"}),
+        ("Delegate in background: list", {"task": "list", "mode": "background"}),
+        (
+            "delegate in the background:  tidy up\nthe notes ",
+            {"task": "tidy up\nthe notes", "mode": "background"},
+        ),
+        (
+            "delegate as reviewer: read notes.txt",
+            {"task": "read notes.txt", "mode": "wait", "profile": "reviewer"},
+        ),
+        (
+            "delegate as reviewer in background: read a.txt",
+            {"task": "read a.txt", "mode": "background", "profile": "reviewer"},
+        ),
+        (
+            "delegate in background as reviewer: read a.txt",
+            {"task": "read a.txt", "mode": "background", "profile": "reviewer"},
+        ),
+    ],
+)
+async def test_demo_delegates_a_task(text: str, arguments: dict[str, str]) -> None:
+    reply = await DemoProvider().complete([user(text)], [*TOOLS, DELEGATE], call_index=2)
+    (call,) = reply.tool_calls
+    assert (call.id, call.name, json.loads(call.arguments)) == ("call_2_0", "delegate", arguments)
+
+
+async def test_demo_delegates_only_when_delegate_is_offered() -> None:
+    reply = await DemoProvider().complete([user("delegate: list")], TOOLS, call_index=0)
+    assert reply.is_final and "The delegate tool is not enabled" in (reply.text or "")
+    # Not a delegate command: no colon, so an echo.
+    reply = await DemoProvider().complete([user("delegate everything")], [DELEGATE], call_index=0)
+    assert reply.is_final and reply.text and reply.text.startswith("You said")
+
+
+async def test_demo_in_a_sub_chat_takes_the_task_as_its_message() -> None:
+    """A sub-chat's first row is the task: `delegate: write notes.txt: hi` nests into a write."""
+    (parent_call,) = (
+        await DemoProvider().complete(
+            [user("delegate: write notes.txt: hi")], [*TOOLS, DELEGATE], call_index=0
+        )
+    ).tool_calls
+    task = json.loads(parent_call.arguments)["task"]
+    (call,) = (await DemoProvider().complete([user(task)], TOOLS, call_index=0)).tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("write_file", {"path": "notes.txt", "content": "hi"})
+    # A profile's instructions come first, as a system row: the demo reads the last row.
+    system = ChatMessage(role="system", content="You review; never write.")
+    (call,) = (
+        await DemoProvider().complete([system, user("read notes.txt")], TOOLS, call_index=0)
+    ).tool_calls
+    assert call.name == "read_file"
+
+
+async def test_demo_acknowledges_a_background_subagents_report() -> None:
+    from turnkeeper.activities.subagent_activities import report_text
+
+    text = report_text("c.sub1-abc", "count the files", True, "There are 3 files.")
+    reply = await DemoProvider().complete([user(text)], [*TOOLS, DELEGATE], call_index=4)
+    assert reply.text == "A subagent reported back (chat c.sub1-abc): There are 3 files."
+    text = report_text("c.sub1-abc", "count", False, "Error: the subagent's turn ended recovered/stopped")
+    reply = await DemoProvider().complete([user(text)], [*TOOLS, DELEGATE], call_index=4)
+    assert reply.text == (
+        "A subagent stopped short (chat c.sub1-abc): Error: the subagent's turn ended recovered/stopped"
+    )
+
+
 # --- load_provider ------------------------------------------------------------------
 
 

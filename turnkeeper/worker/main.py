@@ -141,6 +141,14 @@ def check_tools(settings: Settings, registry: ToolRegistry | None = None) -> Non
         raise ConfigError(
             f"TURNKEEPER_TOOLS names unknown tools {unknown}; known: {sorted(registry.names())}"
         )
+    for profile in settings.subagent_profiles:
+        # A misspelt tool would quietly leave the subagent without it.
+        unknown = [n for n in profile.tools if registry.get(n) is None and not n.startswith(mcp_prefixes)]
+        if unknown:
+            raise ConfigError(
+                f"TURNKEEPER_SUBAGENT_PROFILES: profile {profile.name!r} names unknown tools {unknown}; "
+                f"known: {sorted(registry.names())}"
+            )
     from turnkeeper.activities.tools import sandbox
 
     sandbox.configure(settings.exec_sandbox)
