@@ -250,6 +250,8 @@ class TurnState(LazyModel):
     """The latest decisions that carried a `request_id`, oldest first."""
     subagents: list[SubagentView] = Field(default_factory=list)
     """The subagents this turn delegated to, in the order it started them."""
+    delegated_by: str | None = None
+    """In a sub-chat: the chat whose turn delegated this one."""
 
 
 class CarryOn(LazyModel):

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     # Passed through: re-importing pydantic models in every run's sandbox is slow.
     from turnkeeper.models import ChatTurnInput, TurnState
-    from turnkeeper.workflows.inputs import Decision, Message
+    from turnkeeper.workflows.inputs import Decision, Message, News
     from turnkeeper.workflows.turn_loop import Turn
 
 
@@ -63,6 +63,13 @@ class ChatTurn:
     )
     def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
         self._turn.inputs.append(Decision("stop", payload))
+
+    @workflow.signal(
+        name="subagent",
+        description="Sent by a subagent's run this turn waits for: its gate opened or closed.",
+    )
+    def subagent(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
+        self._turn.inputs.append(News(payload))
 
     @workflow.query(
         name="state",

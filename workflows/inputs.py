@@ -62,13 +62,20 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class News:
+    """A subagent this turn waits for says its gate opened or closed."""
+
+    payload: RawValue | None
+
+
+@dataclass(frozen=True)
 class Done:
     """An activity or timer of the turn's has ended."""
 
     future: asyncio.Future[Any]
 
 
-TurnInput = Message | Decision | Done
+TurnInput = Message | Decision | News | Done
 
 
 def take_message(turn: Turn, payload: RawValue | None) -> None:
@@ -102,7 +109,7 @@ def take_message(turn: Turn, payload: RawValue | None) -> None:
         )
         return
     turn.inbox.offer(message)
-    if recovery.decide(turn.state.status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
+    if recovery.decide(recovery.shown(turn.state).status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
         # Newer input beats the recovery, unless it is a late retry of a message the
         # chat already holds: the store tells (the check's end is an input too).
         turn.check_superseding(message.message_id)
@@ -152,13 +159,16 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
             return recovery.NOT_RUNNING
         turn.end_by_user(Reason.STOPPED)
         return None
-    why = recovery.refusal(state, action, recovery_id)
+    shown = recovery.shown(state)  # a waiting subagent's gate is decided here too
+    why = recovery.refusal(shown, action, recovery_id)
     if why is not None:
         return why
     effect = recovery.decide(
-        state.status, Input(action), can_continue=state.can_continue, reason=state.reason
+        shown.status, Input(action), can_continue=shown.can_continue, reason=shown.reason
     ).effect
-    if effect in (Effect.RESUME, Effect.APPROVE):
+    if effect == Effect.FORWARD:
+        turn.delegations.forward(action, recovery_id)
+    elif effect in (Effect.RESUME, Effect.APPROVE):
         recovery.accept_continue(state)
         state.detail = None
         turn.decided = True
@@ -185,4 +195,4 @@ def _record(turn: Turn, request_id: str | None, action: Action, refusal: str | N
 
 
 def supersedes(turn: Turn) -> bool:
-    return turn.state.status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING)
+    return recovery.shown(turn.state).status in (TurnStatus.AWAITING_USER, TurnStatus.RESUMING)

@@ -50,12 +50,15 @@ with workflow.unsafe.imports_passed_through():
         UserMessage,
     )
     from turnkeeper.search_attributes import CHAT_ID_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
+    from turnkeeper.subagents import DELEGATE_TOOL
     from turnkeeper.telemetry import metrics
     from turnkeeper.workflows import steps
+    from turnkeeper.workflows.delegation import Delegations
     from turnkeeper.workflows.input_queue import InputQueue
     from turnkeeper.workflows.inputs import (
         Decision,
         Message,
+        News,
         TurnInput,
         refuse_message,
         supersedes,
@@ -100,11 +103,13 @@ class Lost:
 
 class Turn:
     def __init__(self, input: ChatTurnInput) -> None:
-        self.state = TurnState(chat_id=input.chat_id)
+        link = input.parent
+        self.state = TurnState(chat_id=input.chat_id, delegated_by=link.parent_chat_id if link else None)
         self.inbox = Inbox()
         for message in input.pending:
             self.inbox.offer(message)
         self.inputs = InputQueue()
+        self.delegations = Delegations(self, input.parent)
         self.settings = activity_io.TurnSettings()
         self.settings_known = False
         self.under_way = False  # a message was handed to a model call: there is a turn to stop
@@ -127,7 +132,7 @@ class Turn:
     def query(self) -> TurnState:
         held_back = [] if self._call_running else self.inbox.in_flight
         pending = [m.message_id for m in held_back + self.inbox.waiting]
-        return self.state.model_copy(update={"pending_followups": pending})
+        return recovery.shown(self.state).model_copy(update={"pending_followups": pending})
 
     # -- inputs: taken one at a time, in history order -------------------------------------
     def take(self, inp: TurnInput) -> None:
@@ -135,6 +140,8 @@ class Turn:
             take_message(self, inp.payload)
         elif isinstance(inp, Decision):
             take_decision(self, inp.action, inp.payload)
+        elif isinstance(inp, News):
+            self.delegations.news(inp.payload)
         else:
             self.inputs.take_end(inp)
 
@@ -152,7 +159,8 @@ class Turn:
             if cancel_on_end and self.ending is not None and not cancelled:
                 cancelled = True
                 for future in futures:
-                    future.cancel()
+                    if future not in self.delegations.spared:  # dismissed, and ending so
+                        future.cancel()
             self.take(await self.inputs.next())
         self.inputs.ended.difference_update(futures)
 
@@ -164,6 +172,7 @@ class Turn:
             if reason == Reason.DISMISSED:
                 newer = set(self._checking) | set(self._superseding)
                 self.dismissed = {i for i in self.inbox.ids() if i not in newer}
+                self.delegations.dismiss_waiting()
 
     def announce(self, event: NewEvent) -> None:
         self.events.append(event)
@@ -219,7 +228,7 @@ class Turn:
         if current.get(CHAT_ID_ATTR) == self.state.chat_id and current.get(TURN_STATUS_ATTR) == "running":
             self._upserted = (TurnStatus.RUNNING, None)  # our client sets them at start
         else:
-            self._upsert()  # an operator's signal-with-start does not
+            self.upsert()  # an operator's signal-with-start does not
         if input.recovery is not None:
             await self._recover(input.recovery)
         elif input.carry_on is not None:
@@ -229,7 +238,9 @@ class Turn:
         else:
             self.state.status = TurnStatus.COMPLETED
         await self._quiet()
-        self._upsert()  # a run that began no turn ends listed as it ended
+        if self._turn_taken and (report := self.delegations.report()) is not None:
+            await self._write(activity_io.REPORT_TO_PARENT, report, patient=True)  # a background answer
+        self.upsert()  # a run that began no turn ends listed as it ended
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
@@ -237,7 +248,9 @@ class Turn:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
             workflow.continue_as_new(
-                ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting),
+                ChatTurnInput(
+                    chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=self.delegations.link
+                ),
                 task_timeout=TURN_TASK_TIMEOUT,
                 initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
             )
@@ -318,7 +331,7 @@ class Turn:
                 if resumed:
                     await self._finish()  # recovered/continued
                 else:
-                    self._upsert()  # the model call closed the turn in the store
+                    self.upsert()  # the model call closed the turn in the store
                 return
             self.held = [c for c in outcome.tool_calls if c.name in self.settings.confirm_tools]
             free = [c for c in outcome.tool_calls if c not in self.held]
@@ -363,6 +376,7 @@ class Turn:
                     closes_turn=not resuming,
                     answer_lost_calls=after_loss,
                     begins_turn=not self.state.turn,
+                    subagent=self.delegations.link,
                 )
             )
             self.under_way = self._call_running = True
@@ -445,15 +459,17 @@ class Turn:
         self.state.tool_calls.extend(v for v in views if v.id not in shown)
         todo = list(zip(calls, views, strict=False))
         lost: list[Reason] = []
+        self.delegations.begin_step()
         while True:
             handles = []
             for call, view in todo:
                 view.status = ToolCallStatus.RUNNING
-                handle = steps.tool_call(
-                    activity_io.ToolCallInput(
-                        chat_id=self.state.chat_id, turn=self.state.turn, call=call, approved=approved
-                    )
-                )
+                if call.name == DELEGATE_TOOL and self.settings.subagents is not None:
+                    handle = self.delegations.call(call)
+                else:
+                    link = self.delegations.link
+                    arg = activity_io.ToolCallInput(**self._at(), call=call, approved=approved, subagent=link)
+                    handle = steps.tool_call(arg)
                 self.inputs.watch(handle, partial(_show_result, view=view))  # shown as each ends
                 handles.append(handle)
             await self.wait(handles)
@@ -524,7 +540,8 @@ class Turn:
         for name in ("status", "reason", "recovery_id", "can_continue", "detail"):
             setattr(self.state, name, getattr(opened, name))
         self.decided = False
-        self._upsert()
+        self.upsert()
+        self.delegations.tell_parent()
         ask = f"Continue or Dismiss with recovery id {opened.recovery_id}."
         workflow.set_current_details(f"Waiting for the user: {reason.value}. {ask}")
         if self._count_gate:
@@ -537,11 +554,12 @@ class Turn:
         if self.ending is not None:
             await self._end()
             return ENDED
+        self.delegations.tell_parent()
         written = await self._write_turn(activity_io.UpdateTurnInput.of(self.state))
         if not written.written:
             return await self._store_ended(written)
         self.decided = False
-        self._upsert()
+        self.upsert()
         return CONTINUE
 
     async def _store_ended(self, written: activity_io.TurnWriteResult) -> Flow:
@@ -552,7 +570,7 @@ class Turn:
             held = await self._stored(self.inbox.in_flight)
             self.inbox.return_in_flight()
             self.inbox.drop(held)
-        self._upsert()
+        self.upsert()
         return ENDED
 
     async def _approval(self) -> bool:
@@ -620,7 +638,7 @@ class Turn:
         written = await self._write_turn(update, activity_io.FINISH_TURN)
         if not written.written:  # a persisted completion wins
             self.state.status, self.state.reason = written.status, written.reason
-        self._upsert()
+        self.upsert()
 
     # -- store writes -----------------------------------------------------------------------------
     async def _write_turn(
@@ -640,10 +658,12 @@ class Turn:
         held = await self._write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
         return set(held.held)
 
-    async def _write(self, activity: str, arg: Any, result_type: type[R] | None = None) -> R:
+    async def _write(
+        self, activity: str, arg: Any, result_type: type[R] | None = None, patient: bool = False
+    ) -> R:
         """A store write that waits out an outage: `store_unavailable` shows in `state`."""
         while True:
-            handle = steps.store_write(activity, arg, result_type)
+            handle = steps.store_write(activity, arg, result_type, patient=patient)
             await self.wait([handle], cancel_on_end=False)
             try:
                 result: R = handle.result()
@@ -670,18 +690,15 @@ class Turn:
             self.state.store_unavailable = False
             workflow.logger.info("chat %s: the session store answers again", self.state.chat_id)
 
-    def _upsert(self) -> None:
-        reason = self.state.reason
-        if self._upserted == (self.state.status, reason):
+    def upsert(self) -> None:
+        """The search attributes say what `state` shows."""
+        status, reason = (shown := recovery.shown(self.state)).status, shown.reason
+        if self._upserted == (status, reason):
             return
-        self._upserted = (self.state.status, reason)
-        shown = RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset()
+        self._upserted = (status, reason)
+        why = RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset()
         workflow.upsert_search_attributes(
-            [
-                CHAT_ID_ATTR.value_set(self.state.chat_id),
-                TURN_STATUS_ATTR.value_set(self.state.status.value),
-                shown,
-            ]
+            [CHAT_ID_ATTR.value_set(self.state.chat_id), TURN_STATUS_ATTR.value_set(status.value), why]
         )
 
     # -- long histories: a fresh run of the same turn -------------------------------------------
@@ -723,7 +740,13 @@ class Turn:
                 approvals=list(self.held),
             )
         workflow.continue_as_new(
-            ChatTurnInput(chat_id=s.chat_id, pending=self.inbox.waiting, carry_on=carry_on, recovery=gate),
+            ChatTurnInput(
+                chat_id=s.chat_id,
+                pending=self.inbox.waiting,
+                carry_on=carry_on,
+                recovery=gate,
+                parent=self.delegations.link,
+            ),
             task_timeout=TURN_TASK_TIMEOUT,
         )
 

@@ -7,9 +7,10 @@ It looks only at the last history row:
   `run <command>`: a call to write_file / read_file / list_dir / exec (if that
   tool is enabled); `call <tool> {json arguments}`: a call to any enabled tool
   (an MCP server's `<server>__<tool>` among them); `delegate: <task>`,
-  `delegate in background: <task>`, `delegate as <profile>: <task>` (the two
+  `delegate in background: <task>`, `delegate as <profile>: <task>` (they
   combine): a `delegate` call, whose sub-chat's first message is the task, which
-  the demo model there reads like any message;
+  the demo model there reads like any message; `delegate each: <task> | <task>`:
+  one call per task, in one reply (they run in parallel);
 - a background subagent's report: an acknowledgement quoting it;
 - anything else: a friendly echo with a hint.
 """
@@ -39,7 +40,7 @@ _READ = re.compile(r"^read\s+(?P<path>\S.*?)\s*\Z", re.I | re.S)
 _RUN = re.compile(r"^run\s+(?P<command>\S.*?)\s*\Z", re.I | re.S)
 _LIST = re.compile(r"^(?:list|ls)(?:\s+(?P<path>\S.*?))?\s*\Z", re.I | re.S)
 _DELEGATE = re.compile(
-    r"^delegate(?P<options>(?:\s+as\s+[A-Za-z0-9._-]+|\s+in\s+(?:the\s+)?background)*)\s*:\s*(?P<task>\S.*)\Z",
+    r"^delegate(?P<options>(?:\s+as\s+[A-Za-z0-9._-]+|\s+in\s+(?:the\s+)?background|\s+each)*)\s*:\s*(?P<task>\S.*)\Z",
     re.I | re.S,
 )
 _PROFILE = re.compile(r"\sas\s+(?P<profile>[A-Za-z0-9._-]+)", re.I)
@@ -50,28 +51,35 @@ _REPORT = re.compile(
 _CALL = re.compile(r"^call\s+(?P<tool>[A-Za-z0-9_-]+)(?:\s+(?P<arguments>\{.*\}))?\s*\Z", re.S)
 
 
-def _parse_command(text: str) -> tuple[str, dict[str, object]] | None:
+def _parse_command(text: str) -> list[tuple[str, dict[str, object]]] | None:
     text = text.strip()
     if m := _DELEGATE.match(text):
-        arguments: dict[str, object] = {"task": m["task"].strip()}
-        arguments["mode"] = "background" if "background" in m["options"].lower() else "wait"
-        if profile := _PROFILE.search(m["options"]):
-            arguments["profile"] = profile["profile"]
-        return "delegate", arguments
+        options = m["options"].lower()
+        tasks = (
+            [t.strip() for t in m["task"].split("|")] if "each" in options.split() else [m["task"].strip()]
+        )
+        calls = []
+        for task in filter(None, tasks):
+            arguments: dict[str, object] = {"task": task}
+            arguments["mode"] = "background" if "background" in options else "wait"
+            if profile := _PROFILE.search(m["options"]):
+                arguments["profile"] = profile["profile"]
+            calls.append(("delegate", arguments))
+        return calls or None
     if m := _WRITE.match(text):
-        return "write_file", {"path": m["path"], "content": m["content"]}
+        return [("write_file", {"path": m["path"], "content": m["content"]})]
     if m := _READ.match(text):
-        return "read_file", {"path": m["path"]}
+        return [("read_file", {"path": m["path"]})]
     if m := _RUN.match(text):
-        return "exec", {"command": m["command"]}
+        return [("exec", {"command": m["command"]})]
     if m := _LIST.match(text):
-        return "list_dir", {"path": m["path"] or "."}
+        return [("list_dir", {"path": m["path"] or "."})]
     if m := _CALL.match(text):
         try:
             arguments = json.loads(m["arguments"] or "{}")
         except json.JSONDecodeError:
             return None
-        return (m["tool"], arguments) if isinstance(arguments, dict) else None
+        return [(m["tool"], arguments)] if isinstance(arguments, dict) else None
     return None
 
 
@@ -128,7 +136,7 @@ class DemoProvider(ModelProvider):
         command = _parse_command(text)
         if command is None:
             return ModelReply(text=f'You said: "{text.strip()}". I am the offline demo model. {HINT}')
-        tool_name, arguments = command
+        tool_name = command[0][0]
         enabled = [t.name for t in tools]
         if tool_name not in enabled:
             listing = ", ".join(enabled) if enabled else "none"
@@ -137,10 +145,7 @@ class DemoProvider(ModelProvider):
             )
         return ModelReply(
             tool_calls=[
-                ToolCall(
-                    id=fallback_tool_call_id(call_index, 0),
-                    name=tool_name,
-                    arguments=json.dumps(arguments),
-                )
+                ToolCall(id=fallback_tool_call_id(call_index, i), name=name, arguments=json.dumps(arguments))
+                for i, (name, arguments) in enumerate(command)
             ]
         )

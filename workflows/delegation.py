@@ -1,0 +1,244 @@
+"""Delegation: a `delegate` call runs as a child workflow, a turn of its own in a sub-chat.
+
+The loop treats a delegation as any tool call: one future, whose end is an input.
+The future's own steps — record the call as started, start the child, await its
+answer, record that as the call's result — are Temporal operations only and take
+no input. What the loop takes is the child's news of its gate (the `subagent`
+signal) and the user's decisions for that gate, which go on to the child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from temporalio import workflow
+from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ChildWorkflowError
+from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from turnkeeper import activity_io, recovery, subagents
+    from turnkeeper.models import (
+        TURN_TASK_TIMEOUT,
+        ChatTurnInput,
+        NewEvent,
+        SubagentLink,
+        SubagentView,
+        ToolCall,
+        TurnState,
+        TurnStatus,
+        UserMessage,
+    )
+    from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
+    from turnkeeper.workflows import steps
+    from turnkeeper.workflows.payloads import Undecodable, decode_payload
+
+if TYPE_CHECKING:
+    from turnkeeper.workflows.turn_loop import Turn
+
+Result = activity_io.ToolCallResult
+
+
+class Delegations:
+    def __init__(self, turn: Turn, link: SubagentLink | None) -> None:
+        self._turn = turn
+        self.link = link  # set in a subagent's own run
+        self._in_step = 0
+        self._futures: dict[str, asyncio.Future[Result]] = {}  # by sub-chat
+
+    @property
+    def spared(self) -> list[asyncio.Future[Result]]:
+        """Subagents dismissed with their parent's turn: they end themselves, uncancelled."""
+        views = self._turn.state.subagents
+        return [
+            self._futures[v.chat_id]
+            for v in views
+            if v.status == TurnStatus.RECOVERED and v.chat_id in self._futures
+        ]
+
+    def begin_step(self) -> None:
+        self._in_step = 0
+
+    # -- the delegating turn ------------------------------------------------------------
+    def call(self, call: ToolCall) -> asyncio.Future[Result]:
+        """The delegate call's future: its result, recorded, or a refusal in words."""
+        self._in_step += 1
+        try:
+            args = subagents.parse_args(call.arguments)
+            link = self._link(call, args)
+        except subagents.DelegateRefused as refused:
+            done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+            # Recorded by the loop, as a tool result the store could not take at once is.
+            refusal = Result(tool_call_id=call.id, name=call.name, status="error", content=str(refused))
+            done.set_result(refusal.model_copy(update={"recorded": False}))
+            return done
+        s = self._turn.state
+        view = SubagentView(
+            chat_id=subagents.sub_chat_id(s.chat_id, s.turn, call.id),
+            workflow_id="",
+            tool_call_id=call.id,
+            task=subagents.shown_task(args.task),
+            mode=args.mode,
+        )
+        view.workflow_id = f"chat-{view.chat_id}"
+        s.subagents.append(view)
+        future = self._futures[view.chat_id] = asyncio.ensure_future(self._delegate(call, link, view))
+        return future
+
+    def _link(self, call: ToolCall, args: subagents.DelegateArgs) -> SubagentLink:
+        limits = self._turn.settings.subagents
+        assert limits is not None  # the loop delegates only when the tool is enabled
+        depth = (self.link.depth if self.link else 0) + 1
+        if depth > limits.max_depth:
+            raise subagents.DelegateRefused(
+                f"Error: subagents nest at most {limits.max_depth} deep; this one would be at depth {depth}"
+            )
+        if self._in_step > limits.max_fanout:
+            raise subagents.DelegateRefused(
+                f"Error: at most {limits.max_fanout} delegate calls run in one step; this one did not start"
+            )
+        if args.profile is not None and args.profile not in limits.profiles:
+            known = ", ".join(limits.profiles) or "none"
+            raise subagents.DelegateRefused(
+                f"Error: no subagent profile {args.profile!r} (profiles: {known})"
+            )
+        s = self._turn.state
+        return SubagentLink(
+            parent_chat_id=s.chat_id,
+            parent_workflow_id=workflow.info().workflow_id,
+            parent_turn=s.turn,
+            tool_call_id=call.id,
+            depth=depth,
+            mode=args.mode,
+            profile=args.profile,
+            task=args.task,
+        )
+
+    async def _delegate(self, call: ToolCall, link: SubagentLink, view: SubagentView) -> Result:
+        s = self._turn.state
+        start = activity_io.SubagentStartInput(chat_id=s.chat_id, turn=s.turn, call=call)
+        await steps.store_write(
+            activity_io.SUBAGENT_START, start, summary="delegate: record start", patient=True
+        )
+        task = UserMessage(message_id=subagents.task_message_id(call.id), text=link.task, sender="delegate")
+        wait = link.mode == "wait"
+        try:
+            child = await workflow.start_child_workflow(
+                "ChatTurn",
+                ChatTurnInput(chat_id=view.chat_id, pending=[task], parent=link),
+                id=view.workflow_id,
+                result_type=TurnState,
+                task_timeout=TURN_TASK_TIMEOUT,
+                # A waiting turn's child ends with it; a background one goes on alone.
+                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL if wait else ParentClosePolicy.ABANDON,
+                cancellation_type=ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(CHAT_ID_ATTR, view.chat_id),
+                        SearchAttributePair(TURN_STATUS_ATTR, "running"),
+                    ]
+                ),
+                static_summary=f"subagent: {subagents.shown_task(link.task)[:100]}",
+            )
+            ended: TurnState | None = await child if wait else None
+        except ChildWorkflowError as err:
+            view.status = TurnStatus.FAILED
+            why = f"Error: the subagent in chat {view.chat_id} failed: {err.cause or err}"
+            return Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
+        if ended is not None:
+            view.status, view.reason, view.recovery_id = ended.status, ended.reason, ended.recovery_id
+        record = activity_io.SubagentResultInput(
+            chat_id=s.chat_id,
+            turn=s.turn,
+            call=call,
+            sub_chat_id=view.chat_id,
+            sub_turn=ended.turn if ended else 0,
+            sub_status=ended.status if ended else TurnStatus.RUNNING,
+            sub_reason=ended.reason if ended else None,
+            background=not wait,
+        )
+        handle = steps.store_write(
+            activity_io.SUBAGENT_RESULT, record, Result, summary="delegate: record answer", patient=True
+        )
+        result: Result = await handle
+        return result
+
+    def news(self, payload: RawValue | None) -> None:
+        """A waiting subagent's gate opened or closed: its parent shows it."""
+        try:
+            news = SubagentView.model_validate(decode_payload(payload))
+        except (Undecodable, ValidationError):
+            workflow.logger.warning("chat %s: unreadable subagent news", self._turn.state.chat_id)
+            return
+        before = recovery.shown(self._turn.state)
+        for view in self._turn.state.subagents:
+            if view.chat_id == news.chat_id and view.status in (TurnStatus.RUNNING, *_GATED):
+                view.status, view.reason = news.status, news.reason
+                view.recovery_id, view.can_continue = news.recovery_id, news.can_continue
+        self._shown_since(before)
+
+    def forward(self, action: str, recovery_id: str | None) -> None:
+        """Continue or Dismiss given here for a subagent's gate: the subagent takes it."""
+        before = recovery.shown(self._turn.state)
+        for view in self._turn.state.subagents:
+            if view.mode == "wait" and view.status == _AWAITING and view.recovery_id == recovery_id:
+                view.status = TurnStatus.RESUMING if action == "continue" else TurnStatus.RECOVERED
+                _signal(view.workflow_id, action, {"recovery_id": recovery_id})
+        self._shown_since(before)
+
+    def _shown_since(self, before: TurnState) -> None:
+        """A subagent's gate shown or gone: the search attributes and the chat's event log say so."""
+        self._turn.upsert()
+        s = recovery.shown(self._turn.state)
+        if (s.status, s.reason, s.recovery_id) == (before.status, before.reason, before.recovery_id):
+            return
+        shown = {"turn": s.turn, "status": s.status.value, "reason": s.reason.value if s.reason else None}
+        more = {"recovery_id": s.recovery_id, "can_continue": s.can_continue, "attempts": s.attempts}
+        self._turn.announce(NewEvent(type="recovery_state", payload={**shown, **more, "detail": s.detail}))
+
+    def dismiss_waiting(self) -> None:
+        """The delegating turn is dismissed: so are its subagents waiting at a gate."""
+        for view in self._turn.state.subagents:
+            if view.mode == "wait" and view.status == TurnStatus.AWAITING_USER:
+                self.forward("dismiss", view.recovery_id)
+
+    # -- a subagent's own run ------------------------------------------------------------
+    def tell_parent(self) -> None:
+        """The gate of a subagent its parent waits for reaches the parent's chat."""
+        if self.link is None or self.link.mode != "wait":
+            return
+        s = self._turn.state
+        news = SubagentView(
+            chat_id=s.chat_id,
+            workflow_id=workflow.info().workflow_id,
+            tool_call_id=self.link.tool_call_id,
+            task=subagents.shown_task(self.link.task),
+            mode=self.link.mode,
+            status=s.status,
+            reason=s.reason,
+            recovery_id=s.recovery_id,
+            can_continue=s.can_continue,
+        )
+        _signal(self.link.parent_workflow_id, "subagent", news)
+
+    def report(self) -> activity_io.ReportToParentInput | None:
+        """What a background subagent's ended turn sends its parent's chat."""
+        s = self._turn.state
+        if self.link is None or self.link.mode != "background" or not s.turn:
+            return None
+        return activity_io.ReportToParentInput(
+            sub_chat_id=s.chat_id, sub_turn=s.turn, sub_status=s.status, sub_reason=s.reason, parent=self.link
+        )
+
+
+_AWAITING = TurnStatus.AWAITING_USER
+_GATED = (_AWAITING, TurnStatus.RESUMING)
+
+
+def _signal(workflow_id: str, name: str, arg: Any) -> None:
+    """Fire and forget: a run that has ended needs no news."""
+    sent = asyncio.ensure_future(workflow.get_external_workflow_handle(workflow_id).signal(name, arg))
+    sent.add_done_callback(lambda f: f.cancelled() or f.exception())
