@@ -12,7 +12,8 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from turnkeeper.models import DelegateMode
+from turnkeeper.activity_io import SubagentLimits
+from turnkeeper.models import DelegateMode, SubagentLink, SubagentView, TurnState
 
 DELEGATE_TOOL = "delegate"
 DELEGATE_DESCRIPTION = (
@@ -68,3 +69,31 @@ def report_message_id(sub_chat_id: str, turn: int) -> str:
 
 def shown_task(task: str) -> str:
     return task if len(task) <= TASK_SHOWN else task[: TASK_SHOWN - 3] + "..."
+
+
+def refusal(limits: SubagentLimits, depth: int, nth_in_step: int, args: DelegateArgs) -> str | None:
+    """Why a delegate call at `depth` (1: a chat's own turn delegates), the `nth_in_step`
+    delegate call of one model reply, starts no subagent; None when it may."""
+    if depth > limits.max_depth:
+        return f"Error: subagents nest at most {limits.max_depth} deep; this one would be at depth {depth}"
+    if nth_in_step > limits.max_fanout:
+        return f"Error: at most {limits.max_fanout} delegate calls run in one step; this one did not start"
+    if args.profile is not None and args.profile not in limits.profiles:
+        known = ", ".join(limits.profiles) or "none"
+        return f"Error: no subagent profile {args.profile!r} (profiles: {known})"
+    return None
+
+
+def view_of(state: TurnState, link: SubagentLink, workflow_id: str) -> SubagentView:
+    """A subagent's own state as its parent lists it."""
+    return SubagentView(
+        chat_id=state.chat_id,
+        workflow_id=workflow_id,
+        tool_call_id=link.tool_call_id,
+        task=shown_task(link.task),
+        mode=link.mode,
+        status=state.status,
+        reason=state.reason,
+        recovery_id=state.recovery_id,
+        can_continue=state.can_continue,
+    )

@@ -66,47 +66,23 @@ class Delegations:
     def call(self, call: ToolCall) -> asyncio.Future[Result]:
         """The delegate call's future: its result, recorded, or a refusal in words."""
         self._in_step += 1
-        try:
-            args = subagents.parse_args(call.arguments)
-            link = self._link(call, args)
-        except subagents.DelegateRefused as refused:
-            done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-            # Recorded by the loop, as a tool result the store could not take at once is.
-            refusal = Result(tool_call_id=call.id, name=call.name, status="error", content=str(refused))
-            done.set_result(refusal.model_copy(update={"recorded": False}))
-            return done
-        s = self._turn.state
-        view = SubagentView(
-            chat_id=subagents.sub_chat_id(s.chat_id, s.turn, call.id),
-            workflow_id="",
-            tool_call_id=call.id,
-            task=subagents.shown_task(args.task),
-            mode=args.mode,
-        )
-        view.workflow_id = f"chat-{view.chat_id}"
-        s.subagents.append(view)
-        future = self._futures[view.chat_id] = asyncio.ensure_future(self._delegate(call, link, view))
-        return future
-
-    def _link(self, call: ToolCall, args: subagents.DelegateArgs) -> SubagentLink:
-        limits = self._turn.settings.subagents
+        s, limits = self._turn.state, self._turn.settings.subagents
         assert limits is not None  # the loop delegates only when the tool is enabled
         depth = (self.link.depth if self.link else 0) + 1
-        if depth > limits.max_depth:
-            raise subagents.DelegateRefused(
-                f"Error: subagents nest at most {limits.max_depth} deep; this one would be at depth {depth}"
+        try:
+            args = subagents.parse_args(call.arguments)
+            why = subagents.refusal(limits, depth, self._in_step, args)
+        except subagents.DelegateRefused as refused:
+            why = str(refused)
+        if why is not None:
+            done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+            # Recorded by the loop, as a tool result the store could not take at once is.
+            done.set_result(
+                Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
             )
-        if self._in_step > limits.max_fanout:
-            raise subagents.DelegateRefused(
-                f"Error: at most {limits.max_fanout} delegate calls run in one step; this one did not start"
-            )
-        if args.profile is not None and args.profile not in limits.profiles:
-            known = ", ".join(limits.profiles) or "none"
-            raise subagents.DelegateRefused(
-                f"Error: no subagent profile {args.profile!r} (profiles: {known})"
-            )
-        s = self._turn.state
-        return SubagentLink(
+            return done
+        sub = subagents.sub_chat_id(s.chat_id, s.turn, call.id)
+        link = SubagentLink(
             parent_chat_id=s.chat_id,
             parent_workflow_id=workflow.info().workflow_id,
             parent_turn=s.turn,
@@ -116,6 +92,10 @@ class Delegations:
             profile=args.profile,
             task=args.task,
         )
+        view = subagents.view_of(TurnState(chat_id=sub), link, f"chat-{sub}")
+        s.subagents.append(view)
+        future = self._futures[sub] = asyncio.ensure_future(self._delegate(call, link, view))
+        return future
 
     async def _delegate(self, call: ToolCall, link: SubagentLink, view: SubagentView) -> Result:
         s = self._turn.state
@@ -210,18 +190,7 @@ class Delegations:
         """The gate of a subagent its parent waits for reaches the parent's chat."""
         if self.link is None or self.link.mode != "wait":
             return
-        s = self._turn.state
-        news = SubagentView(
-            chat_id=s.chat_id,
-            workflow_id=workflow.info().workflow_id,
-            tool_call_id=self.link.tool_call_id,
-            task=subagents.shown_task(self.link.task),
-            mode=self.link.mode,
-            status=s.status,
-            reason=s.reason,
-            recovery_id=s.recovery_id,
-            can_continue=s.can_continue,
-        )
+        news = subagents.view_of(self._turn.state, self.link, workflow.info().workflow_id)
         _signal(self.link.parent_workflow_id, "subagent", news)
 
     def report(self) -> activity_io.ReportToParentInput | None:

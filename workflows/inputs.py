@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         UserMessage,
     )
     from turnkeeper.recovery import Effect, Input
+    from turnkeeper.subagents import SUBAGENT_SENDER
     from turnkeeper.workflows.payloads import (
         Undecodable,
         decode_payload,
@@ -109,6 +110,8 @@ def take_message(turn: Turn, payload: RawValue | None) -> None:
         )
         return
     turn.inbox.offer(message)
+    if message.sender == SUBAGENT_SENDER:
+        return  # a background subagent's answer waits for the next turn: it decides no gate
     if recovery.decide(recovery.shown(turn.state).status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
         # Newer input beats the recovery, unless it is a late retry of a message the
         # chat already holds: the store tells (the check's end is an input too).
