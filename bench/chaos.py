@@ -7,6 +7,7 @@ is checked; tests/process/test_chaos.py runs it in short).
                                     [--seed S] [--json] [--keep] [--no-replay]
                                     [--stall-kills P] [--bursts N] [--outages N] [--lenient-model]
                                     [--confirm P] [--p-approve P] [--postgres [URL]]
+                                    [--delegate P] [--background P] [--nested P]
 
 The summary goes to stdout (with --json, also the whole report as JSON); the exit
 status is 1 if any invariant failed.
@@ -90,6 +91,25 @@ def main() -> None:
         default=ChaosConfig.p_approve,
         help=f"chance the gate driver approves an approval gate (default {ChaosConfig.p_approve})",
     )
+    parser.add_argument(
+        "--delegate",
+        type=float,
+        default=ChaosConfig.delegate,
+        help="chance a user message's first reply is a delegate call: a subagent in a sub-chat "
+        f"(default {ChaosConfig.delegate}; 0 leaves the delegate tool off)",
+    )
+    parser.add_argument(
+        "--background",
+        type=float,
+        default=ChaosConfig.background,
+        help=f"chance a delegate call runs its subagent in background mode (default {ChaosConfig.background})",
+    )
+    parser.add_argument(
+        "--nested",
+        type=float,
+        default=ChaosConfig.nested,
+        help=f"chance a subagent's task delegates once more (default {ChaosConfig.nested})",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = ChaosConfig(
@@ -109,6 +129,9 @@ def main() -> None:
         max_chaos_s=args.max_minutes * 60,
         confirm=args.confirm,
         p_approve=args.p_approve,
+        delegate=args.delegate,
+        background=args.background,
+        nested=args.nested,
         postgres_url=args.postgres,
         progress=lambda text: print(text, file=sys.stderr, flush=True),
     )

@@ -51,6 +51,14 @@ class ChaosConfig:
     provider_errors: float = 0.02  # P(a 429, retried by the OpenAI client)
     strict_protocol: bool = True  # answer 400 like OpenAI when a tool call has no tool result
     confirm: float = 0.25  # P(a tool call is of the tool that asks first)
+    # subagents (docs/subagents.md): the workers enable `delegate`
+    delegate: float = 0.35  # P(a user message's first reply is a delegate call); 0: `delegate` not enabled
+    background: float = 0.3  # P(a delegate call is in background mode)
+    fanout: float = 0.2  # P(a delegating reply makes two delegate calls at once)
+    nested: float = 0.15  # P(a subagent's task delegates once more, in wait mode, where the depth allows)
+    bad_delegate: float = 0.03  # P(a delegate call is refused: an unknown profile or mode; starts nothing)
+    subagent_max_depth: int = 2  # TURNKEEPER_SUBAGENT_MAX_DEPTH for the workers
+    subagent_max_fanout: int = 4  # TURNKEEPER_SUBAGENT_MAX_FANOUT for the workers
     # the users
     followup: float = 0.12  # P(a follow-up) per check while a turn runs (every 0.3-0.8 s)
     max_followups: int = 3  # follow-ups per turn at most
@@ -77,6 +85,10 @@ class ChaosConfig:
     p_approve: float = 0.6  # at an approval gate: P(Approve), else Deny
     stale_probe: float = 0.1  # P(first trying a stale recovery id, which must be refused)
     gate_think_max_s: float = 1.5  # the user looks at the gate this long: uniform 0..this
+    sub_gate_grace_s: float = 30.0  # a waiting subagent's gate shows in its user's chat within this
+    subagent_gate_user: float = (
+        0.4  # P(at a subagent's gate in a parent's chat, its user acts first, at random)
+    )
     # the killer
     kill_span: float = 0.85  # kills (and bursts, outages) are spread over this share of the turns
     min_worker_uptime_s: float = 3.0  # only workers up this long are killed
@@ -151,6 +163,9 @@ class Report:
     approvals: dict[str, int] = field(default_factory=dict)  # the tool that asks first: scheduled, denied
     model_requests: int = 0
     model_answers: dict[str, int] = field(default_factory=dict)
+    # delegations: turns and calls by mode, children, reports, depth; see Checker._delegations
+    subagents: dict[str, int] = field(default_factory=dict)
+    subagent_gates: dict[str, int] = field(default_factory=dict)  # decisions at a subagent's gate
     runs_by_status: dict[str, int] = field(default_factory=dict)
     workflow_task_timeouts: int = 0
     replayed_histories: int = 0
@@ -233,6 +248,7 @@ class Report:
             f"{t.get('cut_off', 0) - t.get('cut_off_by_kills', 0)} cancelled (Stop, superseded, dismissed); "
             f"{t.get('recorded_not_acted', 0)} recorded but killed before acting",
             f"asking first       {kv(self.approvals)}",
+            *self._subagent_lines(kv),
             f"model requests     {self.model_requests} ({kv(self.model_answers)})",
             f"workflow runs      {kv(self.runs_by_status)}; {self.workflow_task_timeouts} workflow "
             f"task timeouts; {self.replayed_histories} histories replayed; "
@@ -255,6 +271,27 @@ class Report:
             + (f" (work dir {self.workdir})" if self.workdir else "")
         )
         return "\n".join(lines)
+
+    def _subagent_lines(self, kv: Callable[[dict[str, Any]], str]) -> list[str]:
+        d = self.subagents
+        if not d:
+            return []
+        in_bg = sum(v for k, v in self.subagent_gates.items() if "background subagent's chat" in k)
+        return [
+            f"subagents          {d.get('delegating_turns', 0)} delegating turns "
+            f"({d.get('turns_wait', 0)} wait, {d.get('turns_background', 0)} background, "
+            f"{d.get('turns_fanout', 0)} with 2 or more calls, {d.get('turns_nested', 0)} in sub-chats); "
+            f"{d.get('calls', 0)} delegate calls ({d.get('calls_wait', 0)} wait, "
+            f"{d.get('calls_background', 0)} background, {d.get('calls_nested', 0)} nested, "
+            f"{d.get('calls_refused', 0)} refused in words, {d.get('calls_that_started_no_child', 0)} "
+            f"cut off before their child started); {d.get('children_started', 0)} children started, "
+            f"max depth {d.get('max_depth', 0)}; {d.get('sub_chat_turns_closed', 0)} of the closed turns "
+            "are sub-chats'",
+            f"  children ended   {kv({k[6:]: v for k, v in d.items() if k.startswith('ended ')})}",
+            f"  background       {d.get('reports', 0)} reports committed for {d.get('background_turns_ended', 0)} "
+            f"ended turns; {in_bg} gates decided in a background subagent's own chat",
+            f"  subagent gates   {kv(self.subagent_gates)}",
+        ]
 
 
 # -- per-chat bookkeeping -------------------------------------------------------------------
@@ -294,7 +331,10 @@ class Action:
     source: str  # user, gate, burst, probe
     at_s: float  # since the harness started
     status_seen: str | None = None  # the turn's status the user saw just before, when it looked
+    reason_seen: str | None = None  # and its reason (subagent_waiting: a subagent's gate, shown here)
+    turn_seen: int | None = None  # and its turn
     id_kind: str | None = None  # current, last-seen, old, made-up (Continue/Dismiss)
+    recovery_id: str | None = None  # the one sent (Continue/Dismiss)
     latency_s: float | None = None  # None: no answer within action_wait_s
     unix: float = field(default_factory=time.time)  # when it was sent, to compare with history events
     outcome: str = ""  # accepted, refused: <kind>, error: <type>, no answer

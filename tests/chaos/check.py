@@ -11,6 +11,7 @@ import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
@@ -20,12 +21,22 @@ from temporalio.worker import Replayer
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.chaos.base import BENIGN_WFT_CAUSES, CLOSED_TURN, CONFIRM_TOOL, Report, percentile
-from tests.chaos.infra import unanswered_tool_calls
+from tests.chaos.infra import ANSWER_LEAD, unanswered_tool_calls
+from tests.chaos.users import is_sub_chat, parent_chat, shown_subagent
 from turnkeeper import activity_io as io
 from turnkeeper import client as tk
 from turnkeeper.models import DENIED_TOOL_TEXT, UNAPPROVED_TOOL_TEXT, Event
 from turnkeeper.replay_watch import FailureWatch
 from turnkeeper.store import SessionStore, TranscriptRow, open_store
+from turnkeeper.subagents import (
+    DELEGATE_TOOL,
+    SUBAGENT_SENDER,
+    DelegateRefused,
+    parse_args,
+    report_message_id,
+    sub_chat_id,
+    task_message_id,
+)
 
 if TYPE_CHECKING:
     from tests.chaos.harness import Chaos
@@ -58,6 +69,7 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
         "ledger_keys_started_twice",
         "ledger_start_without_tool_runs_row",
         "tool_calls_scheduled_twice",
+        "children_started_twice",
     ),
     "lost_or_doubly_committed_messages": (
         "lost_messages",
@@ -66,6 +78,8 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
         "unknown_user_rows",
         "chats_out_of_order",
         "refused_but_committed",
+        "delegated_tasks_lost",
+        "delegated_tasks_doubled",
     ),
     "stuck_turns": (
         "chats_running_at_end",
@@ -90,6 +104,33 @@ INVARIANTS: dict[str, tuple[str, ...]] = {
     "actions_not_answered_in_time": ("actions_answered_late", "actions_unanswered"),
     "chats_not_answering_probe": ("probes_unanswered",),
     "idle_running_runs": ("idle_running_runs",),
+    # Subagents (docs/subagents.md): each delegate call has one result; a waiting child's
+    # answer is that result; each ended turn of a background child is one report message.
+    "lost_or_doubled_child_answers": (
+        "delegate_calls_without_one_result",
+        "wait_answers_lost",
+        "wait_answers_without_a_child_answer",
+        "background_reports_lost",
+        "background_reports_doubled",
+        "background_reports_refused",
+        "reports_for_turns_not_ended",
+        "reports_from_waiting_children",
+        "report_texts_without_the_answer",
+        "refused_calls_started_children",
+        "sub_chats_no_call_names",
+    ),
+    # After settling every child is closed or at a gate its user can see.
+    "children_left_running": (
+        "children_running_at_end",
+        "parents_showing_a_gate_no_child_holds",
+        "child_gates_not_shown_to_the_user",
+        "waiting_children_outliving_their_turn",
+    ),
+    # Dismiss given in a parent's chat at a subagent's gate ends the parent's turn and the child's.
+    "subagent_decisions_not_carried_out": (
+        "parents_not_dismissed",
+        "children_not_dismissed_with_their_parent",
+    ),
 }
 EVENT_PAGE = 1000
 ALL_CHATS = 1_000_000  # list_chats' limit: every chat of a run
@@ -168,6 +209,82 @@ def ended_by_reconciler(histories: list[WorkflowHistory]) -> dict[str, str]:
     return ended
 
 
+# A sub-turn that ended so has a final answer (activities/subagent_activities.py's ANSWERED).
+ANSWERED = {("completed", None), ("recovered", "continued"), ("recovered", "answer_restored")}
+REPORT_ID_PREFIX = "subagent:"
+
+
+def answered(status: str, reason: str | None) -> bool:
+    return (status, reason if status == "recovered" else None) in ANSWERED
+
+
+def is_report_id(message_id: str | None) -> bool:
+    """A background subagent's report (turnkeeper.subagents.report_message_id)."""
+    return bool(message_id) and str(message_id).startswith(REPORT_ID_PREFIX)
+
+
+def report_of(message_id: str) -> str:
+    """The sub-chat a report message id names: `subagent:<sub-chat>:<turn>`."""
+    return message_id.removeprefix(REPORT_ID_PREFIX).rsplit(":", 1)[0]
+
+
+def final_answer(rows: list[TranscriptRow], turn: int) -> str | None:
+    """A turn's final answer: its last assistant row, if that row has words and no calls."""
+    last = next((r for r in reversed(rows) if r.turn == turn and r.message.role == "assistant"), None)
+    if last is None or last.message.tool_calls or not (last.message.content or "").strip():
+        return None
+    return last.message.content
+
+
+@dataclass
+class DelegateCall:
+    chat_id: str
+    turn: int
+    call_id: str
+    mode: str
+    task: str
+    sub_chat: str
+    refusal: str | None  # why the workflow must refuse it (starting nothing), else None
+
+
+def delegate_calls(
+    rows_of: dict[str, list[TranscriptRow]], max_depth: int, max_fanout: int
+) -> list[DelegateCall]:
+    """Every delegate call in the transcripts, with the sub-chat it names and whether
+    the workflow must refuse it (malformed or unknown-profile arguments, past the depth
+    or the fan-out bound: the harness configures no profile)."""
+    out: list[DelegateCall] = []
+    for chat_id, rows in rows_of.items():
+        depth = chat_id.count(".sub") + 1  # the depth a subagent of this chat would be at
+        for r in rows:
+            if r.message.role != "assistant":
+                continue
+            n = 0
+            for call in r.message.tool_calls or []:
+                if call.name != DELEGATE_TOOL:
+                    continue
+                n += 1
+                refusal: str | None = None
+                mode, task = "wait", ""
+                try:
+                    args = parse_args(call.arguments)
+                    mode, task = args.mode, args.task
+                    if args.profile is not None:
+                        refusal = f"unknown profile {args.profile!r}"
+                except DelegateRefused as err:
+                    refusal = str(err)
+                if refusal is None and depth > max_depth:
+                    refusal = f"depth {depth} > {max_depth}"
+                if refusal is None and n > max_fanout:
+                    refusal = f"call {n} of a reply > {max_fanout}"
+                out.append(
+                    DelegateCall(
+                        chat_id, r.turn, call.id, mode, task, sub_chat_id(chat_id, r.turn, call.id), refusal
+                    )
+                )
+    return out
+
+
 class Checker:
     def __init__(self, h: Chaos, report: Report) -> None:
         self.h = h
@@ -175,6 +292,7 @@ class Checker:
         self.det: Counter[str] = Counter()
         self.evidence: dict[str, list[str]] = defaultdict(list)
         self.late: list[Any] = []  # actions answered late
+        self.calls_by_sub: dict[str, DelegateCall] = {}  # every delegate call, by the sub-chat it names
 
     def fail(self, detail: str, text: str, chat_id: str | None = None, why: str | None = None) -> None:
         self.det[detail] += 1
@@ -206,6 +324,8 @@ class Checker:
         self._stuck()
         self._probes_and_idle_runs()
         histories = await self._runs_and_histories()
+        self._delegations()
+        self._children_left_running()
         self._actions(histories)
         self._approvals()
         self._why_late(histories)
@@ -259,6 +379,16 @@ class Checker:
         )
         # The store records each tool start (its idempotency key) with a `tool_started` event.
         self.tool_runs = {e.payload.get("idempotency_key") for e in self.events if e.type == "tool_started"}
+        self.delegate_runs = {
+            e.payload.get("idempotency_key")
+            for e in self.events
+            if e.type == "tool_started" and e.payload.get("name") == DELEGATE_TOOL
+        }
+        self.senders = {
+            (e.chat_id, e.payload.get("message_id")): e.payload.get("sender")
+            for e in self.events
+            if e.type == "user_message"
+        }
         self.turns_of: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
         for t in self.turns:
             self.turns_of[t["chat_id"]][t["turn"]] = t
@@ -362,8 +492,12 @@ class Checker:
             "done": sum(dones.values()),
             "cut_off": len(cut_off),
             "cut_off_by_kills": sum(1 for k in cut_off if cut_by_kill(starts[k][0])),
-            "recorded_not_acted": sum(1 for k in self.tool_runs if k not in starts),
+            "recorded_not_acted": sum(
+                1 for k in self.tool_runs if k not in starts and k not in self.delegate_runs
+            ),
         }
+        if self.delegate_runs:
+            report.tools["delegate_calls_recorded"] = len(self.delegate_runs)
 
     # -- 4 (issue). messages: every acknowledged one committed exactly once, or refused visibly --
     def _messages(self) -> None:
@@ -443,7 +577,7 @@ class Checker:
                     )
                 elif count[mid] == 1:
                     msg["unacknowledged_but_committed"] += 1
-            unknown = [i for i in ids if i not in chat.texts]
+            unknown = [i for i in ids if i not in chat.texts and not is_report_id(i)]
             if unknown:
                 self.det["unknown_user_rows"] += len(unknown) - 1
                 self.fail(
@@ -498,6 +632,8 @@ class Checker:
         h, report = self.h, self.report
         still_running = set(h.still_running)
         for chat_id in h.still_running:
+            if is_sub_chat(chat_id):
+                continue  # a subagent's chat: _children_left_running
             state = h.final_states.get(chat_id)
             if isinstance(state, dict) and state.get("status") == "awaiting_user":
                 report.anomalies.append(f"chat {chat_id} ended waiting visibly: {state.get('reason')}")
@@ -538,6 +674,300 @@ class Checker:
             report.anomalies.append(text)
         for text in h.run_errors:
             self.fail("run_errors", text)
+
+    # -- subagents: no child answer lost or doubled; no child left running -------------------------
+    def _delegations(self) -> None:
+        """Every delegate call in any chat's transcript (a subagent's chat's included):
+        one result row; a refused call started nothing; a waiting child's answer is its
+        row; each ended turn of a background child is one report message in its parent's
+        chat, with its answer; the task is its sub-chat's one first row. Also counts."""
+        h, report = self.h, self.report
+        calls = delegate_calls(self.rows_of, h.cfg.subagent_max_depth, h.cfg.subagent_max_fanout)
+        self.calls_by_sub = {c.sub_chat: c for c in calls}
+        started = {w.removeprefix("chat-") for w in self.children}
+        sub_chats = {c for c in self.rows_of if is_sub_chat(c)} | {c for c in self.turns_of if is_sub_chat(c)}
+        counts: Counter[str] = Counter()
+        turns: dict[tuple[str, int], list[DelegateCall]] = defaultdict(list)
+        for c in calls:
+            turns[(c.chat_id, c.turn)].append(c)
+        counts["delegating_turns"] = len(turns)
+        for group in turns.values():
+            modes = {c.mode for c in group if c.refusal is None}
+            counts["turns_wait"] += "wait" in modes
+            counts["turns_background"] += "background" in modes
+            counts["turns_fanout"] += len(group) > 1
+            counts["turns_nested"] += is_sub_chat(group[0].chat_id)
+        counts["calls"] = len(calls)
+        counts["children_started"] = len(started)
+        counts["sub_chats_in_store"] = len(sub_chats)
+        counts["max_depth"] = max((c.count(".sub") for c in sub_chats | started), default=0)
+        counts["sub_chat_turns_closed"] = sum(
+            1 for t in self.turns if is_sub_chat(t["chat_id"]) and t["status"] in CLOSED_TURN
+        )
+        reports_seen: set[tuple[str, str]] = set()
+        self._reports = self.report_rows()
+        for c in calls:
+            counts["calls_refused" if c.refusal else f"calls_{c.mode}"] += 1
+            counts["calls_nested"] += is_sub_chat(c.chat_id)
+            self._one_delegation(c, c.sub_chat in started or c.sub_chat in sub_chats, counts, reports_seen)
+        # The sub-chats' own user rows: the task once, reports of their own subagents, nothing else.
+        for sub in sorted(sub_chats):
+            call = self.calls_by_sub.get(sub)
+            rows = [r for r in self.rows_of.get(sub, []) if r.message.role == "user"]
+            task_id = task_message_id(call.call_id) if call else None
+            ids = Counter(r.message_id for r in rows)
+            if call is None:
+                self.fail(
+                    "unknown_user_rows", f"sub-chat {sub}: no delegate call in any transcript names it", sub
+                )
+                continue
+            if ids[task_id] == 0 and (sub in started or rows):
+                self.fail(
+                    "delegated_tasks_lost",
+                    f"sub-chat {sub}: its task (message {task_id}) is no row of it",
+                    sub,
+                    f"task {task_id} lost",
+                )
+            elif ids[task_id] > 1:
+                self.fail("delegated_tasks_doubled", f"sub-chat {sub}: its task is {ids[task_id]} rows", sub)
+            elif ids[task_id] == 1:
+                row = next(r for r in rows if r.message_id == task_id)
+                if row.message.content != call.task:
+                    self.fail("message_text_changed", f"sub-chat {sub}: its task's text differs", sub)
+                if rows[0].message_id != task_id:
+                    self.fail("chats_out_of_order", f"sub-chat {sub}: its task is not its first row", sub)
+            unknown = [i for i in ids if i != task_id and not is_report_id(i)]
+            if unknown:
+                self.fail("unknown_user_rows", f"sub-chat {sub}: user rows nobody sent: {unknown}", sub)
+        for (chat_id, message_id), row_count in self._reports.items():
+            if (chat_id, message_id) not in reports_seen:
+                self.fail(
+                    "reports_for_turns_not_ended",
+                    f"chat {chat_id}: report {message_id} ({row_count} rows) of no ended turn of a "
+                    "background subagent of this chat",
+                    chat_id,
+                )
+        ended = Counter(
+            f"{t['status']}/{t['reason']}" if t["reason"] else t["status"]
+            for c in calls
+            if c.refusal is None
+            for t in self.turns_of.get(c.sub_chat, {}).values()
+        )
+        counts.update({f"ended {k}": v for k, v in ended.items()})
+        report.subagents = dict(counts)
+        self._dismissed_from_the_parent()
+        gates: Counter[str] = Counter(h.subagent_gates_decided)
+        for a in h.actions.actions:
+            if a.reason_seen == "subagent_waiting" and a.source == "user":
+                gates[f"{a.kind.split('/')[0]} by the user ({a.id_kind}): {a.outcome}"] += 1
+            elif a.reason_seen == "subagent_waiting" and a.id_kind == "made-up":
+                gates[f"stale probe: {a.outcome}"] += 1
+        report.subagent_gates = dict(gates)
+
+    def _dismissed_from_the_parent(self) -> None:
+        """A Dismiss accepted at a subagent's gate shown in a parent's chat (with the id on
+        screen, judged by tk.decide) ends the parent's turn and the subagent's as dismissed."""
+        gates: dict[str, set[tuple[str, int]]] = defaultdict(set)  # recovery id -> the turns that opened it
+        for e in self.events:
+            p = e.payload
+            own_gate = p.get("status") == "awaiting_user" and p.get("reason") != "subagent_waiting"
+            if e.type == "recovery_state" and own_gate and p.get("recovery_id"):
+                gates[p["recovery_id"]].add((e.chat_id, p.get("turn")))
+        for a in self.h.actions.actions:
+            if not (
+                a.reason_seen == "subagent_waiting"
+                and a.kind == "dismiss/decide"
+                and a.id_kind == "current"
+                and a.outcome == "accepted"
+            ):
+                continue
+            parent = self.turns_of.get(a.chat_id, {}).get(a.turn_seen or 0)
+            if parent is not None and (parent["status"], parent["reason"]) == ("completed", None):
+                self.fail(
+                    "parents_not_dismissed",
+                    f"chat {a.chat_id}: Dismiss at a subagent's gate ({a.recovery_id}) at {a.at_s:.1f} s was "
+                    f"accepted, but turn {a.turn_seen} completed",
+                    a.chat_id,
+                )
+            for sub, turn in sorted(gates.get(a.recovery_id or "", ())):
+                rec = self.turns_of.get(sub, {}).get(turn)
+                if (
+                    is_sub_chat(sub)
+                    and rec is not None
+                    and (rec["status"], rec["reason"]) != ("recovered", "dismissed")
+                ):
+                    self.fail(
+                        "children_not_dismissed_with_their_parent",
+                        f"chat {a.chat_id}: Dismiss at subagent {sub}'s gate ({a.recovery_id}) at {a.at_s:.1f} s "
+                        f"was accepted, but its turn {turn} ended {rec['status']}/{rec['reason']}",
+                        sub,
+                    )
+
+    def report_rows(self) -> Counter[tuple[str, str]]:
+        """(chat, message id) -> rows, of every report message in any chat."""
+        return Counter(
+            (chat_id, r.message_id)
+            for chat_id, rows in self.rows_of.items()
+            for r in rows
+            if r.message.role == "user" and r.message_id and is_report_id(r.message_id)
+        )
+
+    def _one_delegation(
+        self, c: DelegateCall, started: bool, counts: Counter[str], reports_seen: set[tuple[str, str]]
+    ) -> None:
+        rows = self.rows_of.get(c.chat_id, [])
+        results = [r for r in rows if r.message.role == "tool" and r.message.tool_call_id == c.call_id]
+        parent_turn = self.turns_of.get(c.chat_id, {}).get(c.turn, {})
+        where = f"chat {c.chat_id} turn {c.turn} delegate call {c.call_id} ({c.mode}, sub-chat {c.sub_chat})"
+        if len(results) != 1 and parent_turn.get("status") in CLOSED_TURN:
+            self.fail(
+                "delegate_calls_without_one_result",
+                f"{where}: {len(results)} result rows",
+                c.chat_id,
+                f"delegate call {c.call_id}: {len(results)} result rows",
+            )
+        content = (results[0].message.content or "") if results else ""
+        if c.refusal is not None:
+            if started:
+                self.fail(
+                    "refused_calls_started_children",
+                    f"{where}: should be refused ({c.refusal}) but its child started",
+                    c.chat_id,
+                )
+            elif results and not content.startswith("Error"):
+                self.report.anomalies.append(
+                    f"{where}: refused ({c.refusal}) but its row reads {content[:200]!r}"
+                )
+            return
+        if not started:
+            counts["calls_that_started_no_child"] += 1
+            return
+        sub_turns = self.turns_of.get(c.sub_chat, {})
+        sub_rows = self.rows_of.get(c.sub_chat, [])
+        task_id = task_message_id(c.call_id)
+        task_turn = next((r.turn for r in sub_rows if r.message_id == task_id), 1)
+        own = sub_turns.get(task_turn)
+        answer = final_answer(sub_rows, task_turn) if own and answered(own["status"], own["reason"]) else None
+        reports = self._reports
+        if c.mode == "wait":
+            mine = [k for k in reports if k[0] == c.chat_id and report_of(k[1]) == c.sub_chat]
+            if mine:
+                self.fail(
+                    "reports_from_waiting_children", f"{where}: reports {mine} of a waiting child", c.chat_id
+                )
+            if not results:
+                return
+            if answer is not None and content != answer:
+                ended_by_user = parent_turn.get("reason") in ("stopped", "dismissed", "superseded")
+                if ended_by_user:
+                    counts["wait_answers_cut_by_the_parents_end"] += 1
+                else:
+                    self.fail(
+                        "wait_answers_lost",
+                        f"{where}: the child answered {answer!r} but the call's row reads {content[:300]!r}",
+                        c.chat_id,
+                        f"delegate call {c.call_id}: the child's answer is not its row",
+                    )
+                    self.evidence[c.sub_chat].append(
+                        f"its answer is not the row of call {c.call_id} in {c.chat_id}"
+                    )
+            elif answer is None and content.startswith(ANSWER_LEAD):
+                self.fail(
+                    "wait_answers_without_a_child_answer",
+                    f"{where}: the row reads {content[:200]!r} but the child's turn "
+                    f"{task_turn} ended {own['status'] if own else 'never'} without an answer",
+                    c.chat_id,
+                )
+            return
+        # background: each ended turn of the child is one report in the parent's chat
+        for t, rec in sorted(sub_turns.items()):
+            mid = report_message_id(c.sub_chat, t)
+            n = reports.get((c.chat_id, mid), 0)
+            ended = rec["status"] in CLOSED_TURN
+            if n:
+                reports_seen.add((c.chat_id, mid))
+            if not ended:
+                continue
+            counts["background_turns_ended"] += 1
+            if n == 1:
+                counts["reports"] += 1
+                if self.senders.get((c.chat_id, mid)) != SUBAGENT_SENDER:
+                    self.report.anomalies.append(
+                        f"{where}: report {mid} was sent by {self.senders.get((c.chat_id, mid))!r}"
+                    )
+                row = next(r for r in rows if r.message_id == mid)
+                words = final_answer(sub_rows, t) if answered(rec["status"], rec["reason"]) else None
+                if words is not None and words not in (row.message.content or ""):
+                    self.fail(
+                        "report_texts_without_the_answer",
+                        f"{where}: report {mid} lacks the answer {words!r}: {(row.message.content or '')[:300]!r}",
+                        c.chat_id,
+                    )
+            elif n > 1:
+                self.fail("background_reports_doubled", f"{where}: report {mid} is {n} rows", c.chat_id)
+            elif mid in self.refused_ids.get(c.chat_id, {}):
+                self.fail(
+                    "background_reports_refused",
+                    f"{where}: report {mid} refused: {self.refused_ids[c.chat_id][mid]}",
+                    c.chat_id,
+                )
+            else:
+                self.fail(
+                    "background_reports_lost",
+                    f"{where}: turn {t} ended {rec['status']}/{rec['reason']} but report {mid} is no row",
+                    c.chat_id,
+                    f"report {mid} lost",
+                )
+                self.evidence[c.sub_chat].append(f"its turn {t}'s report {mid} is no row of {c.chat_id}")
+
+    def _children_left_running(self) -> None:
+        """After settling: every subagent's run is closed or waits at a gate; a chat that
+        shows a subagent's gate shows one its subagent holds; a waiting child's gate
+        reached its user's chat; no waiting child outlives its parent's turn."""
+        h = self.h
+        for chat_id in h.still_running:
+            state = h.final_states.get(chat_id)
+            if is_sub_chat(chat_id) and not (
+                isinstance(state, dict) and state.get("status") == "awaiting_user"
+            ):
+                self.fail(
+                    "children_running_at_end",
+                    f"sub-chat {chat_id} still running after settling, not at a gate: {state}",
+                    chat_id,
+                    "subagent running at the end",
+                )
+            elif is_sub_chat(chat_id):
+                self.report.anomalies.append(
+                    f"sub-chat {chat_id} ended waiting visibly: {state.get('reason')}"
+                )  # type: ignore[union-attr]
+            if isinstance(state, dict) and state.get("reason") == "subagent_waiting":
+                holder = shown_subagent(state)
+                held = h.final_states.get(holder["chat_id"]) if holder else None
+                if (
+                    not isinstance(held, dict)
+                    or held.get("status") != "awaiting_user"
+                    or held.get("recovery_id") != state.get("recovery_id")
+                ):
+                    self.fail(
+                        "parents_showing_a_gate_no_child_holds",
+                        f"chat {chat_id} shows subagent_waiting ({state.get('recovery_id')}) but its subagent "
+                        f"{holder['chat_id'] if holder else '(none listed)'} shows {held}",
+                        chat_id,
+                    )
+        for text in h.unshown_child_gates:
+            self.fail("child_gates_not_shown_to_the_user", text, text.split(":")[0])
+        for sub, c in self.calls_by_sub.items():
+            if c.mode != "wait" or c.refusal is not None:
+                continue
+            parent = self.turns_of.get(c.chat_id, {}).get(c.turn, {})
+            open_child = [t for t, r in self.turns_of.get(sub, {}).items() if r["status"] not in CLOSED_TURN]
+            if parent.get("status") in CLOSED_TURN and open_child:
+                self.fail(
+                    "waiting_children_outliving_their_turn",
+                    f"chat {c.chat_id} turn {c.turn} ended {parent['status']}/{parent['reason']} but its "
+                    f"waiting subagent {sub} has turn(s) {open_child} open",
+                    sub,
+                )
 
     # -- 1 (issue). every action answered in time --------------------------------------------------
     def _actions(self, histories: list[WorkflowHistory]) -> None:
@@ -740,6 +1170,7 @@ class Checker:
         running = {wf.run_id for wf in runs if wf.status == WorkflowExecutionStatus.RUNNING}
         identities: set[str] = set()
         scheduled: dict[str, list[str]] = defaultdict(list)
+        self.children: dict[str, set[str]] = defaultdict(set)  # child workflow id -> its first runs' ids
         never_acted: set[str] = set()
         for hist in histories:
             for ev in hist.events:
@@ -750,6 +1181,9 @@ class Checker:
                     identities.add(ev.activity_task_started_event_attributes.identity)
                 elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
                     report.workflow_task_timeouts += 1
+                elif et == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+                    child = ev.child_workflow_execution_started_event_attributes.workflow_execution
+                    self.children[child.workflow_id].add(child.run_id)
                 elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                     a = ev.workflow_task_failed_event_attributes
                     if a.cause in BENIGN_WFT_CAUSES:
@@ -807,6 +1241,13 @@ class Checker:
                 )
         identities.discard("")
         report.worker_identities_serving = len(identities)
+        for child_id, run_ids in self.children.items():
+            if len(run_ids) > 1:
+                self.fail(
+                    "children_started_twice",
+                    f"child workflow {child_id} started {len(run_ids)} times (runs {sorted(run_ids)})",
+                    child_id.removeprefix("chat-"),
+                )
         for call_id, where in scheduled.items():
             where = [w for w in where if w not in never_acted]
             if len(where) > 1:
@@ -917,6 +1358,14 @@ class Checker:
             p.name: p.read_text(errors="replace").splitlines()
             for p in sorted((h.work / "logs").glob("worker-*.log"))
         }
+        # A subagent's finding is its parents' too: their turns, transcripts and runs say what waited for it.
+        for chat_id in [c for c in self.evidence if is_sub_chat(c)]:
+            while is_sub_chat(chat_id):
+                sub, chat_id = chat_id, parent_chat(chat_id)
+                self.evidence[chat_id].append(f"parent of {sub}, which has a finding")
+        for chat_id in [c for c in self.evidence if not is_sub_chat(c)]:
+            for sub in sorted({c.sub_chat for c in self.calls_by_sub.values() if c.chat_id == chat_id}):
+                self.evidence.setdefault(sub, []).append(f"subagent of {chat_id}, which has a finding")
         for chat_id, why in self.evidence.items():
             wid = tk.workflow_id(chat_id)
             chat = h.chats.get(chat_id)

@@ -16,6 +16,16 @@ What runs (everything real, nothing mocked but the model):
   calls, a few 429s the OpenAI client retries by itself. Like api.openai.com it
   refuses (400, a permanent error) a request whose transcript holds a tool call
   without its tool result (--lenient-model answers those instead);
+- subagents (docs/subagents.md): the workers enable `delegate`; a share of
+  the user messages (--delegate) are first answered with a delegate call (two
+  now and then, some in background mode: --background, a few refused in words
+  for an unknown profile or mode). The task names itself, its depth and its
+  mode (`subtask n<id> d<depth> <mode>: ...`), so the model tells a sub-chat by
+  its first user message: it does tool rounds there like in a chat, now and
+  then delegating once more in wait mode (--nested) where the depth allows, and
+  answers `answer of subtask n<id>: ...`; a background subagent's report (a
+  user message that starts with "Subagent") gets a text answer, never a
+  delegation;
 - the tool: `tests/chaos/tools.py` `ledger_write`, which appends
   `start <idempotency key>` and `done <idempotency key>` to a ledger (O_APPEND,
   fsync) before and after it acts; a share of the calls (--confirm) go to
@@ -46,7 +56,12 @@ What runs (everything real, nothing mocked but the model):
   `turnkeeper.client.decide` and the current recovery id, sometimes probing first
   with a made-up id (which must be refused as stale); an approval gate it
   approves or denies at random (--p-approve), and users press Continue and
-  Dismiss at it at random moments like at any gate.
+  Dismiss at it at random moments like at any gate. A waiting subagent's gate
+  (`subagent_waiting` in its parent's chat, the subagent's recovery id) it
+  decides from the parent's chat like any gate; a background subagent's gate
+  in the subagent's own chat, as its user would; a waiting subagent's gate
+  that has not shown in its user's chat for 30 s is counted, and decided in
+  the sub-chat so that nothing waits forever.
 
 When the target number of turns has closed and the kills, bursts and outages
 are done, killing stops, users stop sending, every remaining gate is answered
@@ -90,7 +105,26 @@ probe message, and the runs still running are looked at twice. The checker
    60 s;
 8. no run running with nothing to do: after the probes, no ChatTurn run is
    Running (visibility) while its `state` shows a closed status, or running
-   with no tool running, unchanged for --idle-after seconds.
+   with no tool running, unchanged for --idle-after seconds;
+9. no child answer lost or doubled: every delegate call (in any chat, the
+   sub-chats' own included) has exactly one result row; one that must be
+   refused (malformed, unknown profile, past the depth or fan-out bound)
+   started no child; a waiting child that answered has its final answer as
+   that row (unless its parent's turn was stopped, dismissed or superseded
+   first); every ended turn of a background child is exactly one report
+   message (`subagent:<sub-chat>:<turn>`, sender `subagent`, holding the
+   answer) in its parent's chat, and no report names a turn that did not end;
+   each sub-chat holds its task once, as its first row (counted with 2);
+10. no child left running: after settling every child's run is closed or at a
+   gate; a chat that shows `subagent_waiting` shows a gate its subagent holds;
+   every waiting child's gate reached its user's chat within 30 s; no waiting
+   child has a turn open once its parent's turn has closed.
+
+Invariants 1-8 hold over the sub-chats as well: the ledger, the transcripts,
+the turns, the runs and their histories of every chat in the store or on the
+server are checked, not only the harness's own chats. Also counted: delegating
+turns and calls by mode, children started, the deepest sub-chat, reports,
+and the decisions made at subagents' gates.
 
 It also reports anomalies that are not failures by themselves: a turn the
 store shows written to after its `turn_end` (a closed turn reopened), an
@@ -143,6 +177,7 @@ from tests.chaos.users import Users, query_state, state_signature, tool_running
 from tests.support import dev_server
 from turnkeeper import client as tk
 from turnkeeper.config import Settings
+from turnkeeper.subagents import DELEGATE_TOOL
 from turnkeeper.testing import FakeChatServer
 
 
@@ -165,6 +200,11 @@ class Chaos(Users):
         self.rng = random.Random(self.seed)
         self.progress = cfg.progress or (lambda text: None)
         self.chats: dict[str, ChatLog] = {}
+        self.sub_chats: set[str] = set()  # sub-chats seen running (subagents' chats), to look at again
+        self.sub_logs: dict[str, ChatLog] = {}  # the gate driver's record of the sub-chats it decided in
+        self.sub_modes: dict[str, str] = {}
+        self.subagent_gates_decided: Counter[str] = Counter()
+        self.unshown_child_gates: list[str] = []
         self.kills = 0
         self.kill_log: list[dict[str, Any]] = []
         self.outage_log: list[dict[str, Any]] = []
@@ -242,7 +282,11 @@ class Chaos(Users):
                             "OPENAI_BASE_URL": fake.base_url,
                             "OPENAI_API_KEY": "chaos",
                             "TURNKEEPER_TOOL_MODULES": TOOL_MODULE,
-                            "TURNKEEPER_TOOLS": f"{TOOL},{CONFIRM_TOOL}",
+                            "TURNKEEPER_TOOLS": ",".join(
+                                [TOOL, CONFIRM_TOOL] + ([DELEGATE_TOOL] if cfg.delegate > 0 else [])
+                            ),
+                            "TURNKEEPER_SUBAGENT_MAX_DEPTH": str(cfg.subagent_max_depth),
+                            "TURNKEEPER_SUBAGENT_MAX_FANOUT": str(cfg.subagent_max_fanout),
                             "TURNKEEPER_RECONCILE_EVERY": str(cfg.reconcile_every),
                             "TURNKEEPER_SHUTDOWN_GRACE": "5",
                             "CHAOS_LEDGER": str(self.ledger),
@@ -437,8 +481,19 @@ class Chaos(Users):
         raise RuntimeError("the workers did not start in time")
 
     async def _running_chats(self) -> list[str]:
+        """The chats with a running run: the harness's own, and the sub-chats of their
+        subagents (found by listing, told by describing)."""
         running: list[str] = []
-        for chat_id in self.chats:
+        try:
+            async for wf in self.client.list_workflows(
+                "WorkflowType='ChatTurn' AND ExecutionStatus='Running'"
+            ):
+                chat_id = wf.id.removeprefix("chat-")
+                if chat_id not in self.chats:
+                    self.sub_chats.add(chat_id)
+        except Exception as err:
+            self.log(f"listing running runs failed: {type(err).__name__}: {err}")
+        for chat_id in [*self.chats, *sorted(self.sub_chats)]:
             try:
                 desc = await asyncio.wait_for(
                     self.client.get_workflow_handle(tk.workflow_id(chat_id)).describe(), 20
@@ -448,6 +503,8 @@ class Chaos(Users):
                 continue
             if desc.status == WorkflowExecutionStatus.RUNNING:
                 running.append(chat_id)
+            elif chat_id in self.sub_chats:
+                self.sub_chats.discard(chat_id)  # listed again should it run again
         return running
 
     # -- progress --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from tests.chaos.base import CONFIRM_TOOL, TOOL, ChaosConfig
 from tests.support import ROOT
 from turnkeeper.activities.providers.base import SUMMARY_INSTRUCTION
+from turnkeeper.subagents import DELEGATE_TOOL
 
 SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
 
@@ -27,8 +28,34 @@ SUMMARY_LEAD = SUMMARY_INSTRUCTION.split("{", 1)[0][:40]
 # -- the model --------------------------------------------------------------------------
 
 
+# A delegated task names itself, its depth and its mode; the sub-chat's model reads
+# them from the task, its first user message (tests/chaos/check.py reads them too).
+TASK = re.compile(r"^subtask n(\d+) d(\d+) (wait|background):")
+# A background subagent's answer in its parent's chat (activities/subagent_activities.py's heads).
+REPORT_LEAD = "Subagent"
+
+
+def task_text(marker: int, depth: int, mode: str) -> str:
+    return f"subtask n{marker} d{depth} {mode}: note a few things in the ledger"
+
+
+ANSWER_LEAD = "answer of subtask"
+
+
+def answer_text(marker: str | None, rounds: int) -> str:
+    """The final answer: a subagent's names its task, so that its parent's row can be matched."""
+    head = f"{ANSWER_LEAD} n{marker}: " if marker else ""
+    return f"{head}done after {rounds} tool round(s)"
+
+
 class ChaosModel:
-    """The FakeChatServer responder: decides each request from its messages."""
+    """The FakeChatServer responder: decides each request from its messages.
+
+    A chat's user message gets tool calls (or, with `delegate`, a delegate call);
+    a sub-chat is told by its first user message (`subtask n<id> d<depth> <mode>: ...`)
+    and does tool rounds like a chat, delegating once more in wait mode now and then
+    where the depth allows; a background subagent's report (a user message that
+    starts with "Subagent") gets a text answer, never a delegation: nothing loops."""
 
     def __init__(self, cfg: ChaosConfig, rng: random.Random) -> None:
         self.cfg = cfg
@@ -53,6 +80,8 @@ class ChaosModel:
                 rounds += 1
         cfg = self.cfg
         unanswered = unanswered_tool_calls(messages)
+        task = sub_chat_task(messages)
+        offered = {str((t.get("function") or {}).get("name")) for t in request.get("tools") or []}
         with self.lock:
             self.requests += 1
             r = self.rng
@@ -77,28 +106,76 @@ class ChaosModel:
             if r.random() < cfg.provider_errors:
                 self.counts["429"] += 1
                 return {"status": 429, "message": "chaos: slow down"}
-            delay = (
-                r.uniform(1.0, 3.0) if r.random() < cfg.slow_model else r.uniform(0, cfg.model_delay_max_s)
+            delay = round(
+                r.uniform(1.0, 3.0) if r.random() < cfg.slow_model else r.uniform(0, cfg.model_delay_max_s), 3
             )
+            if last_role == "user" and is_report(messages[-1]):
+                # A background subagent's answer: acknowledged in words, never delegated again.
+                self.counts["report_answer"] += 1
+                return {"text": "noted the subagent's report", "delay": delay}
+            if last_role == "user" and DELEGATE_TOOL in offered:
+                depth = int(task.group(2)) if task else 0
+                if (task is None and r.random() < cfg.delegate) or (
+                    task is not None and r.random() < cfg.nested
+                ):
+                    return {
+                        "tool_calls": self._delegate_calls(depth, nested=task is not None),
+                        "delay": delay,
+                    }
             wants_tools = last_role == "user" or (
                 last_role == "tool" and rounds < cfg.max_rounds and r.random() < cfg.second_round
             )
             if wants_tools:
                 n = 2 if r.random() < cfg.parallel_tools else 1
-                calls = [
-                    {
-                        "name": CONFIRM_TOOL if r.random() < cfg.confirm else TOOL,
-                        "arguments": {
-                            "note": f"n{r.randrange(10**6)}",
-                            "seconds": round(r.uniform(0, cfg.tool_max_s), 2),
-                        },
-                    }
-                    for _ in range(n)
-                ]
                 self.counts[f"tool_calls_{n}"] += 1
-                return {"tool_calls": calls, "delay": round(delay, 3)}
-            self.counts["text"] += 1
-            return {"text": f"done after {rounds} tool round(s)", "delay": round(delay, 3)}
+                return {"tool_calls": [self._ledger_call() for _ in range(n)], "delay": delay}
+            self.counts["text" if task is None else "subagent_answer"] += 1
+            return {"text": answer_text(task.group(1) if task else None, rounds), "delay": delay}
+
+    def _ledger_call(self) -> dict[str, Any]:
+        r = self.rng
+        return {
+            "name": CONFIRM_TOOL if r.random() < self.cfg.confirm else TOOL,
+            "arguments": {
+                "note": f"n{r.randrange(10**6)}",
+                "seconds": round(r.uniform(0, self.cfg.tool_max_s), 2),
+            },
+        }
+
+    def _delegate_calls(self, depth: int, nested: bool) -> list[dict[str, Any]]:
+        """One delegate call (two with `fanout`), each a task marked with its depth and
+        mode; now and then one the workflow must refuse in words; now and then a ledger
+        call beside them."""
+        r, cfg = self.rng, self.cfg
+        n = 2 if r.random() < cfg.fanout else 1
+        calls: list[dict[str, Any]] = []
+        for _ in range(n):
+            mode = "background" if not nested and r.random() < cfg.background else "wait"
+            args: dict[str, Any] = {"task": task_text(r.randrange(10**9), depth + 1, mode), "mode": mode}
+            if r.random() < cfg.bad_delegate:
+                bad = r.choice(["profile", "mode"])
+                args["profile" if bad == "profile" else "mode"] = (
+                    "no-such-profile" if bad == "profile" else "later"
+                )
+                self.counts[f"delegate_bad_{bad}"] += 1
+            else:
+                self.counts[f"delegate_{'nested_' if nested else ''}{mode}"] += 1
+            calls.append({"name": DELEGATE_TOOL, "arguments": args})
+        self.counts[f"delegate_calls_{n}"] += 1
+        if r.random() < cfg.parallel_tools / 2:
+            calls.append(self._ledger_call())
+            self.counts["delegate_with_ledger_call"] += 1
+        return calls
+
+
+def sub_chat_task(messages: list[dict[str, Any]]) -> re.Match[str] | None:
+    """A sub-chat's task marker: its first user message."""
+    first = next((m for m in messages if m.get("role") == "user"), None)
+    return TASK.match(str(first.get("content") or "")) if first else None
+
+
+def is_report(message: dict[str, Any]) -> bool:
+    return message.get("role") == "user" and str(message.get("content") or "").startswith(REPORT_LEAD)
 
 
 def is_summary_request(request: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.chaos.base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
+from tests.chaos.infra import TASK
 from turnkeeper import client as tk
 from turnkeeper.models import UserMessage
 from turnkeeper.store import SessionStore, StoreError, open_store
@@ -49,6 +50,38 @@ def gate_key(chat_id: str, state: dict[str, Any]) -> tuple[str, ...]:
         str(state.get("attempts")),
         *sorted(str(a.get("id")) for a in state.get("approvals") or []),
     )
+
+
+SUBAGENT_WAITING = "subagent_waiting"
+
+
+def is_sub_chat(chat_id: str) -> bool:
+    """A subagent's chat: `<parent>.sub<turn>-<hash>` (turnkeeper.subagents.sub_chat_id)."""
+    return ".sub" in chat_id
+
+
+def parent_chat(sub_chat: str) -> str:
+    return sub_chat.rsplit(".sub", 1)[0]
+
+
+def shown_subagent(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The waiting subagent whose gate a `subagent_waiting` state shows."""
+    return next(
+        (
+            v
+            for v in state.get("subagents") or []
+            if v.get("mode") == "wait"
+            and v.get("status") == "awaiting_user"
+            and v.get("recovery_id") == state.get("recovery_id")
+        ),
+        None,
+    )
+
+
+def _gist(state: dict[str, Any] | None) -> str:
+    if not state:
+        return "nothing (not asked)"
+    return f"{state.get('status')}/{state.get('reason')} ({state.get('recovery_id')})"
 
 
 def tool_running(state: dict[str, Any]) -> bool:
@@ -105,6 +138,10 @@ class Users:
     run_errors: list[str]
     stops: int
     _answering: dict[str, asyncio.Task[None]]
+    sub_logs: dict[str, ChatLog]
+    sub_modes: dict[str, str]  # sub-chat -> wait/background, as learnt
+    subagent_gates_decided: Counter[str]
+    unshown_child_gates: list[str]
 
     def _now(self) -> float: ...
     def _rand(self) -> float: ...
@@ -265,7 +302,7 @@ class Users:
         else:
             verb = "continue" if r < 0.4 else "dismiss" if r < 0.8 else "stop"
         if verb == "stop":
-            await self._stop(chat, status)
+            await self._stop(chat, status, state)
         elif verb == "message":
             await self._send_new(chat, kind="superseding message")
         else:
@@ -306,7 +343,10 @@ class Users:
                 source=source,
                 at_s=self._now(),
                 status_seen=state.get("status") if state else None,
+                reason_seen=state.get("reason") if state else None,
+                turn_seen=state.get("turn") if state else None,
                 id_kind=id_kind,
+                recovery_id=recovery_id,
             )
         )
         await self._decide(
@@ -316,7 +356,9 @@ class Users:
             chat.resumed_at = time.monotonic()
         return action.outcome
 
-    async def _stop(self, chat: ChatLog, status_seen: str | None) -> None:
+    async def _stop(
+        self, chat: ChatLog, status_seen: str | None, state: dict[str, Any] | None = None
+    ) -> None:
         form = "signal" if self._rand() < self.cfg.signal_form else "decide"
         action = self.actions.add(
             Action(
@@ -325,6 +367,8 @@ class Users:
                 source="user",
                 at_s=self._now(),
                 status_seen=status_seen,
+                reason_seen=state.get("reason") if state else None,
+                turn_seen=state.get("turn") if state else None,
             )
         )
         await self._decide(chat, action, "stop", form, None, count=False)
@@ -445,17 +489,47 @@ class Users:
             try:
                 async for wf in self.client.list_workflows(query):
                     chat_id = wf.id.removeprefix("chat-")
-                    if chat_id in self.chats and chat_id not in self._answering:
+                    if chat_id in self._answering:
+                        continue
+                    if chat_id in self.chats:
                         task = asyncio.create_task(self._answer_gate(chat_id))
-                        self._answering[chat_id] = task
-                        task.add_done_callback(lambda _t, c=chat_id: self._answering.pop(c, None))
+                    elif is_sub_chat(chat_id):
+                        task = asyncio.create_task(self._sub_chat_gate(chat_id))
+                    else:
+                        continue
+                    self._answering[chat_id] = task
+                    task.add_done_callback(lambda _t, c=chat_id: self._answering.pop(c, None))
             except Exception as err:
                 self.gate_rejections[f"list failed: {type(err).__name__}"] += 1
             await asyncio.sleep(0.5)
 
-    async def _answer_gate(self, chat_id: str) -> None:
+    def _chat_log(self, chat_id: str) -> ChatLog:
+        if chat_id in self.chats:
+            return self.chats[chat_id]
+        return self.sub_logs.setdefault(chat_id, ChatLog(chat_id))
+
+    async def _gate_key(self, chat_id: str, state: dict[str, Any]) -> tuple[str, ...]:
+        """A gate shown for a subagent is the subagent's own gate: the next gate of the
+        same subagent's turn keeps its recovery id, so its own key is part of this one."""
+        key = gate_key(chat_id, state)
+        for _ in range(4):  # a subagent's subagent's gate climbs as well
+            if state.get("reason") != SUBAGENT_WAITING:
+                break
+            holder = shown_subagent(state)
+            if holder is None:
+                break
+            try:
+                state = await self._look(holder["chat_id"], timeout=10)
+            except Exception:
+                break
+            key += gate_key(holder["chat_id"], state)
+        return key
+
+    async def _answer_gate(self, chat_id: str, where: str = "") -> None:
+        """Answers the gate `chat_id` shows: its own, or a subagent's (subagent_waiting).
+        `where`: set when `chat_id` is a sub-chat, which chat of the user's it stands for."""
         cfg = self.cfg
-        chat = self.chats[chat_id]
+        chat = self._chat_log(chat_id)
         try:
             state = await self._look(chat_id)
         except Exception:
@@ -464,9 +538,16 @@ class Users:
         if state.get("status") != "awaiting_user" or not recovery_id:
             return
         chat.saw(recovery_id)
-        key = gate_key(chat_id, state)
+        key = await self._gate_key(chat_id, state)
         if key in self.answered_gates:
             return  # visibility lags behind: this gate was answered already
+        subagents = state.get("reason") == SUBAGENT_WAITING
+        if subagents and chat_id in self.chats and not self.probing and self._rand() < cfg.subagent_gate_user:
+            # The chat's user presses a button there, at a random moment, with whichever id
+            # (the one on screen, one remembered, a made-up one), in either form; or Stop.
+            await asyncio.sleep(self.rng.uniform(0, 3 * cfg.gate_think_max_s))
+            await self._user_action(chat)
+            return  # the driver comes back while a gate is still shown
         await asyncio.sleep(self.rng.uniform(0, cfg.gate_think_max_s))
         if self._rand() < cfg.stale_probe:
             outcome = await self._recovery_action(
@@ -485,8 +566,89 @@ class Users:
         if outcome == "accepted":
             self.gates_answered[("approve" if verb == "continue" else "deny") if asks else verb] += 1
             self.answered_gates.add(key)
+            if where:
+                self.subagent_gates_decided[f"{verb} {where}"] += 1
+            if subagents:
+                self.subagent_gates_decided[f"{verb} from the parent's chat"] += 1
         elif outcome == "no answer":
             self.gate_rejections["timeout"] += 1
+
+    async def _sub_chat_gate(self, chat_id: str) -> None:
+        """A sub-chat at a gate. A background subagent's gate stays in its own chat: the
+        driver decides it there, as its user would. A waiting subagent's gate must show
+        in the chat its user sees (its parent's, or above): once it has not for
+        sub_gate_grace_s, it is counted, and decided here so that nothing waits forever."""
+        cfg = self.cfg
+        try:
+            state = await self._look(chat_id)
+        except Exception:
+            return
+        recovery_id = state.get("recovery_id")
+        if state.get("status") != "awaiting_user" or not recovery_id:
+            return
+        facing = await self._user_facing(chat_id)
+        if facing == chat_id:
+            await self._answer_gate(chat_id, "in a background subagent's chat")
+            return
+        if state.get("reason") == SUBAGENT_WAITING:
+            return  # shown here for a subagent of its own, whose gate this driver follows
+        since = time.monotonic()
+        shown: dict[str, Any] | None = None
+        while time.monotonic() - since < cfg.sub_gate_grace_s:
+            await asyncio.sleep(2.0)
+            try:
+                now = await self._look(chat_id, timeout=10)
+            except Exception:
+                continue
+            if now.get("status") != "awaiting_user" or now.get("recovery_id") != recovery_id:
+                return  # decided, from the parent's chat or otherwise
+            try:
+                shown = await self._look(facing, timeout=10)
+            except Exception:
+                shown = None
+                since = time.monotonic()  # the chat the user sees cannot be asked: no verdict
+                continue
+            if shown.get("status") == "awaiting_user":
+                if shown.get("recovery_id") == recovery_id or shown.get("reason") != SUBAGENT_WAITING:
+                    return  # shown there (or another gate first, which the driver decides there)
+                since = min(since + 2.0, time.monotonic())  # another subagent's gate first: one at a time
+        self.unshown_child_gates.append(
+            f"{chat_id}: gate {state.get('reason')} ({recovery_id}) not shown in chat {facing} for "
+            f"{cfg.sub_gate_grace_s:.0f} s: {facing} shows {_gist(shown)}"
+        )
+        self._log(f"subagent gate not shown in its user's chat {facing}: deciding it in {chat_id}")
+        await self._answer_gate(chat_id, "in a waiting subagent's chat (not shown in its parent's)")
+
+    async def _user_facing(self, chat_id: str) -> str:
+        """The chat whose user decides `chat_id`'s gates: a waiting subagent's parent's
+        (and so on up), a background subagent's own, a chat of the harness's own."""
+        while is_sub_chat(chat_id):
+            if await self._mode_of(chat_id) != "wait":
+                return chat_id
+            chat_id = parent_chat(chat_id)
+        return chat_id
+
+    async def _mode_of(self, sub_chat: str) -> str | None:
+        """A subagent's mode: its parent's `state` lists it while the delegating turn
+        runs; else its task (its chat's first row) names it."""
+        if sub_chat in self.sub_modes:
+            return self.sub_modes[sub_chat]
+        with contextlib.suppress(Exception):
+            parent = await self._look(parent_chat(sub_chat), timeout=10)
+            for view in parent.get("subagents") or []:
+                self.sub_modes[view["chat_id"]] = view["mode"]
+        if sub_chat not in self.sub_modes:
+            store = open_store(self.settings)
+            with contextlib.suppress(Exception):
+                await store.open()
+                try:
+                    rows = await store.transcript_rows(sub_chat)
+                finally:
+                    await store.close()
+                task = TASK.match(rows[0].message.content or "") if rows else None
+                if task:
+                    self.sub_modes[sub_chat] = task.group(3)
+        return self.sub_modes.get(sub_chat)
 
     # -- the probe: one more message to every chat, which must be answered ------------------------
     async def _probe_chats(self) -> None:

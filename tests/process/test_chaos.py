@@ -13,6 +13,7 @@ tmp_path. The other tests check the checker's own rules, without a server."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC
 from pathlib import Path
@@ -275,3 +276,96 @@ async def test_runs_the_reconciler_ended_for_a_failing_task_are_counted_from_the
 
     histories = [run("r1", handle.reason), run("r2", "an operator"), run("r3", None)]
     assert ended_by_reconciler(histories) == {"r1": handle.reason}
+
+
+def test_the_model_tells_a_sub_chat_and_a_report_from_the_messages_alone() -> None:
+    import random
+
+    from tests.chaos.infra import ChaosModel, task_text
+
+    cfg = chaos.ChaosConfig(delegate=1.0, nested=1.0, fanout=0.0, bad_delegate=0.0, provider_errors=0.0)
+    model = ChaosModel(cfg, random.Random(3))
+    tools = [{"type": "function", "function": {"name": n}} for n in ("ledger_write", "delegate")]
+    # A chat's user message: a delegate call whose task names itself, its depth and its mode.
+    reply = model({"messages": [{"role": "user", "content": "message 1 of c"}], "tools": tools})
+    (call,) = reply["tool_calls"]
+    assert call["name"] == "delegate" and call["arguments"]["task"].startswith("subtask n")
+    assert " d1 " in call["arguments"]["task"]
+    # A sub-chat at depth 1 delegates once more, in wait mode; at the depth bound it is not offered the tool.
+    task = {"role": "user", "content": task_text(7, 1, "background")}
+    (nested,) = model({"messages": [task], "tools": tools})["tool_calls"]
+    assert nested["arguments"]["mode"] == "wait" and " d2 wait:" in nested["arguments"]["task"]
+    deep = {"role": "user", "content": task_text(8, 2, "wait")}
+    (ledger,) = model({"messages": [deep], "tools": tools[:1]})["tool_calls"]
+    assert ledger["name"] == "ledger_write"
+    # Its final answer names its task.
+    done = model(
+        {
+            "messages": [
+                deep,
+                {"role": "assistant", "tool_calls": [{"id": "t1", "function": {"name": "ledger_write"}}]},
+                {"role": "tool", "tool_call_id": "t1", "content": "noted"},
+            ],
+            "tools": tools[:1],
+        }
+    )
+    assert done["text"] == "answer of subtask n8: done after 1 tool round(s)"
+    # A background subagent's report gets words, never another delegation.
+    report = {
+        "role": "user",
+        "content": "Subagent (chat c.sub1-x, task: ...) answered:\nanswer of subtask n7",
+    }
+    assert "text" in model(
+        {"messages": [{"role": "user", "content": "message 1 of c"}, report], "tools": tools}
+    )
+
+
+def test_delegate_calls_name_their_sub_chats_and_the_calls_that_must_be_refused() -> None:
+    from tests.chaos.check import delegate_calls, final_answer, is_report_id, report_of
+    from turnkeeper.models import ChatMessage
+    from turnkeeper.store import TranscriptRow
+    from turnkeeper.subagents import report_message_id, sub_chat_id
+
+    def row(i: int, turn: int, message: dict[str, object], message_id: str | None = None) -> TranscriptRow:
+        return TranscriptRow(
+            id=i, turn=turn, message=ChatMessage.model_validate(message), message_id=message_id
+        )
+
+    def assistant(calls: list[tuple[str, dict[str, object]]]) -> dict[str, object]:
+        return {
+            "role": "assistant",
+            "tool_calls": [{"id": c, "name": "delegate", "arguments": json.dumps(a)} for c, a in calls],
+        }
+
+    task = {"task": "subtask n1 d1 wait: x", "mode": "wait"}
+    rows = {
+        "c": [
+            row(1, 1, {"role": "user", "content": "message 1"}, "c-m1"),
+            row(
+                2,
+                1,
+                assistant(
+                    [("a", task), ("b", {**task, "mode": "background"}), ("p", {**task, "profile": "x"})]
+                ),
+            ),
+            row(
+                3, 1, assistant([("m", {**task, "mode": "later"}), ("f1", task), ("f2", task), ("f3", task)])
+            ),
+        ],
+        "c.sub1-abc.sub1-def": [row(4, 1, assistant([("deep", task)]))],
+    }
+    calls = {c.call_id: c for c in delegate_calls(rows, max_depth=2, max_fanout=3)}
+    assert calls["a"].sub_chat == sub_chat_id("c", 1, "a") and calls["a"].refusal is None
+    assert calls["b"].mode == "background" and calls["b"].refusal is None
+    assert "profile" in str(calls["p"].refusal)
+    assert calls["m"].refusal is not None  # not a mode
+    assert calls["f2"].refusal is None and "> 3" in str(calls["f3"].refusal)  # the fourth call of its reply
+    assert "depth 3" in str(calls["deep"].refusal)
+    mid = report_message_id("c.sub1-abc", 2)
+    assert is_report_id(mid) and report_of(mid) == "c.sub1-abc" and not is_report_id("c-m1")
+    answer = [
+        row(1, 1, {"role": "user", "content": "t"}),
+        row(2, 1, {"role": "assistant", "content": "answer of subtask n1: done"}),
+    ]
+    assert final_answer(answer, 1) == "answer of subtask n1: done" and final_answer(answer, 2) is None
+    assert final_answer([*answer, row(3, 1, assistant([("x", task)]))], 1) is None
