@@ -307,7 +307,19 @@ def test_each_variable_is_read_by_one_field_and_matters() -> None:
     changes the settings."""
     assert len(config.ENV_VARS) == len(set(config.ENV_VARS))
     key = "k1:" + "A" * 43 + "="
-    values = ("value-x", "4242", "on", "off", "asyncio", "debug", "127.0.0.1:4242", "http://x.example", key)
+    profile = '{"p": {"instructions": "i", "tools": []}}'
+    values = (
+        "value-x",
+        "4242",
+        "on",
+        "off",
+        "asyncio",
+        "debug",
+        "127.0.0.1:4242",
+        "http://x.example",
+        key,
+        profile,
+    )
     defaults = Settings.from_env({})
     for name in config.ENV_VARS:
         changed = []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Stack, until
+from tests.support import Stack, until, until_async
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, TurnState, TurnStatus
 
@@ -40,6 +40,10 @@ def _slow(path: str, seconds: float) -> str:
 
 def _waits_for_subagent(s: TurnState) -> bool:
     return s.status == TurnStatus.AWAITING_USER and s.reason == Reason.SUBAGENT_WAITING
+
+
+async def _lists(stack: Stack, query: str, workflow_id: str) -> bool:
+    return workflow_id in [w.id async for w in stack.client.list_workflows(query)]
 
 
 async def _tool_rows(stack: Stack, chat: str) -> list[dict[str, object]]:
@@ -123,6 +127,11 @@ async def test_a_subagents_lost_tool_is_decided_from_the_parents_chat(stack: Sta
     child = await stack.state(sub.chat_id)
     assert (child.status, child.reason) == (TurnStatus.AWAITING_USER, Reason.TOOL_STATE_UNKNOWN)
     assert shown.recovery_id == child.recovery_id and sub.chat_id in (shown.detail or "")
+    # Where an operator looks: the waiting child under its parent, the parent by its reason.
+    waiting_children = f"ParentWorkflowId = '{tk.workflow_id(chat)}' AND TurnStatus = 'awaiting_user'"
+    waiting_parents = f"WorkflowId = '{tk.workflow_id(chat)}' AND RecoveryReason = 'subagent_waiting'"
+    await until_async(lambda: _lists(stack, waiting_children, sub.workflow_id), what="the child listed")
+    await until_async(lambda: _lists(stack, waiting_parents, tk.workflow_id(chat)), what="the parent listed")
     await stack.decide(chat, action, shown.recovery_id)
     ended = await stack.wait_state(
         chat, lambda s: s.status not in (TurnStatus.RUNNING, TurnStatus.AWAITING_USER)

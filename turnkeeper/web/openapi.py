@@ -122,6 +122,10 @@ SPEC: dict[str, Any] = {
                         },
                     },
                     "subagents": {"type": "array", "items": {"$ref": "#/components/schemas/Subagent"}},
+                    "delegated_by": {
+                        "type": ["string", "null"],
+                        "description": "in a sub-chat: the chat whose turn delegated it",
+                    },
                 },
             },
             "Subagent": {
