@@ -288,6 +288,10 @@ class Report:
             f"max depth {d.get('max_depth', 0)}; {d.get('sub_chat_turns_closed', 0)} of the closed turns "
             "are sub-chats'",
             f"  children ended   {kv({k[6:]: v for k, v in d.items() if k.startswith('ended ')})}",
+            f"  waiting          {d.get('wait_answers_matched', 0)} answers are their call's row; "
+            f"{d.get('wait_children_without_an_answer', 0)} ended without one (the row says how); "
+            f"{d.get('wait_answers_cut_by_the_parents_end', 0)} cut off by their parent's Stop, Dismiss or "
+            "supersession",
             f"  background       {d.get('reports', 0)} reports committed for {d.get('background_turns_ended', 0)} "
             f"ended turns; {in_bg} gates decided in a background subagent's own chat",
             f"  subagent gates   {kv(self.subagent_gates)}",

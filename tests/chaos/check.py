@@ -871,13 +871,17 @@ class Checker:
                     self.evidence[c.sub_chat].append(
                         f"its answer is not the row of call {c.call_id} in {c.chat_id}"
                     )
-            elif answer is None and content.startswith(ANSWER_LEAD):
+            elif answer is not None:
+                counts["wait_answers_matched"] += 1
+            elif content.startswith(ANSWER_LEAD):
                 self.fail(
                     "wait_answers_without_a_child_answer",
                     f"{where}: the row reads {content[:200]!r} but the child's turn "
                     f"{task_turn} ended {own['status'] if own else 'never'} without an answer",
                     c.chat_id,
                 )
+            else:
+                counts["wait_children_without_an_answer"] += 1
             return
         # background: each ended turn of the child is one report in the parent's chat
         for t, rec in sorted(sub_turns.items()):
