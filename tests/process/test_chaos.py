@@ -369,3 +369,80 @@ def test_delegate_calls_name_their_sub_chats_and_the_calls_that_must_be_refused(
     ]
     assert final_answer(answer, 1) == "answer of subtask n1: done" and final_answer(answer, 2) is None
     assert final_answer([*answer, row(3, 1, assistant([("x", task)]))], 1) is None
+
+
+def _delegation_checker(parent_row: str, reports: list[str]) -> object:
+    """A checker over one chat whose turn delegated a waiting and a background task,
+    both answered; `parent_row` is the waiting call's result row."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from tests.chaos.base import Report
+    from tests.chaos.check import Checker
+    from turnkeeper.models import ChatMessage
+    from turnkeeper.store import TranscriptRow
+    from turnkeeper.subagents import sub_chat_id
+
+    def row(i: int, message: dict[str, object], message_id: str | None = None) -> TranscriptRow:
+        return TranscriptRow(id=i, turn=1, message=ChatMessage.model_validate(message), message_id=message_id)
+
+    wait, bg = sub_chat_id("c", 1, "a"), sub_chat_id("c", 1, "b")
+    calls = [
+        {"id": "a", "name": "delegate", "arguments": json.dumps({"task": "subtask n1 d1 wait: x"})},
+        {
+            "id": "b",
+            "name": "delegate",
+            "arguments": json.dumps({"task": "subtask n2 d1 background: x", "mode": "background"}),
+        },
+    ]
+    parent = [
+        row(1, {"role": "user", "content": "message 1"}, "c-m1"),
+        row(2, {"role": "assistant", "tool_calls": calls}),
+        row(3, {"role": "tool", "tool_call_id": "a", "content": parent_row}),
+        row(4, {"role": "tool", "tool_call_id": "b", "content": "Started subagent"}),
+        *(
+            row(5 + i, {"role": "user", "content": "Subagent (...) answered:\nanswer of subtask n2: done"}, m)
+            for i, m in enumerate(reports)
+        ),
+    ]
+
+    def sub(task_call: str, task: str, answer: str) -> list[TranscriptRow]:
+        return [
+            row(10, {"role": "user", "content": task}, f"delegated:{task_call}"),
+            row(11, {"role": "assistant", "content": answer}),
+        ]
+
+    cfg = chaos.ChaosConfig()
+    h = SimpleNamespace(cfg=cfg, subagent_gates_decided=Counter(), actions=ActionLog(), chats={})
+    checker = Checker(h, Report(seed=0, config={}, workdir=""))  # type: ignore[arg-type]
+    checker.det = Counter()
+    checker.rows_of = {
+        "c": parent,
+        wait: sub("a", "subtask n1 d1 wait: x", "answer of subtask n1: done"),
+        bg: sub("b", "subtask n2 d1 background: x", "answer of subtask n2: done"),
+    }
+    turn = {"turn": 1, "status": "completed", "reason": None}
+    checker.turns = [{"chat_id": c, **turn} for c in ("c", wait, bg)]
+    checker.turns_of = {t["chat_id"]: {1: t} for t in checker.turns}
+    checker.children = {f"chat-{wait}": {"r1"}, f"chat-{bg}": {"r2"}}
+    checker.refused_ids, checker.events = {}, []
+    checker.senders = {("c", m): "subagent" for m in reports}
+    checker._delegations()
+    return checker
+
+
+def test_the_checker_finds_a_lost_child_answer_and_a_lost_or_misplaced_report() -> None:
+    from turnkeeper.subagents import report_message_id, sub_chat_id
+
+    bg_report = report_message_id(sub_chat_id("c", 1, "b"), 1)
+    fine = _delegation_checker("answer of subtask n1: done", [bg_report])
+    assert not +fine.det, fine.report.failures  # type: ignore[attr-defined]
+    assert fine.report.subagents["wait_answers_matched"] == 1 and fine.report.subagents["reports"] == 1  # type: ignore[attr-defined]
+    wait_report = report_message_id(sub_chat_id("c", 1, "a"), 1)
+    bad = _delegation_checker("Error: the subagent's turn ended stopped", [wait_report])
+    assert +bad.det == {  # type: ignore[attr-defined]
+        "wait_answers_lost": 1,
+        "background_reports_lost": 1,
+        "reports_from_waiting_children": 1,
+        "reports_for_turns_not_ended": 1,
+    }
