@@ -178,6 +178,7 @@ class Delegations:
         shown = {"turn": s.turn, "status": s.status.value, "reason": s.reason.value if s.reason else None}
         more = {"recovery_id": s.recovery_id, "can_continue": s.can_continue, "attempts": s.attempts}
         self._turn.announce(NewEvent(type="recovery_state", payload={**shown, **more, "detail": s.detail}))
+        self.tell_parent()
 
     def dismiss_waiting(self) -> None:
         """The delegating turn is dismissed: so are its subagents waiting at a gate."""
@@ -187,10 +188,11 @@ class Delegations:
 
     # -- a subagent's own run ------------------------------------------------------------
     def tell_parent(self) -> None:
-        """The gate of a subagent its parent waits for reaches the parent's chat."""
+        """The gate of a subagent its parent waits for reaches the parent's chat, from any depth."""
         if self.link is None or self.link.mode != "wait":
             return
-        news = subagents.view_of(self._turn.state, self.link, workflow.info().workflow_id)
+        # As its own user would see it: a gate of its own subagent climbs on up.
+        news = subagents.view_of(recovery.shown(self._turn.state), self.link, workflow.info().workflow_id)
         _signal(self.link.parent_workflow_id, "subagent", news)
 
     def report(self) -> activity_io.ReportToParentInput | None:

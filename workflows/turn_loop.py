@@ -120,6 +120,7 @@ class Turn:
         self.events: list[NewEvent] = []
         self._announcing: workflow.ActivityHandle[None] | None = None
         self._announced = 0
+        self._in_the_air: list[NewEvent] = []
         self._superseding: list[str] = []
         self._checking: list[str] = []
         self._call_running = False
@@ -181,10 +182,11 @@ class Turn:
 
     def _announce_next(self, _: Any = None) -> None:
         """Refusals go to the store's event log one batch at a time, in order."""
-        self._announcing = None
+        self._announcing, self._in_the_air = None, []
         if not self.events:
             return
         events, self.events = self.events, []
+        self._in_the_air = events
         run_id = workflow.info().run_id
         keys = [f"{run_id}/{self._announced + i}" for i in range(len(events))]
         self._announced += len(events)
@@ -195,6 +197,10 @@ class Turn:
             patient=True,
         )
         self.inputs.watch(self._announcing, self._announce_next)
+
+    def _states_announced(self) -> bool:
+        """No subagent's gate shown or gone is on its way to the event log."""
+        return not any(e.type == "recovery_state" for e in self.events + self._in_the_air)
 
     def check_superseding(self, message_id: str) -> None:
         self._superseding.append(message_id)
@@ -366,6 +372,7 @@ class Turn:
                 self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
+            await self.until(self._states_announced)  # the log's order: a gate shown or gone, then the answer
             if self.ending is not None:
                 return ENDED
             call = steps.model_call(
@@ -633,6 +640,7 @@ class Turn:
         await self._finish(text, commit)
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
+        await self.until(self._states_announced)
         update = activity_io.UpdateTurnInput.of(self.state)
         update.closing_text, update.commit_messages = closing_text, commit or []
         written = await self._write_turn(update, activity_io.FINISH_TURN)

@@ -180,3 +180,24 @@ async def test_a_subagents_approval_waits_through_sigkills_and_runs_once_approve
     assert len(_starts(ledger)) == 1
     (delegated,) = await _tool_rows(stack, chat)
     assert "guarded_write" in str(delegated["content"])
+
+
+async def test_a_gate_two_levels_down_climbs_to_the_chat_and_is_decided_there(stack: Stack) -> None:
+    ledger = _tools(stack)
+    await stack.start_worker()
+    chat = stack.chat("deep")
+    await stack.send(chat, 'delegate: delegate: call guarded_write {"path": "d.txt", "content": "d"}')
+    shown = await stack.wait_state(chat, _waits_for_subagent, timeout=60)
+    (sub,) = shown.subagents
+    (grandchild,) = (await stack.state(sub.chat_id)).subagents
+    asks = await stack.state(grandchild.chat_id)
+    assert (asks.status, asks.reason) == (TurnStatus.AWAITING_USER, Reason.APPROVAL_REQUIRED)
+    assert shown.recovery_id == asks.recovery_id  # the chat's user decides the deepest gate
+    assert _starts(ledger) == []
+    await stack.decide(chat, "continue", shown.recovery_id)
+    done = await stack.wait_turn_done(chat, 1, timeout=60)
+    assert done.status == TurnStatus.COMPLETED and (stack.ws / "d.txt").read_text() == "d"
+    assert len(_starts(ledger)) == 1
+    events = await stack.event_types(chat)
+    assert events.index("recovery_state") < events.index("turn_end")
+    assert events.count("recovery_state") == 2  # the gate shown, then gone
