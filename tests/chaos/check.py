@@ -960,6 +960,8 @@ class Checker:
                     )
         for text in h.unshown_child_gates:
             self.fail("child_gates_not_shown_to_the_user", text, text.split(":")[0])
+        for text in h.outliving_children:
+            self.fail("waiting_children_outliving_their_turn", text, text.split(":")[0])
         for sub, c in self.calls_by_sub.items():
             if c.mode != "wait" or c.refusal is not None:
                 continue

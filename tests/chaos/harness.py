@@ -204,7 +204,8 @@ class Chaos(Users):
         self.sub_logs: dict[str, ChatLog] = {}  # the gate driver's record of the sub-chats it decided in
         self.sub_modes: dict[str, str] = {}
         self.subagent_gates_decided: Counter[str] = Counter()
-        self.unshown_child_gates: list[str] = []
+        self.unshown_child_gates: list[str] = []  # a waiting subagent's gate its user's chat did not show
+        self.outliving_children: list[str] = []  # a waiting subagent at a gate after its parent's turn ended
         self.kills = 0
         self.kill_log: list[dict[str, Any]] = []
         self.outage_log: list[dict[str, Any]] = []

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from temporalio.client import WorkflowExecutionStatus
 
-from tests.chaos.base import MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
+from tests.chaos.base import CLOSED_TURN, MAX_MESSAGE_BYTES, Action, ChatLog, error_kind
 from tests.chaos.infra import TASK
 from turnkeeper import client as tk
 from turnkeeper.models import UserMessage
@@ -62,6 +63,12 @@ def is_sub_chat(chat_id: str) -> bool:
 
 def parent_chat(sub_chat: str) -> str:
     return sub_chat.rsplit(".sub", 1)[0]
+
+
+def delegating_turn(sub_chat: str) -> int | None:
+    """The turn of its parent's chat that delegated to `sub_chat`."""
+    m = re.search(r"\.sub(\d+)-[0-9a-f]+$", sub_chat)
+    return int(m.group(1)) if m else None
 
 
 def shown_subagent(state: dict[str, Any]) -> dict[str, Any] | None:
@@ -142,6 +149,7 @@ class Users:
     sub_modes: dict[str, str]  # sub-chat -> wait/background, as learnt
     subagent_gates_decided: Counter[str]
     unshown_child_gates: list[str]
+    outliving_children: list[str]
 
     def _now(self) -> float: ...
     def _rand(self) -> float: ...
@@ -612,12 +620,27 @@ class Users:
                 if shown.get("recovery_id") == recovery_id or shown.get("reason") != SUBAGENT_WAITING:
                     return  # shown there (or another gate first, which the driver decides there)
                 since = min(since + 2.0, time.monotonic())  # another subagent's gate first: one at a time
-        self.unshown_child_gates.append(
-            f"{chat_id}: gate {state.get('reason')} ({recovery_id}) not shown in chat {facing} for "
-            f"{cfg.sub_gate_grace_s:.0f} s: {facing} shows {_gist(shown)}"
-        )
-        self._log(f"subagent gate not shown in its user's chat {facing}: deciding it in {chat_id}")
-        await self._answer_gate(chat_id, "in a waiting subagent's chat (not shown in its parent's)")
+        where = "in a waiting subagent's chat (not shown in its parent's)"
+        parent = parent_chat(chat_id)
+        try:
+            delegator = await self._look(parent, timeout=10)
+        except Exception as err:
+            delegator = {"status": f"query failed: {type(err).__name__}"}
+        if delegator.get("status") in CLOSED_TURN or delegator.get("turn") != delegating_turn(chat_id):
+            # Its parent's turn has ended: a waiting subagent must have ended with it.
+            self.outliving_children.append(
+                f"{chat_id}: at gate {state.get('reason')} ({recovery_id}) for {cfg.sub_gate_grace_s:.0f} s "
+                f"while its parent {parent}'s turn {delegating_turn(chat_id)} is over: the parent shows turn "
+                f"{delegator.get('turn')} {_gist(delegator)}"
+            )
+            where = "in a waiting subagent's chat (its parent's turn over)"
+        else:
+            self.unshown_child_gates.append(
+                f"{chat_id}: gate {state.get('reason')} ({recovery_id}) not shown in chat {facing} for "
+                f"{cfg.sub_gate_grace_s:.0f} s: {facing} shows {_gist(shown)}"
+            )
+        self._log(f"subagent {chat_id}'s gate not shown in its user's chat {facing}: deciding it there")
+        await self._answer_gate(chat_id, where)
 
     async def _user_facing(self, chat_id: str) -> str:
         """The chat whose user decides `chat_id`'s gates: a waiting subagent's parent's

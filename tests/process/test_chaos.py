@@ -361,6 +361,11 @@ def test_delegate_calls_name_their_sub_chats_and_the_calls_that_must_be_refused(
     assert calls["m"].refusal is not None  # not a mode
     assert calls["f2"].refusal is None and "> 3" in str(calls["f3"].refusal)  # the fourth call of its reply
     assert "depth 3" in str(calls["deep"].refusal)
+    from tests.chaos.users import delegating_turn, is_sub_chat, parent_chat
+
+    nested = sub_chat_id(sub_chat_id("c", 12, "a"), 3, "b")
+    assert is_sub_chat(nested) and parent_chat(nested) == sub_chat_id("c", 12, "a") and not is_sub_chat("c")
+    assert delegating_turn(nested) == 3 and delegating_turn(parent_chat(nested)) == 12
     mid = report_message_id("c.sub1-abc", 2)
     assert is_report_id(mid) and report_of(mid) == "c.sub1-abc" and not is_report_id("c-m1")
     answer = [
