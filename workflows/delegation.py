@@ -47,17 +47,23 @@ class Delegations:
         self._turn = turn
         self.link = link  # set in a subagent's own run
         self._in_step = 0
-        self._futures: dict[str, asyncio.Future[Result]] = {}  # by sub-chat
+        self._views: dict[asyncio.Future[Result], SubagentView] = {}
+        self._children: dict[str, asyncio.Future[TurnState]] = {}  # by sub-chat, once started
+        self._stopping: set[str] = set()
 
-    @property
-    def spared(self) -> list[asyncio.Future[Result]]:
-        """Subagents dismissed with their parent's turn: they end themselves, uncancelled."""
-        views = self._turn.state.subagents
-        return [
-            self._futures[v.chat_id]
-            for v in views
-            if v.status == TurnStatus.RECOVERED and v.chat_id in self._futures
-        ]
+    def stop(self, future: asyncio.Future[Any]) -> bool:
+        """The turn is ending: a waiting child is stopped (a child workflow's cancellation
+        is its Stop), or never started; False for a future that is no delegation.
+        The delegation's own future is never cancelled: it records how the child ended."""
+        view = self._views.get(future)
+        if view is None:
+            return False
+        if view.mode == "wait" and view.status != TurnStatus.RECOVERED:  # not dismissed already
+            self._stopping.add(view.chat_id)
+            child = self._children.get(view.chat_id)
+            if child is not None and not child.done():
+                child.cancel()
+        return True
 
     def begin_step(self) -> None:
         self._in_step = 0
@@ -94,7 +100,8 @@ class Delegations:
         )
         view = subagents.view_of(TurnState(chat_id=sub), link, f"chat-{sub}")
         s.subagents.append(view)
-        future = self._futures[sub] = asyncio.ensure_future(self._delegate(call, link, view))
+        future = asyncio.ensure_future(self._delegate(call, link, view))
+        self._views[future] = view
         return future
 
     async def _delegate(self, call: ToolCall, link: SubagentLink, view: SubagentView) -> Result:
@@ -105,6 +112,10 @@ class Delegations:
         )
         task = UserMessage(message_id=subagents.task_message_id(call.id), text=link.task, sender="delegate")
         wait = link.mode == "wait"
+        if view.chat_id in self._stopping or (not wait and self._turn.ending is not None):
+            view.status = TurnStatus.RECOVERED
+            why = "Error: the turn ended before the subagent started; it did not start"
+            return Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
         try:
             child = await workflow.start_child_workflow(
                 "ChatTurn",
@@ -123,6 +134,9 @@ class Delegations:
                 ),
                 static_summary=f"subagent: {subagents.shown_task(link.task)[:100]}",
             )
+            self._children[view.chat_id] = child
+            if view.chat_id in self._stopping:  # the Stop came while it started
+                child.cancel()
             ended: TurnState | None = await child if wait else None
         except ChildWorkflowError as err:
             view.status = TurnStatus.FAILED

@@ -29,7 +29,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io, recovery
+    from turnkeeper import activity_io, recovery, subagents
     from turnkeeper import models as rows
     from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.models import (
@@ -160,7 +160,7 @@ class Turn:
             if cancel_on_end and self.ending is not None and not cancelled:
                 cancelled = True
                 for future in futures:
-                    if future not in self.delegations.spared:  # dismissed, and ending so
+                    if not self.delegations.stop(future):
                         future.cancel()
             self.take(await self.inputs.next())
         self.inputs.ended.difference_update(futures)
@@ -250,13 +250,15 @@ class Turn:
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
+        link = self.delegations.link
+        if link is not None and self.inputs.cancel_requested:
+            # A subagent stopped by its parent before it began: its task goes with it.
+            self.inbox.drop({subagents.task_message_id(link.tool_call_id)})
         if self.inbox.waiting:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
             workflow.continue_as_new(
-                ChatTurnInput(
-                    chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=self.delegations.link
-                ),
+                ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=link),
                 task_timeout=TURN_TASK_TIMEOUT,
                 initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
             )
