@@ -209,6 +209,10 @@ class Delegations:
         news = subagents.view_of(recovery.shown(self._turn.state), self.link, workflow.info().workflow_id)
         _signal(self.link.parent_workflow_id, "subagent", news)
 
+    def task_id(self) -> str | None:
+        """The message id of a subagent's task (its sub-chat's first message)."""
+        return subagents.task_message_id(self.link.tool_call_id) if self.link else None
+
     def report(self) -> activity_io.ReportToParentInput | None:
         """What a background subagent's ended turn sends its parent's chat."""
         s = self._turn.state

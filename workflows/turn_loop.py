@@ -29,7 +29,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io, recovery, subagents
+    from turnkeeper import activity_io, recovery
     from turnkeeper import models as rows
     from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.models import (
@@ -241,6 +241,11 @@ class Turn:
             await self._carry_on(input.carry_on)
         elif await self._first_message():
             await self._turn_loop(step=0)
+        elif self._stopped_by_parent() and self.inbox.waiting:
+            # Stopped before its first step: its chat still holds its task, and how it ended.
+            self.end_by_user(Reason.STOPPED)
+            self.inbox.in_flight = self.inbox.take()
+            await self._end()
         else:
             self.state.status = TurnStatus.COMPLETED
         await self._quiet()
@@ -250,15 +255,13 @@ class Turn:
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             reason = self.state.reason.value if self.state.reason else None
             metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
-        link = self.delegations.link
-        if link is not None and self.inputs.cancel_requested:
-            # A subagent stopped by its parent before it began: its task goes with it.
-            self.inbox.drop({subagents.task_message_id(link.tool_call_id)})
         if self.inbox.waiting:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
             workflow.continue_as_new(
-                ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=link),
+                ChatTurnInput(
+                    chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=self.delegations.link
+                ),
                 task_timeout=TURN_TASK_TIMEOUT,
                 initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
             )
@@ -612,7 +615,7 @@ class Turn:
         closing row. Dismiss commits the follow-ups pending when it came as user rows;
         every other message becomes the next turn, in order."""
         reason = self.ending or Reason.STOPPED
-        if not await self._ensure_turn(create=False):
+        if not await self._ensure_turn(create=self._stopped_by_parent()):
             self.inbox.return_in_flight()  # no call of this run began a turn: nothing to close
             return
         if self.inbox.in_flight:
@@ -635,11 +638,18 @@ class Turn:
         if reason == Reason.DISMISSED:
             commit = [m for m in self.inbox.waiting if m.message_id in self.dismissed]
             self.inbox.drop(self.dismissed)
+        elif self._stopped_by_parent():  # its task is no next turn: the transcript keeps it
+            commit = [m for m in self.inbox.waiting if m.message_id == self.delegations.task_id()]
+            self.inbox.drop({m.message_id for m in commit})
         text = {
             Reason.DISMISSED: rows.DENIED_TURN_TEXT if denied else rows.DISMISSED_TEXT,
             Reason.SUPERSEDED: rows.SUPERSEDED_TEXT,
         }.get(reason, rows.STOPPED_TEXT)
         await self._finish(text, commit)
+
+    def _stopped_by_parent(self) -> bool:
+        """A subagent's run cancelled: its parent's turn ended (Stop, Dismiss, a newer message)."""
+        return self.delegations.link is not None and self.inputs.cancel_requested
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
         await self.until(self._states_announced)
