@@ -462,9 +462,12 @@ class Settings:
             raise ConfigError("; ".join(problems))
         if "temporal_address" not in values:
             # As the `temporal` CLI does: a profile of temporal.toml names the server.
-            from turnkeeper.temporal_profile import temporal_profile
+            from turnkeeper.temporal_profile import ProfileError, temporal_profile
 
-            profile = temporal_profile(env)
+            try:
+                profile = temporal_profile(env)
+            except ProfileError as err:
+                raise ConfigError(str(err)) from None
             if profile.get("address"):
                 values["temporal_address"] = str(profile["address"])
                 if "namespace" not in values and profile.get("namespace"):

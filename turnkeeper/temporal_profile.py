@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from turnkeeper.config import ConfigError
+
+class ProfileError(ValueError):
+    """The profile asked for cannot be read (turnkeeper.config reports it as a ConfigError)."""
 
 
 def temporal_profile(env: Mapping[str, str]) -> dict[str, Any]:
@@ -26,11 +28,11 @@ def temporal_profile(env: Mapping[str, str]) -> dict[str, Any]:
         profiles = tomllib.loads(path.read_text()).get("profile", {})
     except FileNotFoundError:
         if named:
-            raise ConfigError(f"TEMPORAL_PROFILE={named}: there is no config file {path}") from None
+            raise ProfileError(f"TEMPORAL_PROFILE={named}: there is no config file {path}") from None
         return {}
     except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"Temporal config file {path}: {err}") from None
+        raise ProfileError(f"Temporal config file {path}: {err}") from None
     profile = profiles.get(named or "default")
     if profile is None and named:
-        raise ConfigError(f"TEMPORAL_PROFILE={named}: {path} has no [profile.{named}]")
+        raise ProfileError(f"TEMPORAL_PROFILE={named}: {path} has no [profile.{named}]")
     return profile if isinstance(profile, dict) else {}
