@@ -533,18 +533,25 @@ class Users:
             key += gate_key(holder["chat_id"], state)
         return key
 
+    async def _gate_state(self, chat_id: str) -> dict[str, Any] | None:
+        """`chat_id`'s state when it waits at a gate (with its recovery id), else None."""
+        try:
+            state = await self._look(chat_id)
+        except Exception:
+            return None
+        if state.get("status") != "awaiting_user" or not state.get("recovery_id"):
+            return None
+        return state
+
     async def _answer_gate(self, chat_id: str, where: str = "") -> None:
         """Answers the gate `chat_id` shows: its own, or a subagent's (subagent_waiting).
         `where`: set when `chat_id` is a sub-chat, which chat of the user's it stands for."""
         cfg = self.cfg
         chat = self._chat_log(chat_id)
-        try:
-            state = await self._look(chat_id)
-        except Exception:
+        state = await self._gate_state(chat_id)
+        if state is None:
             return
-        recovery_id = state.get("recovery_id")
-        if state.get("status") != "awaiting_user" or not recovery_id:
-            return
+        recovery_id = state["recovery_id"]
         chat.saw(recovery_id)
         key = await self._gate_key(chat_id, state)
         if key in self.answered_gates:
@@ -587,13 +594,10 @@ class Users:
         in the chat its user sees (its parent's, or above): once it has not for
         sub_gate_grace_s, it is counted, and decided here so that nothing waits forever."""
         cfg = self.cfg
-        try:
-            state = await self._look(chat_id)
-        except Exception:
+        state = await self._gate_state(chat_id)
+        if state is None:
             return
-        recovery_id = state.get("recovery_id")
-        if state.get("status") != "awaiting_user" or not recovery_id:
-            return
+        recovery_id = state["recovery_id"]
         facing = await self._user_facing(chat_id)
         if facing == chat_id:
             await self._answer_gate(chat_id, "in a background subagent's chat")
