@@ -28,7 +28,7 @@ class InputQueue:
         self.ended: set[asyncio.Future[Any]] = set()  # watched futures whose end was taken
         self.cancel_requested = False
         self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None] | None] = {}
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, Any] | None = None
         self._catching_up = False
 
     def append(self, inp: TurnInput) -> None:
@@ -50,17 +50,16 @@ class InputQueue:
 
     def _woken(self) -> bool:
         """Whether an input waits; also notices an activation that applies events of a
-        workflow task not yet started (history length moved, its size did not: the size
-        is the one a task's start records, so it grows with every task). A worker
-        answering a query about a run it did not hold does that, and sends what the run
-        does with them along with the next task's commands, where a replay takes them
-        together and in another order (tests/replay/test_sdk_query_order.py). Failing
-        that activation fails the query and evicts the run instead. (The activation's
-        time is no sign: it may move with the events applied.)"""
+        workflow task not yet started (history length moved, its size and time did not:
+        those two move at a task's start only). A worker answering a query about a run
+        it did not hold does that, and sends what the run does with them along with the
+        next task's commands, where a replay takes them together and in another order
+        (tests/replay/test_sdk_query_order.py). Failing that activation fails the query
+        and evicts the run instead."""
         info = workflow.info()
-        seen = (info.get_current_history_length(), info.get_current_history_size())
+        seen = (info.get_current_history_length(), info.get_current_history_size(), workflow.now())
         last, self._seen = self._seen, seen
-        if last is not None and seen[1] > 0 and seen[0] != last[0] and seen[1] == last[1]:
+        if last is not None and seen[0] != last[0] and seen[1:] == last[1:]:
             self._catching_up = True
         return bool(self.items) or self._catching_up
 
