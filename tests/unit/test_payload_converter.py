@@ -10,7 +10,7 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import WorkflowSerializationContext
 
-from turnkeeper.config import EncryptionKey
+from turnkeeper.config_values import EncryptionKey
 from turnkeeper.models import ChatTurnInput, TurnState, TurnStatus, UserMessage
 from turnkeeper.payloads.converter import SharedPayloadConverter
 from turnkeeper.payloads.encryption import data_converter

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 if TYPE_CHECKING:
-    from turnkeeper.config import EncryptionKey
+    from turnkeeper.config_values import EncryptionKey
 
 # gRPC status codes as the API's error bodies carry them.
 DEADLINE_EXCEEDED, NOT_FOUND, FAILED_PRECONDITION = 4, 5, 9

@@ -24,7 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from turnkeeper.config import Settings, split_address
+from turnkeeper.config import Settings
+from turnkeeper.config_values import split_address
 from turnkeeper.web.request_checks import BodyTooLarge, addressed_to_loopback, bearer_matches, read_body
 from turnkeeper.web.server import is_loopback, run_uvicorn
 

@@ -30,7 +30,7 @@ from temporalio.converter import (
     PayloadConverter,
 )
 
-from turnkeeper.config import EncryptionKey
+from turnkeeper.config_values import EncryptionKey
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM

@@ -9,7 +9,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from turnkeeper.config import ConfigError, Settings, split_address
+from turnkeeper.config import ConfigError, Settings
+from turnkeeper.config_values import split_address
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp

@@ -17,7 +17,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from turnkeeper.config import Settings, split_address
+from turnkeeper.config import Settings
+from turnkeeper.config_values import split_address
 from turnkeeper.models import SEARCH_ATTRIBUTE_NAMES
 
 log = logging.getLogger("turnkeeper.dev_server")
