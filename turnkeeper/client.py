@@ -343,9 +343,9 @@ async def decide(
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
-    """The `state` query. A worker that met the run in the middle of a workflow task
-    refuses one query on purpose (workflows/input_queue.py, `InputQueue._woken`): asked again,
-    the query waits for that task and is answered after it."""
+    """The `state` query. A worker that would answer it with events of a workflow task
+    not started yet refuses it on purpose (turnkeeper/worker/catch_up.py): asked again,
+    the query is answered from the history as it stands."""
     from temporalio.client import WorkflowQueryFailedError
 
     from turnkeeper.models import TurnState

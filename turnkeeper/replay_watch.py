@@ -17,8 +17,6 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
-CATCH_UP = "a query applied events of a workflow task not started yet"
-
 
 class FailureWatch(WorkflowRunner):
     """`runner`, noting by run id the first activation whose workflow code failed."""
@@ -49,10 +47,7 @@ class _WatchedInstance(WorkflowInstance):
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         completion = self._inner.activate(act)
-        # A history that ends before its next task started: the turn refuses to take that
-        # task's events piecemeal (workflows/input_queue.py, `InputQueue._woken`); a worker takes
-        # them whole when the task starts. Nothing to judge here.
-        if completion.HasField("failed") and CATCH_UP not in completion.failed.failure.message:
+        if completion.HasField("failed"):
             self._failures.setdefault(act.run_id, completion.failed.failure.message)
         return completion
 

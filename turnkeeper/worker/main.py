@@ -56,6 +56,7 @@ from turnkeeper.store import (
 )
 from turnkeeper.telemetry import exporters as telemetry
 from turnkeeper.telemetry import logs as worker_logs
+from turnkeeper.worker.catch_up import CatchUpGuard
 from turnkeeper.worker.dev_server import SEARCH_ATTRIBUTES, DevServerError
 from turnkeeper.worker.loop_activations import LoopActivations
 from turnkeeper.worker.reconcile_schedule import ensure_reconcile_schedule
@@ -304,9 +305,10 @@ async def run_worker(
         interceptors=[StepTimeouts(settings)],
         activities=build_activities(settings, store, provider, registry),
         max_cached_workflows=settings.max_cached_workflows,
-        workflow_runner=SandboxedWorkflowRunner()
-        if settings.workflow_sandbox
-        else UnsandboxedWorkflowRunner(),
+        # A query's catch-up is refused before the workflow sees it (catch_up.py).
+        workflow_runner=CatchUpGuard(
+            SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner()
+        ),
         # Our own workflow code, unsandboxed: activations run on this loop (loop_activations.py).
         workflow_task_executor=None if settings.workflow_sandbox else LoopActivations(),
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,

@@ -1,0 +1,99 @@
+"""turnkeeper/worker/catch_up.py on activations built by hand; tests/replay/test_sdk_query_order.py
+shows the same runner against a real server and a SIGKILLed worker."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+
+from turnkeeper.worker.catch_up import QUERY_CATCH_UP, CatchUpGuard, Lag, Mark, is_catch_up
+
+
+def act(length: int, size: int, time_s: int, *jobs: str, replaying: bool = False) -> WorkflowActivation:
+    a = WorkflowActivation(run_id="r", history_length=length, history_size_bytes=size, is_replaying=replaying)
+    a.timestamp.FromSeconds(time_s)
+    for job in jobs:
+        getattr(a.jobs.add(), job).SetInParent()
+    return a
+
+
+class Recorder(WorkflowRunner, WorkflowInstance):
+    """A runner whose one instance notes what reached the workflow."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def prepare_workflow(self, defn: Any) -> None: ...
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return self
+
+    def set_worker_level_failure_exception_types(self, types: Any) -> None: ...
+
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        self.seen.append(act.history_length)
+        completion = WorkflowActivationCompletion(run_id=act.run_id)
+        completion.successful.SetInParent()
+        return completion
+
+    def get_serialization_context(self, *args: Any) -> Any: ...
+
+    def get_external_store_context(self, *args: Any) -> Any: ...
+
+    def get_info(self) -> Any: ...
+
+    def get_thread_id(self) -> int | None:
+        return None
+
+
+def test_events_applied_with_no_task_started_are_a_catch_up() -> None:
+    last = Mark.of(act(3, 416, 100, "initialize_workflow", replaying=True))
+    assert is_catch_up(last, act(7, 416, 100, "fire_timer"))
+    assert is_catch_up(last, act(11, 416, 100, "signal_workflow", "resolve_child_workflow_execution"))
+
+
+def test_a_started_task_is_never_one() -> None:
+    last = Mark.of(act(3, 416, 100, "initialize_workflow"))
+    assert not is_catch_up(last, act(11, 1041, 105, "signal_workflow", "fire_timer"))  # size and time moved
+    assert not is_catch_up(last, act(3, 416, 100, "resolve_activity"))  # the same task's next activation
+    assert not is_catch_up(last, act(7, 416, 100, "fire_timer", replaying=True))  # a replay's own grouping
+    assert not is_catch_up(last, act(7, 416, 100, "query_workflow"))  # a query applies nothing
+    assert not is_catch_up(None, act(7, 416, 100, "initialize_workflow"))  # a run's first activation
+
+
+def test_the_guard_fails_the_catch_up_unseen_and_passes_the_rest() -> None:
+    inner = Recorder()
+    instance = CatchUpGuard(inner).create_instance(None)  # type: ignore[arg-type]
+    assert instance.activate(act(3, 416, 100, "initialize_workflow", replaying=True)).HasField("successful")
+    refused = instance.activate(act(7, 416, 100, "fire_timer"))
+    assert refused.run_id == "r" and refused.HasField("failed")
+    assert refused.failed.failure.application_failure_info.type == QUERY_CATCH_UP
+    assert QUERY_CATCH_UP in refused.failed.failure.message
+    assert instance.activate(act(7, 416, 100, "query_workflow")).HasField("successful")
+    assert instance.activate(act(11, 1041, 105, "signal_workflow", "fire_timer")).HasField("successful")
+    assert inner.seen == [3, 7, 11]  # the workflow never saw the refused activation
+
+
+def test_an_activation_older_than_its_task_timeout_is_stale_on_the_clock_offset_seen() -> None:
+    lag, timeout, s = Lag(), timedelta(seconds=2), 1_000_000_000
+    # This worker's clock runs 30 s ahead of the server's: live tasks arrive 30.01 s "old".
+    assert not lag.is_stale(act(3, 416, 100, "initialize_workflow"), timeout, 130 * s + s // 100)
+    assert not lag.is_stale(act(9, 900, 200, "fire_timer"), timeout, 231 * s)  # 1 s late: still live
+    assert not lag.is_stale(act(9, 900, 200, "fire_timer", replaying=True), timeout, 500 * s)  # history
+    assert not lag.is_stale(act(9, 900, 200, "query_workflow"), timeout, 500 * s)
+    # Events past a task a killed worker started (time 300) and lost, applied at 303 + 30.
+    assert lag.is_stale(act(14, 1400, 300, "signal_workflow", "resolve_activity"), timeout, 333 * s)
+
+
+def test_the_guard_refuses_a_stale_activation_too() -> None:
+    inner = Recorder()
+    instance = CatchUpGuard(inner).create_instance(None)  # type: ignore[arg-type]
+    now = time.time()
+    assert instance.activate(act(3, 416, int(now), "initialize_workflow")).HasField("successful")
+    assert instance.activate(act(14, 1400, int(now) - 60, "fire_timer")).HasField("failed")
+    assert inner.seen == [3]

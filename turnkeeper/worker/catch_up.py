@@ -1,0 +1,150 @@
+"""A workflow runner that refuses a query's catch-up before any workflow code sees it.
+
+A worker without a run in its cache that is asked to answer a query (the `state`
+query, the UI's own) rebuilds the run from its history. When that history ends in
+events of a workflow task no worker has started yet (a step's end, a signal), the
+SDK applies them too, live, and keeps what the run did with them for that task's
+completion. The task, when it starts, may bring more events; a replay later
+applies all of them in one activation, signals first, while the live run took
+them in two. The run then no longer replays (tests/replay/test_sdk_query_order.py).
+
+So this runner fails such an activation before the workflow runs it: the query
+fails with `QueryCatchUp` in its message, the SDK drops the run from the cache,
+and the task, when it starts, is taken whole from the history. Clients ask once
+more (turnkeeper.client.query_state).
+
+Two signs are read from the activation itself, which the SDK's core fills from
+the history: `history_length` is the last event applied; `history_size_bytes`
+and `timestamp` come only from a workflow task's start (and from local
+activities, which turnkeeper never runs).
+
+- **No task started.** New events, while size and time stay where the run's
+  previous activation left them: only a query's catch-up applies events
+  without a task's start. Every task a worker completes starts with a new size
+  and time, so none is refused.
+- **A lost task's start.** When the events include the start of a task a killed
+  worker held, size and time move to that start, which lies at least the run's
+  workflow task timeout in the past (the task had to time out). No activation of
+  a live task is that old: its task would be timed out, and its completion
+  refused by the server anyway. Age is read on this worker's clock, less the
+  smallest lag it has seen, so a clock apart from the server's is no sign.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+
+log = logging.getLogger(__name__)
+
+QUERY_CATCH_UP = "QueryCatchUp"
+CATCH_UP_MESSAGE = (
+    f"{QUERY_CATCH_UP}: a query applied events of a workflow task not started yet; "
+    "this worker drops the run and the task replays it whole. Ask again."
+)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where an activation leaves a run: its last event, and its last task's start."""
+
+    length: int
+    size: int
+    time_ns: int
+
+    @classmethod
+    def of(cls, act: WorkflowActivation) -> Mark:
+        time_ns = act.timestamp.ToNanoseconds() if act.HasField("timestamp") else 0
+        return cls(act.history_length, act.history_size_bytes, time_ns)
+
+
+def applies_events(act: WorkflowActivation) -> bool:
+    """Jobs from the history (a query or an eviction applies none)."""
+    return any(job.WhichOneof("variant") not in ("query_workflow", "remove_from_cache") for job in act.jobs)
+
+
+def is_catch_up(previous: Mark | None, act: WorkflowActivation) -> bool:
+    """No task started: new events while size and time stayed."""
+    if previous is None or act.is_replaying or not applies_events(act):
+        return False
+    now = Mark.of(act)
+    return now.length != previous.length and (now.size, now.time_ns) == (previous.size, previous.time_ns)
+
+
+class Lag:
+    """How far this worker's clock runs ahead of live activations' task starts, at least:
+    the smallest lag among its last `KEEP` live activations, so that a clock set anew
+    is learnt again, not held forever."""
+
+    KEEP = 64
+
+    def __init__(self) -> None:
+        self._lags: deque[int] = deque(maxlen=self.KEEP)
+
+    def is_stale(self, act: WorkflowActivation, task_timeout: timedelta, now_ns: int) -> bool:
+        """A live activation whose task started more than `task_timeout` ago (its lag is noted)."""
+        if act.is_replaying or not applies_events(act) or not act.HasField("timestamp"):
+            return False
+        lag = now_ns - act.timestamp.ToNanoseconds()
+        self._lags.append(lag)
+        return lag - min(self._lags) > task_timeout.total_seconds() * 1e9
+
+
+class CatchUpGuard(WorkflowRunner):
+    """`runner`, with every run's catch-up activations failed unseen."""
+
+    def __init__(self, runner: WorkflowRunner) -> None:
+        self._runner = runner
+        self._lag = Lag()
+
+    def prepare_workflow(self, defn: Any) -> None:
+        self._runner.prepare_workflow(defn)
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        task_timeout = det.info.task_timeout if det is not None else None
+        return _GuardedInstance(self._runner.create_instance(det), self._lag, task_timeout)
+
+    def set_worker_level_failure_exception_types(self, types: Any) -> None:
+        self._runner.set_worker_level_failure_exception_types(types)
+
+
+class _GuardedInstance(WorkflowInstance):
+    def __init__(self, inner: WorkflowInstance, lag: Lag, task_timeout: timedelta | None) -> None:
+        self._inner = inner
+        self._lag = lag
+        self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
+        self._mark: Mark | None = None
+
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
+        if stale or is_catch_up(self._mark, act):
+            why = "a lost task's start" if stale else "no task started"
+            log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
+            completion = WorkflowActivationCompletion(run_id=act.run_id)
+            completion.failed.failure.message = CATCH_UP_MESSAGE
+            completion.failed.failure.application_failure_info.type = QUERY_CATCH_UP
+            return completion
+        if applies_events(act):
+            self._mark = Mark.of(act)
+        return self._inner.activate(act)
+
+    # The rest as the wrapped instance answers it.
+    def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.get_serialization_context(*args, **kwargs)
+
+    def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.get_external_store_context(*args, **kwargs)
+
+    def get_info(self) -> Any:
+        return self._inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self._inner.get_thread_id()
