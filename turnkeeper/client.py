@@ -269,10 +269,26 @@ class DecisionPending(Exception):
 
 DECISION_WAIT_S = 10.0
 # A query handed to a worker that dies with it is answered by nobody until its RPC
-# times out: each attempt gets this long at first, then twice as long, so a lost query
-# is asked again within seconds. 5 s covers a task held by a killed worker (2 s) and a
-# cold replay on a busy worker; a shorter cut only makes a busy worker replay again.
+# times out, so each attempt gets this long and a lost query is asked again within
+# seconds. 5 s covers a task held by a killed worker (2 s) and a cold replay on a busy
+# worker; a shorter cut only makes a busy worker replay again. Only after
+# QUERY_TIMEOUTS_AS_IS attempts in a row timed out does each get twice as long (a
+# replay slower than that); a query refused at once (a catch-up) is asked again at once.
 QUERY_ATTEMPT_S = 5.0
+QUERY_TIMEOUTS_AS_IS = 3
+
+
+class QueryAttempts:
+    """How long the next attempt at a query may take."""
+
+    def __init__(self) -> None:
+        self.seconds = QUERY_ATTEMPT_S
+        self._timeouts = 0  # in a row
+
+    def failed(self, *, timed_out: bool) -> None:
+        self._timeouts = self._timeouts + 1 if timed_out else 0
+        if self._timeouts >= QUERY_TIMEOUTS_AS_IS:
+            self.seconds *= 2
 
 
 async def decide(
@@ -294,7 +310,7 @@ async def decide(
     import uuid
 
     from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, RPCStatusCode
 
     from turnkeeper.models import TurnState
     from turnkeeper.recovery import NOT_RUNNING, NOT_WAITING
@@ -316,15 +332,17 @@ async def decide(
 
     deadline = time.monotonic() + timeout
     # Polled by hand: a query has no RetryPolicy (that retries activities and workflows).
-    pause, attempt_s = 0.01, QUERY_ATTEMPT_S
+    pause, attempts = 0.01, QueryAttempts()
     while True:
         left = max(deadline - time.monotonic(), 0.5)
         try:
             state = await handle.query(
-                "state", result_type=TurnState, rpc_timeout=timedelta(seconds=min(left, attempt_s))
+                "state", result_type=TurnState, rpc_timeout=timedelta(seconds=min(left, attempts.seconds))
             )
-        except (RPCError, WorkflowQueryFailedError):
-            attempt_s *= 2
+        except (RPCError, WorkflowQueryFailedError) as err:
+            attempts.failed(
+                timed_out=isinstance(err, RPCError) and err.status == RPCStatusCode.DEADLINE_EXCEEDED
+            )
             if time.monotonic() < deadline:
                 await asyncio.sleep(pause)
                 continue
