@@ -125,8 +125,9 @@ class _GuardedInstance(WorkflowInstance):
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
-        if stale or is_catch_up(self._mark, act):
-            why = "a lost task's start" if stale else "no task started"
+        no_task = is_catch_up(self._mark, act)
+        if stale or no_task:
+            why = "no task started" if no_task else "a lost task's start"
             log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
             completion = WorkflowActivationCompletion(run_id=act.run_id)
             completion.failed.failure.message = CATCH_UP_MESSAGE
