@@ -11,18 +11,18 @@ next task fails on the new code is a turn the deploy would wedge. Used by
 
 from __future__ import annotations
 
-from typing import Any
-
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from turnkeeper.runner_wrap import WrappedInstance, WrappedRunner
 
-class FailureWatch(WorkflowRunner):
+
+class FailureWatch(WrappedRunner):
     """`runner`, noting by run id the first activation whose workflow code failed."""
 
     def __init__(self, runner: WorkflowRunner) -> None:
-        self._runner = runner
+        super().__init__(runner)
         self.failures: dict[str, str] = {}
 
     def next_task_failure(self, run_id: str) -> str | None:
@@ -30,19 +30,13 @@ class FailureWatch(WorkflowRunner):
         failed = self.failures.get(run_id)
         return None if failed is None else f"its next workflow task fails: {failed}"
 
-    def prepare_workflow(self, defn: Any) -> None:
-        self._runner.prepare_workflow(defn)
-
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         return _WatchedInstance(self._runner.create_instance(det), self.failures)
 
-    def set_worker_level_failure_exception_types(self, types: Any) -> None:
-        self._runner.set_worker_level_failure_exception_types(types)
 
-
-class _WatchedInstance(WorkflowInstance):
+class _WatchedInstance(WrappedInstance):
     def __init__(self, inner: WorkflowInstance, failures: dict[str, str]) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._failures = failures
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
@@ -50,16 +44,3 @@ class _WatchedInstance(WorkflowInstance):
         if completion.HasField("failed"):
             self._failures.setdefault(act.run_id, completion.failed.failure.message)
         return completion
-
-    # The rest as the wrapped instance answers it.
-    def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.get_serialization_context(*args, **kwargs)
-
-    def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.get_external_store_context(*args, **kwargs)
-
-    def get_info(self) -> Any:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()

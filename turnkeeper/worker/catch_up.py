@@ -37,11 +37,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+
+from turnkeeper.runner_wrap import WrappedInstance, WrappedRunner
 
 log = logging.getLogger(__name__)
 
@@ -98,27 +99,21 @@ class Lag:
         return lag - min(self._lags) > task_timeout.total_seconds() * 1e9
 
 
-class CatchUpGuard(WorkflowRunner):
+class CatchUpGuard(WrappedRunner):
     """`runner`, with every run's catch-up activations failed unseen."""
 
     def __init__(self, runner: WorkflowRunner) -> None:
-        self._runner = runner
+        super().__init__(runner)
         self._lag = Lag()
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self._runner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         task_timeout = det.info.task_timeout if det is not None else None
         return _GuardedInstance(self._runner.create_instance(det), self._lag, task_timeout)
 
-    def set_worker_level_failure_exception_types(self, types: Any) -> None:
-        self._runner.set_worker_level_failure_exception_types(types)
 
-
-class _GuardedInstance(WorkflowInstance):
+class _GuardedInstance(WrappedInstance):
     def __init__(self, inner: WorkflowInstance, lag: Lag, task_timeout: timedelta | None) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._lag = lag
         self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
         self._mark: Mark | None = None
@@ -136,16 +131,3 @@ class _GuardedInstance(WorkflowInstance):
         if applies_events(act):
             self._mark = Mark.of(act)
         return self._inner.activate(act)
-
-    # The rest as the wrapped instance answers it.
-    def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.get_serialization_context(*args, **kwargs)
-
-    def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.get_external_store_context(*args, **kwargs)
-
-    def get_info(self) -> Any:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()
