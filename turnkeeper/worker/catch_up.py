@@ -11,7 +11,7 @@ them in two. The run then no longer replays (tests/replay/test_sdk_query_order.p
 So this runner fails such an activation before the workflow runs it: the query
 fails with `QueryCatchUp` in its message, the SDK drops the run from the cache,
 and the task, when it starts, is taken whole from the history. Clients ask once
-more (turnkeeper.client.query_state).
+more (turnkeeper.client: `query_state`, `decide`).
 
 Two signs are read from the activation itself, which the SDK's core fills from
 the history: `history_length` is the last event applied; `history_size_bytes`
@@ -27,7 +27,8 @@ activities, which turnkeeper never runs).
   workflow task timeout in the past (the task had to time out). No activation of
   a live task is that old: its task would be timed out, and its completion
   refused by the server anyway. Age is read on this worker's clock, less the
-  smallest lag it has seen, so a clock apart from the server's is no sign.
+  smallest lag among its last 64 live activations, so a clock apart from the
+  server's is no sign (docs/decisions/0002).
 """
 
 from __future__ import annotations
