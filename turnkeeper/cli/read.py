@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 EVENTS_PAGE = 1000
 # A worker that met the run mid-task refuses one query on purpose and answers the
-# next (workflows/input_queue.py); as turnkeeper.client.query_state, ask up to three times.
+# next (turnkeeper/worker/catch_up.py); as turnkeeper.client.query_state, ask up to three times.
 QUERY_TRIES = 3
 
 

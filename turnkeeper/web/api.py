@@ -104,7 +104,8 @@ async def get_state(request: Request) -> Response:
             raise
         return JSONResponse(_state_of(record).model_dump(mode="json"))
     try:
-        state = await handle.query("state", result_type=TurnState, rpc_timeout=WORKER_TIMEOUT)
+        # Asked again once refused as a catch-up (turnkeeper/worker/catch_up.py).
+        state = await tk.query_state(client, chat_id, rpc_timeout=WORKER_TIMEOUT)
     except RPCError as err:
         # No worker answers: the store's record of the turn is what is known.
         if err.status not in (
