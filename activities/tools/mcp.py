@@ -11,11 +11,8 @@ A server that goes away is connected again at its next call. docs/mcp.md.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import contextvars
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -35,6 +32,7 @@ from mcp.shared.exceptions import MCPError
 from turnkeeper.mcp_config import McpServerConfig, expand
 from turnkeeper.models import EffectClass
 
+from .mcp_results import render
 from .registry import ToolRegistry
 from .schema import ToolContext, external_tool
 
@@ -358,37 +356,6 @@ def _progress_beats(ctx: ToolContext) -> ProgressFnT | None:
     return on_progress
 
 
-# --- what the model reads ----------------------------------------------------------------
-
-
-def render(result: types.CallToolResult) -> str:
-    """Text as given; images, audio and binary resources as a line naming them (their
-    bytes never reach the model or the transcript); structured content as JSON when
-    no text came with it (servers are asked to send it as text too)."""
-    parts: list[str] = []
-    for block in result.content:
-        if isinstance(block, types.TextContent):
-            parts.append(block.text)
-        elif isinstance(block, types.ImageContent | types.AudioContent):
-            parts.append(f"[{block.type}: {block.mime_type}, {_decoded_size(block.data)} bytes, not shown]")
-        elif isinstance(block, types.ResourceLink):
-            parts.append(f"[resource link: {block.uri}" + (f" ({block.name})" if block.name else "") + "]")
-        elif isinstance(block, types.EmbeddedResource):
-            res = block.resource
-            if isinstance(res, types.TextResourceContents):
-                parts.append(f"[resource: {res.uri}]\n{res.text}")
-            else:
-                mime = f"{res.mime_type}, " if res.mime_type else ""
-                parts.append(f"[resource: {res.uri}, {mime}{_decoded_size(res.blob)} bytes, not shown]")
-    structured = result.structured_content
-    if structured is not None and not any(isinstance(b, types.TextContent) for b in result.content):
-        parts.append(json.dumps(structured, ensure_ascii=False))
-    text = "\n".join(parts)
-    if result.is_error:
-        return text if text.startswith("Error") else f"Error: {text or 'the tool reported an error'}"
-    return text
-
-
 def reason(err: BaseException) -> str:
     """A failure to connect, in a line: the first of a group, the missing command."""
     while isinstance(err, BaseExceptionGroup) and err.exceptions:
@@ -407,13 +374,6 @@ def _parameters(schema: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("type", "object")
     out.setdefault("properties", {})
     return out
-
-
-def _decoded_size(data: str) -> int:
-    try:
-        return len(base64.b64decode(data, validate=False))
-    except (binascii.Error, ValueError):
-        return len(data)
 
 
 def _first_line(err: BaseException) -> str:

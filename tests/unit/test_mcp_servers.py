@@ -19,7 +19,8 @@ import pytest
 from tests.mcp_servers import GIT, TIME, commits, everything, git_repo, probe
 from tests.support import free_port
 from turnkeeper.activities.tools import ToolContext, ToolRegistry, default_registry
-from turnkeeper.activities.tools.mcp import IDEMPOTENCY_KEY_META, McpTools, render
+from turnkeeper.activities.tools.mcp import IDEMPOTENCY_KEY_META, McpTools
+from turnkeeper.activities.tools.mcp_results import render
 from turnkeeper.mcp_config import parse
 from turnkeeper.models import EffectClass
 
