@@ -37,12 +37,13 @@ from turnkeeper.subagents import (
     sub_chat_id,
     task_message_id,
 )
+from turnkeeper.worker.catch_up import QUERY_CATCH_UP
 
 if TYPE_CHECKING:
     from tests.chaos.harness import Chaos
 
 LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
-QUERY_CATCH_UP = "QueryCatchUp run "  # the worker's own line for each refused catch-up
+CATCH_UP_LINE = f"{QUERY_CATCH_UP} run "  # the worker's own line for each refused catch-up
 
 
 ABNORMAL_RUN = (
@@ -1294,7 +1295,7 @@ class Checker:
         for log in sorted((h.work / "logs").glob("worker-*.log")):
             lines = log.read_text(errors="replace").splitlines()
             for n, line in enumerate(lines, 1):
-                if QUERY_CATCH_UP in line:
+                if CATCH_UP_LINE in line:
                     # Refused on purpose: a query's catch-up, the run dropped (turnkeeper/worker/catch_up.py).
                     self.det["query_catch_ups_evicted"] += 1
                     continue

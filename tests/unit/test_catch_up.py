@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
@@ -12,6 +13,9 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from turnkeeper.worker.catch_up import QUERY_CATCH_UP, CatchUpGuard, Lag, Mark, is_catch_up
+
+# What the guard reads of a run's details: its workflow task timeout.
+DETAILS = SimpleNamespace(info=SimpleNamespace(task_timeout=timedelta(seconds=2)))
 
 
 def act(length: int, size: int, time_s: int, *jobs: str, replaying: bool = False) -> WorkflowActivation:
@@ -68,7 +72,7 @@ def test_a_started_task_is_never_one() -> None:
 
 def test_the_guard_fails_the_catch_up_unseen_and_passes_the_rest() -> None:
     inner = Recorder()
-    instance = CatchUpGuard(inner).create_instance(None)  # type: ignore[arg-type]
+    instance = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
     assert instance.activate(act(3, 416, 100, "initialize_workflow", replaying=True)).HasField("successful")
     refused = instance.activate(act(7, 416, 100, "fire_timer"))
     assert refused.run_id == "r" and refused.HasField("failed")
@@ -92,7 +96,7 @@ def test_an_activation_older_than_its_task_timeout_is_stale_on_the_clock_offset_
 
 def test_the_guard_refuses_a_stale_activation_too() -> None:
     inner = Recorder()
-    instance = CatchUpGuard(inner).create_instance(None)  # type: ignore[arg-type]
+    instance = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
     now = time.time()
     assert instance.activate(act(3, 416, int(now), "initialize_workflow")).HasField("successful")
     assert instance.activate(act(14, 1400, int(now) - 60, "fire_timer")).HasField("failed")

@@ -108,8 +108,7 @@ class CatchUpGuard(WrappedRunner):
         self._lag = Lag()
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        task_timeout = det.info.task_timeout if det is not None else None
-        return _GuardedInstance(self._runner.create_instance(det), self._lag, task_timeout)
+        return _GuardedInstance(self._runner.create_instance(det), self._lag, det.info.task_timeout)
 
 
 class _GuardedInstance(WrappedInstance):
