@@ -32,6 +32,7 @@ def docs_table() -> str:
         and isinstance(a.target, ast.Name)
         and isinstance(b, ast.Expr)
         and isinstance(b.value, ast.Constant)
+        and isinstance(b.value.value, str)
     }
     rows = ["| variable | meaning | default |", "| --- | --- | --- |"]
     for f in fields(Settings):
