@@ -23,8 +23,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from turnkeeper.activities.reconcile import history_read, wedged_runs
 from turnkeeper.activities.reconcile import verdict as reconcile_verdict
-from turnkeeper.activities.reconcile import wedged_runs
 from turnkeeper.activities.reconcile.run_sweep import ENDED, RunSweep, describe, readable, terminate
 from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
@@ -148,15 +148,13 @@ class Reconciler:
         except CorruptRowError as err:
             verdict = replace(
                 reconcile_verdict.invalid(str(err)),
-                messages=reconcile_verdict.acknowledged(events) if events is not None else (),
+                messages=history_read.acknowledged(events) if events is not None else (),
             )
         else:
             verdict = (
                 reconcile_verdict.judge_store(rows)
                 if events is None
-                else reconcile_verdict.judge_history(
-                    events, rows, resuming=record.status == TurnStatus.RESUMING
-                )
+                else history_read.judge_history(events, rows, resuming=record.status == TurnStatus.RESUMING)
             )
         log.info("chat %s turn %d: %s (%s)", ref.chat_id, ref.turn, verdict.reason.value, verdict.detail)
         pending = await self._runs.uncommitted(ref.chat_id, verdict.messages)

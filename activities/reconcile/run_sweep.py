@@ -22,8 +22,7 @@ from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExec
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from turnkeeper.activities.reconcile import verdict as reconcile_verdict
-from turnkeeper.activities.reconcile import wedged_runs
+from turnkeeper.activities.reconcile import history_read, wedged_runs
 from turnkeeper.client import RUN_DETAILS, WORKFLOW_TYPE, run_summary, workflow_id
 from turnkeeper.config import Settings
 from turnkeeper.models import TURN_TASK_TIMEOUT, ChatTurnInput, TurnState, UserMessage
@@ -136,7 +135,7 @@ class RunSweep:
         events = await readable(
             (await client.get_workflow_handle(workflow_id_, run_id=run_id).fetch_history()).events, client
         )
-        lost = await self.uncommitted(chat_id, reconcile_verdict.acknowledged(events))
+        lost = await self.uncommitted(chat_id, history_read.acknowledged(events))
         if lost:
             # A run that holds the chat now may have them already (handed on by an earlier pass).
             live = client.get_workflow_handle(workflow_id_)
@@ -183,13 +182,13 @@ class RunSweep:
 
 async def readable(events: Sequence[HistoryEvent], client: Client) -> Sequence[HistoryEvent]:
     """A fetched history holds payloads as stored (encrypted under TURNKEEPER_ENCRYPTION_KEYS):
-    decode those reconcile_verdict reads with the client's codec. One that does not decrypt
+    decode those history_read reads with the client's codec. One that does not decrypt
     stays as it is, and the verdict names its key id."""
     codec = client.data_converter.payload_codec
     if codec is None:
         return events
     for event in events:
-        payloads = reconcile_verdict.payloads_read(event)
+        payloads = history_read.payloads_read(event)
         if payloads is None or not payloads.payloads:
             continue
         try:

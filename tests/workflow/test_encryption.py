@@ -35,7 +35,7 @@ from temporalio.exceptions import ApplicationError
 from tests.support import Stack, free_port, until
 from tests.web_support import request, serving
 from turnkeeper import client as tk
-from turnkeeper.activities.reconcile import verdict as reconcile_verdict
+from turnkeeper.activities.reconcile import history_read
 from turnkeeper.activities.reconcile.run_sweep import readable as _readable
 from turnkeeper.config import ConfigError, Settings
 from turnkeeper.models import Reason, TurnState, TurnStatus
@@ -817,10 +817,8 @@ async def test_a_key_no_longer_listed_is_named_and_the_turn_waits_for_it(
         return list((await stack.client.get_workflow_handle(tk.workflow_id(chat)).fetch_history()).events)
 
     readable = await _readable(await fetched(), await connect(server, KEYS_2_1))
-    assert [m.text for m in reconcile_verdict.acknowledged(readable)] == ["hello", "are you there?"]
-    verdict = reconcile_verdict.judge_history(
-        await _readable(await fetched(), await connect(server, KEYS_2)), []
-    )
+    assert [m.text for m in history_read.acknowledged(readable)] == ["hello", "are you there?"]
+    verdict = history_read.judge_history(await _readable(await fetched(), await connect(server, KEYS_2)), [])
     assert verdict.reason == Reason.CHECKPOINT_UNKNOWN and "key id 'k1'" in verdict.detail
 
     stack.client = await connect(server, KEYS_2_1)  # reads what k2 now seals

@@ -1,5 +1,5 @@
 """The reconciler (README "Running on several machines" and the reconciler rows of the reason table):
-the pure verdict (activities/reconcile/verdict.py) on a turn's history, then real passes on the dev
+the pure verdict (activities/reconcile/history_read.py) on a turn's history, then real passes on the dev
 server over runs ended with `terminate()`, deleted histories and corrupted rows,
 the schedule, the cost of a pass over many healthy chats, and quiet passes
 deleted by the passes after them."""
@@ -45,7 +45,7 @@ from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.assemble import build_activities
 from turnkeeper.activities.providers import load_provider
-from turnkeeper.activities.reconcile import quiet_passes
+from turnkeeper.activities.reconcile import history_read, quiet_passes
 from turnkeeper.activities.reconcile import verdict as reconcile_verdict
 from turnkeeper.activities.reconcile.quiet_passes import QuietPasses, quiet_passes_query
 from turnkeeper.activities.reconcile.reconciler import Reconciler
@@ -83,7 +83,7 @@ from turnkeeper.worker.reconcile_schedule import ensure_reconcile_schedule
 from turnkeeper.workflows.chat_turn import ChatTurn
 from turnkeeper.workflows.reconcile import Reconcile
 
-# -- reconcile_verdict.py on a run's history --------------------------------------------------
+# -- history_read.py on a run's history -------------------------------------------------------
 #
 # One turn, recorded once for these tests: model call (its reply asks for call_0_0
 # write_file), the tool, a model call (call_1_0 read_file), the tool, a model call
@@ -198,7 +198,7 @@ def _edit(raw: dict[str, Any], event_id: int, change: Callable[[dict[str, Any]],
 
 
 def test_a_final_answer_in_the_history_is_restored(recorded: Recorded) -> None:
-    verdict = reconcile_verdict.judge_history(_events(recorded.raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = history_read.judge_history(_events(recorded.raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert verdict.reason == Reason.ANSWER_RESTORED and verdict.final_text == "a.txt says alpha"
     assert [m.text for m in verdict.messages] == ["write then read"]
 
@@ -208,27 +208,25 @@ def test_a_persisted_completion_wins(recorded: Recorded) -> None:
     _payload(raw, recorded.tool_completed[0])["metadata"]["encoding"] = base64.b64encode(
         b"binary/encrypted"
     ).decode()
-    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
+    verdict = history_read.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1, FINAL])
     assert verdict.reason == Reason.COMMITTED and verdict.closes_turn
 
 
 def test_a_tool_scheduled_without_a_close_event_may_have_acted(recorded: Recorded) -> None:
     through = recorded.tool_scheduled[1]
-    verdict = reconcile_verdict.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1])
+    verdict = history_read.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.TOOL_STATE_UNKNOWN, True)
     assert verdict.unanswered == (UnansweredCall("call_1_0", "read_file", started=True),)
     # Once its interrupted row exists, nothing is left to answer (idempotent).
     answered = ChatMessage(
         role="tool", content=INTERRUPTED_TOOL_TEXT, tool_call_id="call_1_0", name="read_file"
     )
-    again = reconcile_verdict.judge_history(
-        _events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1, answered]
-    )
+    again = history_read.judge_history(_events(recorded.raw, through), [USER, ASK_0, DONE_0, ASK_1, answered])
     assert again.reason == Reason.TOOL_STATE_UNKNOWN and again.unanswered == ()
 
 
 def test_only_completed_steps_ask_to_restart(recorded: Recorded) -> None:
-    lost_model_call = reconcile_verdict.judge_history(
+    lost_model_call = history_read.judge_history(
         _events(recorded.raw, recorded.model_scheduled[1]), [USER, ASK_0, DONE_0]
     )
     assert (lost_model_call.reason, lost_model_call.can_continue) == (
@@ -237,13 +235,13 @@ def test_only_completed_steps_ask_to_restart(recorded: Recorded) -> None:
     )
     assert lost_model_call.unanswered == ()
     # A reply whose tool was never scheduled: it did not run, and its row says so.
-    unscheduled = reconcile_verdict.judge_history(
+    unscheduled = history_read.judge_history(
         _events(recorded.raw, recorded.model_completed[1]), [USER, ASK_0, DONE_0, ASK_1]
     )
     assert unscheduled.reason == Reason.RESTART_REQUIRES_CONFIRMATION
     assert unscheduled.unanswered == (UnansweredCall("call_1_0", "read_file", started=False),)
     # The resumed step lost again: the live run would have said loop_guard too.
-    resumed = reconcile_verdict.judge_history(
+    resumed = history_read.judge_history(
         _events(recorded.raw, recorded.model_scheduled[1]), [USER, ASK_0, DONE_0], resuming=True
     )
     assert resumed.reason == Reason.LOOP_GUARD
@@ -262,7 +260,7 @@ def test_an_undecodable_payload_is_checkpoint_unknown(recorded: Recorded, case: 
         ).decode()
     else:
         _edit(raw, recorded.tool_scheduled[1], lambda body: body.pop("call"))
-    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = history_read.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_UNKNOWN, False)
 
 
@@ -296,7 +294,7 @@ def test_a_malformed_history_is_checkpoint_invalid(
         "final answer": recorded.model_completed[2],
     }[where]
     _edit(raw, event_id, change)
-    verdict = reconcile_verdict.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
+    verdict = history_read.judge_history(_events(raw), [USER, ASK_0, DONE_0, ASK_1, DONE_1])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
     assert why in verdict.detail
 
@@ -308,7 +306,7 @@ def test_a_recovery_run_that_ended_at_its_gate_opens_the_same_gate(recorded: Rec
         recovery=RecoveryStart(turn=1, reason=Reason.CHECKPOINT_INVALID, can_continue=False),
     )
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = reconcile_verdict.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER])
+    verdict = history_read.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER])
     assert (verdict.reason, verdict.can_continue) == (Reason.CHECKPOINT_INVALID, False)
 
 
@@ -322,9 +320,7 @@ def test_a_run_that_ended_at_an_approval_gate_asks_to_continue_not_to_approve(re
         ),
     )
     _payload(raw, 1)["data"] = base64.b64encode(start.model_dump_json().encode()).decode()
-    verdict = reconcile_verdict.judge_history(
-        _events(raw, through=recorded.model_scheduled[0] - 1), [USER, ASK_0]
-    )
+    verdict = history_read.judge_history(_events(raw, through=recorded.model_scheduled[0] - 1), [USER, ASK_0])
     assert (verdict.reason, verdict.can_continue) == (Reason.RESTART_REQUIRES_CONFIRMATION, True)
     assert verdict.unanswered == (UnansweredCall("call_0_0", "write_file", started=False),)
 
@@ -357,7 +353,7 @@ def test_follow_ups_the_run_acknowledged_are_reported_in_order() -> None:
         _event_with("SIGNALED", message("m2")),  # a client's retry
         _event_with("SIGNALED", message("m4")),
     ]
-    assert [m.message_id for m in reconcile_verdict.acknowledged(events)] == ["m1", "m2", "m3", "m4"]
+    assert [m.message_id for m in history_read.acknowledged(events)] == ["m1", "m2", "m3", "m4"]
 
 
 def test_judging_the_store_alone() -> None:
