@@ -28,42 +28,47 @@ after 1, 2, 4 ... up to 30 s. A file deleted under the store is waited for, not
 made anew (messages written to an empty store would be lost when the file is
 restored); whatever file is at the path again (moved back, or a copy restored)
 is opened, as a restart would. `check_writable` is the web page's health probe.
+
+The `sqlite3` work on one connection (opening it, one transaction, which errors
+mean a lock and which a connection to open again) is in `sqlite_driver.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import sqlite3
 import time
-import urllib.parse
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from turnkeeper.store import codec
 from turnkeeper.store.base import StoreError, StoreUnavailable, inline_allowed
 from turnkeeper.store.core import SQLStore
 from turnkeeper.store.schema import SCHEMA_VERSION, schema, stored_version
+from turnkeeper.store.sqlite_driver import (
+    LOCKED_FAIL_FAST_S,
+    SQLiteTransaction,
+    ToThread,
+    connect,
+    drops_connection,
+    in_transaction,
+    is_busy,
+    loop_connection,
+    now,
+    open_failure,
+    probe_write,
+    run_to_end,
+)
 from turnkeeper.store.transaction import Availability, Transaction
 
 T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")
 
-# A write waits this long for another process's lock before it counts as an outage
-# (StoreUnavailable): the turn then waits visibly and tries again. Store calls run
-# as local activities inside a workflow task, and updates and signals wait behind
-# that task: this keeps one call well under the task's timeout (TURN_TASK_TIMEOUT).
-BUSY_TIMEOUT_S = 1.0
-# After a write timed out on the lock, the writes queued behind it on the store
-# thread fail at once for this long instead of each waiting BUSY_TIMEOUT_S in turn.
-LOCKED_FAIL_FAST_S = 0.5
 # The loop's connection never checkpoints on its own (a checkpoint syncs the file):
 # after this many of its writes the store thread checkpoints the WAL instead.
 CHECKPOINT_EVERY_WRITES = 100
@@ -80,106 +85,6 @@ _SCHEMA = schema(
         "row_id": "INTEGER PRIMARY KEY AUTOINCREMENT",
     }
 )
-
-
-def _now() -> str:
-    # Fixed precision and offset keep the strings sortable as text (list_chats orders by them).
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def _run_to_end(work: Coroutine[Any, Any, T]) -> T:
-    """Run `work` to its end on this thread, with no event loop: over `_Transaction`
-    no await of a store transaction ever waits, so one step finishes it."""
-    try:
-        work.send(None)
-    except StopIteration as done:
-        return done.value
-    work.close()
-    raise RuntimeError("a SQLite store transaction awaited something other than its sqlite3 calls")
-
-
-def _in_transaction(conn: sqlite3.Connection, write: bool, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """`fn(conn)` between BEGIN (IMMEDIATE for a write) and COMMIT; rolled back if it raises."""
-    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-    try:
-        result = fn(conn)
-    except BaseException:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):  # what `fn` met is what the caller hears of
-                conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return result
-
-
-def _probe_write(conn: sqlite3.Connection) -> None:
-    """A write that reaches the file: one row of `meta` rewritten. (One rolled back,
-    or one that changes nothing, never does: a file that cannot be written now
-    would pass.)"""
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('write_probe', ?)"
-        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (_now(),),
-    )
-
-
-class _ToThread(Exception):
-    """A call the loop does not run after all: the store thread runs it whole (the
-    loop's connection met a lock held elsewhere, or has to be opened again)."""
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
-# After these a connection is closed and opened again: SQLite keeps a file it
-# opened read-only so for good (it opens read-only, silently, a file it may not
-# write), and after an I/O error, a full disk or a file it could not read, a
-# fresh connection sees the file as it is now.
-_DROP_CODES = frozenset(
-    (
-        sqlite3.SQLITE_READONLY,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_PERM,
-        sqlite3.SQLITE_PROTOCOL,
-        sqlite3.SQLITE_NOTADB,
-        sqlite3.SQLITE_CORRUPT,
-    )
-)
-
-
-def _drops_connection(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in _DROP_CODES
-    return isinstance(exc, sqlite3.OperationalError) and not _is_busy(exc)
-
-
-class _Transaction(Transaction):
-    """A transaction on one of the store's connections (the caller issued BEGIN)."""
-
-    IN_TEXTS = "IN (SELECT value FROM json_each(?))"  # sqlite3 binds no lists: a JSON array instead
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    @staticmethod
-    def texts(values: list[str]) -> str:
-        return codec.json_text(values)
-
-    async def execute(self, sql: str, *args: Any) -> int:
-        return self.conn.execute(sql, args).rowcount
-
-    async def fetchone(self, sql: str, *args: Any) -> sqlite3.Row | None:
-        return self.conn.execute(sql, args).fetchone()
-
-    async def fetchall(self, sql: str, *args: Any) -> list[sqlite3.Row]:
-        return self.conn.execute(sql, args).fetchall()
 
 
 class SQLiteStore(SQLStore):
@@ -216,7 +121,7 @@ class SQLiteStore(SQLStore):
             return
         self._schema_sync(self._conn)  # open() once more: the schema is checked again
         if self._here is None:
-            self._here = self._loop_connection()
+            self._here = loop_connection(self.path)
 
     def _connect(self) -> None:
         """Open the connections (again: the old ones are closed first) and create or
@@ -225,48 +130,19 @@ class SQLiteStore(SQLStore):
         replaced by an empty one (see `_check_file`)."""
         self._drop()
         self._stale = True  # until this succeeds
-        create = self._identity is None
+        conn = connect(self.path, create=self._identity is None)
         try:
-            if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                str(self.path) if create else self._uri(),
-                uri=not create,
-                timeout=BUSY_TIMEOUT_S,
-                isolation_level=None,  # we issue BEGIN ourselves
-                check_same_thread=False,
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise self._open_failure(exc) from exc
-        conn.row_factory = sqlite3.Row
-        try:
-            # busy_timeout first: switching to WAL needs a lock another process may hold.
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
             st = os.stat(self.path)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             conn.close()
-            raise self._open_failure(exc) from exc
+            raise open_failure(self.path, exc) from exc
         self._conn, self._identity, self._stale = conn, (st.st_dev, st.st_ino), False
-        self._here = self._loop_connection()
+        self._here = loop_connection(self.path)
         self._schema_sync(conn)
-
-    def _uri(self) -> str:
-        # mode=rw: a file gone from the path is not made anew.
-        return f"file:{urllib.parse.quote(os.fspath(self.path))}?mode=rw"
-
-    def _open_failure(self, exc: OSError | sqlite3.Error) -> StoreError:
-        # A file or directory that cannot be written or read now, a full disk: may work later.
-        unavailable = isinstance(exc, (sqlite3.OperationalError, PermissionError)) or (
-            isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.ENOSPC, errno.ENOENT)
-        )
-        kind = StoreUnavailable if unavailable else StoreError
-        return kind(f"cannot open SQLite store {self.path}: {exc}")
 
     def _schema_sync(self, conn: sqlite3.Connection) -> None:
         try:
-            _in_transaction(conn, True, self._schema_tx)
+            in_transaction(conn, True, self._schema_tx)
         except sqlite3.Error as exc:
             failure = self._failure(exc)
             if self._stale and self._schema_current(conn):
@@ -282,25 +158,6 @@ class SQLiteStore(SQLStore):
         except sqlite3.Error:
             return False
         return row is not None and row["value"] == str(SCHEMA_VERSION)
-
-    def _loop_connection(self) -> sqlite3.Connection | None:
-        try:
-            conn = sqlite3.connect(
-                self._uri(), uri=True, timeout=0, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            log.debug("SQLite store %s: every call runs on the store thread: %s", self.path, exc)
-            return None
-        conn.row_factory = sqlite3.Row
-        try:
-            conn.execute("PRAGMA busy_timeout = 0")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute("PRAGMA wal_autocheckpoint = 0")
-        except sqlite3.Error as exc:
-            conn.close()
-            log.debug("SQLite store %s: every call runs on the store thread: %s", self.path, exc)
-            return None
-        return conn
 
     def _schema_tx(self, conn: sqlite3.Connection) -> None:
         for statement in _SCHEMA:
@@ -351,7 +208,7 @@ class SQLiteStore(SQLStore):
         def transaction(conn: sqlite3.Connection) -> T:
             nonlocal changed
             before = conn.total_changes
-            result = _run_to_end(work(_Transaction(conn), _now()))
+            result = run_to_end(work(SQLiteTransaction(conn), now()))
             changed = conn.total_changes != before
             return result
 
@@ -366,14 +223,14 @@ class SQLiteStore(SQLStore):
     async def _run_read(self, work: Callable[[Transaction], Coroutine[Any, Any, T]], snapshot: bool) -> T:
         # Every read is a transaction here, so each sees one snapshot anyway.
         with self.availability.watch(write=False):
-            return await self._transaction(False, lambda conn: _run_to_end(work(_Transaction(conn))))
+            return await self._transaction(False, lambda conn: run_to_end(work(SQLiteTransaction(conn))))
 
     async def check_writable(self) -> None:
         """Raise `StoreUnavailable` unless a write goes through now: one small row
         rewritten and committed (not synced), on the store thread; it may wait up
         to BUSY_TIMEOUT_S for another process's write lock."""
         with self.availability.watch(write=True):
-            await self._call(self._tx, True, _probe_write)
+            await self._call(self._tx, True, probe_write)
 
     async def _transaction(self, write: bool, fn: Callable[[sqlite3.Connection], T]) -> T:
         """`fn` in one transaction: here on the loop when nothing can make it wait
@@ -388,7 +245,7 @@ class SQLiteStore(SQLStore):
         ):
             try:
                 result = self._tx_here(write, fn)
-            except _ToThread:
+            except ToThread:
                 pass
             else:
                 if write:
@@ -401,17 +258,17 @@ class SQLiteStore(SQLStore):
         assert conn is not None
         self._check_file()
         if self._stale:
-            raise _ToThread()  # another file is at the path: the thread opens it
+            raise ToThread()  # another file is at the path: the thread opens it
         try:
-            return _in_transaction(conn, write, fn)
+            return in_transaction(conn, write, fn)
         except sqlite3.Error as exc:
-            if _is_busy(exc):
+            if is_busy(exc):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")  # nothing of it stays: the thread runs it whole again
-                raise _ToThread() from exc  # another connection writes: wait for its lock on the thread
+                raise ToThread() from exc  # another connection writes: wait for its lock on the thread
             failure = self._failure(exc)
             if self._stale:
-                raise _ToThread() from exc  # once more on fresh connections (`_tx`)
+                raise ToThread() from exc  # once more on fresh connections (`_tx`)
             raise failure from exc
 
     def _wrote_here(self) -> None:
@@ -446,9 +303,9 @@ class SQLiteStore(SQLStore):
             ):
                 raise StoreUnavailable(f"SQLite store {self.path}: database is locked (by another process)")
             try:
-                result = self._tx_on(conn, write, fn, synced)
+                result = in_transaction(conn, write, fn, synced)
             except sqlite3.Error as exc:
-                if write and _is_busy(exc):
+                if write and is_busy(exc):
                     self._locked_at = time.monotonic()
                 failure = self._failure(exc)
                 if self._stale and not fresh and not last:
@@ -458,18 +315,6 @@ class SQLiteStore(SQLStore):
                 self._locked_at = None
             return result
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def _tx_on(
-        conn: sqlite3.Connection, write: bool, fn: Callable[[sqlite3.Connection], T], synced: bool
-    ) -> T:
-        if not synced:
-            return _in_transaction(conn, write, fn)
-        conn.execute("PRAGMA synchronous = FULL")
-        try:
-            return _in_transaction(conn, write, fn)
-        finally:
-            conn.execute("PRAGMA synchronous = NORMAL")
 
     def _ready(self) -> tuple[sqlite3.Connection, bool]:
         """The store thread's connection, and whether it was opened just now: again
@@ -484,7 +329,7 @@ class SQLiteStore(SQLStore):
         return self._conn, fresh
 
     def _failure(self, exc: sqlite3.Error) -> StoreError:
-        if _drops_connection(exc):
+        if drops_connection(exc):
             self._stale = True  # closed and opened again before the next call
         # Locked, read-only, out of space, unreadable: the same call may work later.
         kind = StoreUnavailable if isinstance(exc, sqlite3.OperationalError) else StoreError
