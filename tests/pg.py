@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from turnkeeper.store.postgres import display_url
+from turnkeeper.store.postgres_driver import display_url
 
 SERVER_URL = os.environ.get("TURNKEEPER_TEST_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5432/test"
 SKIP_PG = os.environ.get("TURNKEEPER_TEST_SKIP_POSTGRES", "").strip().lower() in ("1", "true", "yes")

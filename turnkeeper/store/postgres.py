@@ -25,9 +25,9 @@ Outages end by themselves. A server that is down, restarting, read-only (the
 database's or the role's `default_transaction_read_only`, a standby after a
 failover) or that cut its sessions fails a call as `StoreUnavailable`; no
 connection that met such a state goes back to the pool. A connection the server
-cut off is ended where it is met, and the call goes on with another (`_STALE`);
+cut off is ended where it is met, and the call goes on with another (`STALE`);
 one that was refused a write as read-only is ended, and the pool replaces every
-other connection it holds (`_DISCARD`), since a session keeps the setting it
+other connection it holds (`DISCARD`), since a session keeps the setting it
 started with. Bound: the first call made once the cause is gone succeeds; the
 store adds no wait of its own (a write refused as read-only runs once more at
 once on a new connection, a call that met a cut-off one on the next). How soon
@@ -39,42 +39,33 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager, suppress
-from functools import cache
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from turnkeeper.store.base import StoreError, StoreUnavailable
 from turnkeeper.store.core import SQLStore
+from turnkeeper.store.postgres_driver import (
+    BROKEN,
+    CALL_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    DISCARD,
+    LOCK_TIMEOUT_S,
+    STALE,
+    UNAVAILABLE,
+    Discarded,
+    PostgresTransaction,
+    Unsent,
+    display_url,
+    pooled_connection,
+    url_password,
+)
 from turnkeeper.store.schema import SCHEMA_VERSION, schema, stored_version
 from turnkeeper.store.transaction import Availability, Transaction
 
-# A pooled connection (the pool's proxy of one) or one of its own (LISTEN): the calls made on both.
-Connection = asyncpg.Connection | PoolConnectionProxy
-
 T = TypeVar("T")
-
-LOCK_TIMEOUT_S = 10.0
-"""How long a write waits for its chat's lock before it fails (StoreError, so
-the activity is retried): the counterpart of SQLite's busy timeout."""
-
-CONNECT_TIMEOUT_S = 10.0
-"""How long opening a connection may take (asyncpg's own default is 60 s): a
-server that is unreachable without refusing (a failover, a dropped route) is
-then an outage within seconds, for the pool and for the web page's LISTEN."""
-
-CALL_TIMEOUT_S = 15.0
-"""The most one store call may take, from asking the pool for a connection to
-handing it back: then its connection is cut off and it fails as
-StoreUnavailable. The driver can wait without end on a connection the server
-cut off in the middle of a call, and a turn must not sit in `running` behind
-it. Longer than a write's wait for its chat's lock (`LOCK_TIMEOUT_S`), shorter
-than a store local activity's own timeout (30 s), so such a call ends as an
-outage the turn waits out."""
 
 # Advisory lock keys, two-int form: (space, key). 'tkch' / 'tksc' in ASCII.
 _CHAT_LOCK_SPACE = 0x746B6368
@@ -95,126 +86,6 @@ _SCHEMA = schema(
         "row_id": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     }
 )
-
-
-def display_url(url: str) -> str:
-    """`scheme://host:port/db`: never the user, the password or the query."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "postgresql://?"
-    if ":" in host:
-        host = f"[{host}]"
-    scheme = parts.scheme or "postgresql"
-    return f"{scheme}://{host}{port}{parts.path or '/'}"
-
-
-def _password(url: str) -> str | None:
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
-
-
-# The server is down, unreachable, read-only, overloaded or shutting down: the same
-# call may work later (StoreUnavailable). Anything else is a bug or a bad row.
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.CannotConnectNowError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,
-    asyncpg.exceptions.LockNotAvailableError,
-    asyncpg.exceptions.QueryCanceledError,
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-    # The driver's own state after a cut-off connection ("cannot switch to state 15;
-    # another operation is in progress"): the next connection works.
-    asyncpg.exceptions.InternalClientError,
-)
-
-
-def _terminate(conn: Connection) -> None:
-    """End `conn` at once; the pool opens a new connection in its place."""
-    with suppress(asyncpg.InterfaceError):  # the driver already gave it back, closed
-        conn.terminate()
-
-
-class _Unsent(Exception):
-    """A call whose connection turned out dead before it did anything (its cause)."""
-
-
-# What a call meets on a connection the server has cut off, or the driver's state
-# after one ("cannot switch to state 15; another operation is in progress").
-_STALE: tuple[type[BaseException], ...] = (
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InternalClientError,
-)
-
-
-# A call that ends in one of these leaves its connection unfit for the next call.
-_BROKEN: tuple[type[BaseException], ...] = (asyncio.CancelledError, OSError, *_STALE)
-
-# A session that met one of these keeps meeting it, whatever becomes of the cause:
-# `default_transaction_read_only` (set on the database or the role) is read when a
-# session starts, and a session on a server that was a standby stays on it. Such a
-# connection is ended, not handed back to the pool, and every other connection the
-# pool holds is replaced too (`Pool.expire_connections`): those opened during the
-# same spell are read-only as well, even the ones that have only read so far.
-_DISCARD: tuple[type[BaseException], ...] = (asyncpg.exceptions.ReadOnlySQLTransactionError,)
-
-
-class _Discarded(Exception):
-    """A write whose connection was read-only (its cause); the transaction wrote
-    nothing, and the connection has been ended."""
-
-
-@cache
-def _numbered(sql: str) -> str:
-    """`sql` with asyncpg's `$1, $2, ...` for its `?`s, worked out once per statement.
-    (The store's SQL has no `?` of its own, in a literal or as a jsonb operator.)"""
-    numbers = iter(range(1, sql.count("?") + 1))
-    return re.sub(r"\?", lambda _: f"${next(numbers)}", sql)
-
-
-class _Transaction(Transaction):
-    """Statements on one pooled connection (in a transaction where the caller opened one)."""
-
-    IN_TEXTS = "= ANY(?::text[])"
-
-    def __init__(self, conn: Connection, channel: str) -> None:
-        self.conn = conn
-        self.channel = channel
-        self.wrote = False  # a row inserted, updated or deleted
-
-    @staticmethod
-    def texts(values: list[str]) -> list[str]:
-        return values
-
-    async def execute(self, sql: str, *args: Any) -> int:
-        status = await self.conn.execute(_numbered(sql), *args)  # "INSERT 0 1", "UPDATE 2", "SET"
-        count = status.rpartition(" ")[2]
-        written = int(count) if count.isdigit() else 0
-        if written and status.startswith(("INSERT", "UPDATE", "DELETE")):
-            self.wrote = True
-        return written
-
-    async def fetchone(self, sql: str, *args: Any) -> asyncpg.Record | None:
-        return await self.conn.fetchrow(_numbered(sql), *args)
-
-    async def fetchall(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        return await self.conn.fetch(_numbered(sql), *args)
-
-    async def notify(self, kind: str, chat_id: str) -> None:
-        # Sent at commit, and not at all on rollback; the same one twice in a transaction once.
-        await self.conn.execute("SELECT pg_notify($1, $2)", self.channel, f"{kind}:{chat_id}")
 
 
 class PostgresStore(SQLStore):
@@ -240,7 +111,7 @@ class PostgresStore(SQLStore):
         if min_size < 0 or max_size < 1 or min_size > max_size:
             raise ValueError(f"need 0 <= min_size <= max_size and max_size >= 1, got {min_size}, {max_size}")
         self._url = url
-        self._password = _password(url)
+        self._password = url_password(url)
         self.display_url = display_url(url) + (f" (schema {schema})" if schema else "")
         self.schema = schema
         self.min_size = min_size
@@ -358,65 +229,27 @@ class PostgresStore(SQLStore):
             if self._password:
                 text = text.replace(self._password, "***")
             where = f"{doing} PostgreSQL store" if doing else "PostgreSQL store"
-            kind = StoreUnavailable if isinstance(exc, _UNAVAILABLE) else StoreError
+            kind = StoreUnavailable if isinstance(exc, UNAVAILABLE) else StoreError
             # `from None`: the driver's exception could carry the URL it was given.
             raise kind(f"{where} {self.display_url}: {text}") from None
 
-    @asynccontextmanager
-    async def _connection(self, pool: asyncpg.Pool, deadline: float) -> AsyncIterator[Connection]:
-        """A pooled connection for a call that must end by `deadline` (the loop's
-        clock): then the connection is cut off, so that whatever waits on it (a
-        statement, a rollback, its return to the pool) ends at once, and TimeoutError
-        is raised."""
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout_at(deadline):
-            conn = await pool.acquire()
-        expired = False
-
-        def cut_off() -> None:
-            nonlocal expired
-            expired = True
-            _terminate(conn)
-
-        timer = loop.call_at(deadline, cut_off)
-        try:
-            yield conn
-        except BaseException as exc:
-            if expired:
-                raise TimeoutError() from None
-            if isinstance(exc, (*_BROKEN, _Unsent)):
-                # Cancelled half way, or cut off: the driver would wait on the cancel, or
-                # hand the next caller a connection still "in another operation".
-                _terminate(conn)
-            elif isinstance(exc, (*_DISCARD, _Discarded)):
-                _terminate(conn)
-                await pool.expire_connections()
-            raise
-        finally:
-            try:
-                await pool.release(conn)
-            except Exception:
-                pass  # the driver has dropped the connection; what the call did or met stands
-            finally:
-                timer.cancel()
-
     async def _once_more_if_stale(self, call: Callable[[float], Awaitable[T]]) -> T:
         # After the server cut sessions off (a restart, a failover, a proxy), the pool
-        # still holds the dead ones. Each is ended when met (`_BROKEN`), so at most
+        # still holds the dead ones. Each is ended when met (`BROKEN`), so at most
         # max_size tries in a row meet one; all of them within one call's time.
         # A write refused as read-only is tried once more, on a connection opened
-        # after it (`_DISCARD`): the first write after a read-only spell goes through.
+        # after it (`DISCARD`): the first write after a read-only spell goes through.
         deadline = asyncio.get_running_loop().time() + self.call_timeout
         tries, read_only = 0, 0
         while True:
             try:
                 return await call(deadline)
-            except _Unsent as unsent:
+            except Unsent as unsent:
                 tries += 1
                 if tries > self.max_size:
                     assert unsent.__cause__ is not None
                     raise unsent.__cause__ from None
-            except _Discarded as discarded:
+            except Discarded as discarded:
                 read_only += 1
                 if read_only > 1:
                     assert discarded.__cause__ is not None
@@ -436,12 +269,12 @@ class PostgresStore(SQLStore):
 
         async def write(deadline: float) -> T:
             nonlocal wrote
-            async with self._connection(pool, deadline) as conn:
+            async with pooled_connection(pool, deadline) as conn:
                 transaction = conn.transaction()
                 try:
                     await transaction.start()
-                except _STALE as exc:
-                    raise _Unsent() from exc  # nothing began: the same call on another connection
+                except STALE as exc:
+                    raise Unsent() from exc  # nothing began: the same call on another connection
                 try:
                     # FROM first: the clock is read once the lock is held.
                     now = await conn.fetchval(
@@ -453,13 +286,13 @@ class PostgresStore(SQLStore):
                         await conn.execute(
                             "SET LOCAL synchronous_commit TO on"
                         )  # whatever the server's default
-                    tx = _Transaction(conn, self.channel)
+                    tx = PostgresTransaction(conn, self.channel)
                     result = await work(tx, now)
                 except BaseException as exc:
-                    if not isinstance(exc, _BROKEN):
+                    if not isinstance(exc, BROKEN):
                         await transaction.rollback()
-                    if isinstance(exc, _DISCARD):
-                        raise _Discarded() from exc
+                    if isinstance(exc, DISCARD):
+                        raise Discarded() from exc
                     raise  # else the connection is ended, and the server rolls back
                 await transaction.commit()
                 wrote = tx.wrote
@@ -477,19 +310,19 @@ class PostgresStore(SQLStore):
         pool = self._require_pool()
 
         async def probe(deadline: float) -> None:
-            async with self._connection(pool, deadline) as conn:
+            async with pooled_connection(pool, deadline) as conn:
                 transaction = conn.transaction()
                 try:
                     await transaction.start()
-                except _STALE as exc:
-                    raise _Unsent() from exc
+                except STALE as exc:
+                    raise Unsent() from exc
                 try:
                     await conn.execute("UPDATE meta SET value = value WHERE false")
-                except _DISCARD as exc:
+                except DISCARD as exc:
                     await transaction.rollback()
-                    raise _Discarded() from exc
+                    raise Discarded() from exc
                 except BaseException as exc:
-                    if not isinstance(exc, _BROKEN):
+                    if not isinstance(exc, BROKEN):
                         await transaction.rollback()
                     raise
                 await transaction.rollback()
@@ -503,13 +336,13 @@ class PostgresStore(SQLStore):
 
         async def read(deadline: float) -> T:
             try:
-                async with self._connection(pool, deadline) as conn:
+                async with pooled_connection(pool, deadline) as conn:
                     if not snapshot:
-                        return await work(_Transaction(conn, self.channel))
+                        return await work(PostgresTransaction(conn, self.channel))
                     async with conn.transaction(readonly=True):
-                        return await work(_Transaction(conn, self.channel))
-            except _STALE as exc:
-                raise _Unsent() from exc  # a read did nothing: the same call on another connection
+                        return await work(PostgresTransaction(conn, self.channel))
+            except STALE as exc:
+                raise Unsent() from exc  # a read did nothing: the same call on another connection
 
         with self.availability.watch(write=False), self._errors():
             return await self._once_more_if_stale(read)
