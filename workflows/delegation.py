@@ -191,7 +191,9 @@ class Delegations:
             return
         shown = {"turn": s.turn, "status": s.status.value, "reason": s.reason.value if s.reason else None}
         more = {"recovery_id": s.recovery_id, "can_continue": s.can_continue, "attempts": s.attempts}
-        self._turn.announce(NewEvent(type="recovery_state", payload={**shown, **more, "detail": s.detail}))
+        self._turn.announcements.add(
+            NewEvent(type="recovery_state", payload={**shown, **more, "detail": s.detail})
+        )
         self.tell_parent()
 
     def dismiss_waiting(self) -> None:

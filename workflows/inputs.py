@@ -120,7 +120,9 @@ def take_message(turn: Turn, payload: RawValue | None) -> None:
 
 def refuse_message(turn: Turn, message_id: str | None, why: str) -> None:
     workflow.logger.warning("user_message refused for chat %s: %s", turn.state.chat_id, why)
-    turn.announce(NewEvent(type="message_rejected", payload={"message_id": message_id, "reason": why}))
+    turn.announcements.add(
+        NewEvent(type="message_rejected", payload={"message_id": message_id, "reason": why})
+    )
 
 
 def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
@@ -182,7 +184,7 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
 
 def _refuse(turn: Turn, action: Action, recovery_id: str | None, request_id: str | None, why: str) -> None:
     workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
-    turn.announce(
+    turn.announcements.add(
         NewEvent(
             type="recovery_action_rejected",
             payload={"turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why},

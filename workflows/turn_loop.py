@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         CarryOn,
         ChatTurnInput,
         ModelReply,
-        NewEvent,
         Reason,
         RecoveryStart,
         ToolCall,
@@ -53,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.subagents import DELEGATE_TOOL
     from turnkeeper.telemetry import metrics
     from turnkeeper.workflows import steps
+    from turnkeeper.workflows.announcements import Announcements
     from turnkeeper.workflows.delegation import Delegations
     from turnkeeper.workflows.input_queue import InputQueue
     from turnkeeper.workflows.inputs import (
@@ -117,10 +117,7 @@ class Turn:
         self.ending: Reason | None = None  # Stop, Dismiss or a newer message ends the turn
         self.dismissed: set[str] = set()  # pending when Dismiss came: committed as user rows
         self.held: list[ToolCall] = []  # calls waiting for the user's approval
-        self.events: list[NewEvent] = []
-        self._announcing: workflow.ActivityHandle[None] | None = None
-        self._announced = 0
-        self._in_the_air: list[NewEvent] = []
+        self.announcements = Announcements(self.inputs, lambda: self.state.chat_id)
         self._superseding: list[str] = []
         self._checking: list[str] = []
         self._call_running = False
@@ -174,33 +171,6 @@ class Turn:
                 newer = set(self._checking) | set(self._superseding)
                 self.dismissed = {i for i in self.inbox.ids() if i not in newer}
                 self.delegations.dismiss_waiting()
-
-    def announce(self, event: NewEvent) -> None:
-        self.events.append(event)
-        if self._announcing is None:
-            self._announce_next()
-
-    def _announce_next(self, _: Any = None) -> None:
-        """Refusals go to the store's event log one batch at a time, in order."""
-        self._announcing, self._in_the_air = None, []
-        if not self.events:
-            return
-        events, self.events = self.events, []
-        self._in_the_air = events
-        run_id = workflow.info().run_id
-        keys = [f"{run_id}/{self._announced + i}" for i in range(len(events))]
-        self._announced += len(events)
-        self._announcing = steps.store_write(
-            activity_io.APPEND_EVENTS,
-            activity_io.AppendEventsInput(chat_id=self.state.chat_id, events=events, keys=keys),
-            summary="announce refusals",
-            patient=True,
-        )
-        self.inputs.watch(self._announcing, self._announce_next)
-
-    def _states_announced(self) -> bool:
-        """No subagent's gate shown or gone is on its way to the event log."""
-        return not any(e.type == "recovery_state" for e in self.events + self._in_the_air)
 
     def check_superseding(self, message_id: str) -> None:
         self._superseding.append(message_id)
@@ -278,7 +248,7 @@ class Turn:
 
     async def _quiet(self) -> None:
         """Take what came meanwhile; announce every refusal before the run ends."""
-        while self.inputs.items or self.events or self._announcing is not None or self._checking:
+        while self.inputs.items or self.announcements.pending or self._checking:
             self.take(await self.inputs.next())
 
     async def _recover(self, start: RecoveryStart) -> None:
@@ -377,7 +347,9 @@ class Turn:
                 self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
-            await self.until(self._states_announced)  # the log's order: a gate shown or gone, then the answer
+            await self.until(
+                self.announcements.states_written
+            )  # the log's order: a gate shown or gone, then the answer
             if self.ending is not None:
                 return ENDED
             call = steps.model_call(
@@ -652,7 +624,7 @@ class Turn:
         return self.delegations.link is not None and self.inputs.cancel_requested
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
-        await self.until(self._states_announced)
+        await self.until(self.announcements.states_written)
         update = activity_io.UpdateTurnInput.of(self.state)
         update.closing_text, update.commit_messages = closing_text, commit or []
         written = await self._write_turn(update, activity_io.FINISH_TURN)
@@ -725,8 +697,7 @@ class Turn:
     def _quiet_now(self) -> bool:
         return not (
             self.inputs.items
-            or self.events
-            or self._announcing
+            or self.announcements.pending
             or self._checking
             or self._superseding
             or self.ending
