@@ -29,6 +29,10 @@ activities, which turnkeeper never runs).
   refused by the server anyway. Age is read on this worker's clock, less the
   smallest lag among its last 64 live activations, so a clock apart from the
   server's is no sign (docs/decisions/0002).
+
+What neither sign sees: a history that ends at the start of a task another
+worker holds at that moment. The catch-up then carries that task's own length,
+size and time, exactly as the task does (decision 0002, "Not closed").
 """
 
 from __future__ import annotations
