@@ -7,7 +7,6 @@ PostgreSQL server and how to skip it: tests/pg.py.
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 import threading
 import time
@@ -49,6 +48,7 @@ from turnkeeper.store import (
 )
 from turnkeeper.store import sqlite as sqlite_store
 from turnkeeper.store.postgres import _CHAT_LOCK_SPACE
+from turnkeeper.store.postgres_driver import numbered
 from turnkeeper.store.schema import SCHEMA_VERSION
 
 CHAT = "chat-1"
@@ -107,11 +107,6 @@ class SQLiteBackend(Backend):
             raw.close()
 
 
-def _dollar(sql: str) -> str:
-    counter = iter(range(1, 1000))
-    return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
-
-
 class PostgresBackend(Backend):
     name = "postgres"
 
@@ -129,14 +124,14 @@ class PostgresBackend(Backend):
     async def execute(self, sql: str, *args: Any) -> None:
         conn = await self.connect()
         try:
-            await conn.execute(_dollar(sql), *args)
+            await conn.execute(numbered(sql), *args)
         finally:
             await conn.close()
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
         conn = await self.connect()
         try:
-            return await conn.fetchval(_dollar(sql), *args)
+            return await conn.fetchval(numbered(sql), *args)
         finally:
             await conn.close()
 
