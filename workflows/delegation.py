@@ -32,9 +32,9 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
+    from turnkeeper.payloads.raw import Undecodable, decode_payload
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
     from turnkeeper.workflows import steps
-    from turnkeeper.workflows.payloads import Undecodable, decode_payload
 
 if TYPE_CHECKING:
     from turnkeeper.workflows.turn_loop import Turn

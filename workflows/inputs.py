@@ -30,14 +30,14 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
-    from turnkeeper.recovery import Effect, Input
-    from turnkeeper.subagents import SUBAGENT_SENDER
-    from turnkeeper.workflows.payloads import (
+    from turnkeeper.payloads.raw import (
         Undecodable,
         decode_payload,
         first_error,
         message_id_of,
     )
+    from turnkeeper.recovery import Effect, Input
+    from turnkeeper.subagents import SUBAGENT_SENDER
 
 if TYPE_CHECKING:
     from turnkeeper.workflows.turn_loop import Turn

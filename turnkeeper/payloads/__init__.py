@@ -1,4 +1,5 @@
-"""How payloads are written and read outside workflow code: the pydantic payload
-converter every data converter shares (`converter`), their encryption
-(`encryption`), and `turnkeeper codec-server`, which decrypts them for the
-Temporal UI (`codec_server`)."""
+"""How payloads are written and read: the pydantic payload converter every data
+converter shares (`converter`), their encryption (`encryption`),
+`turnkeeper codec-server`, which decrypts them for the Temporal UI
+(`codec_server`), and the raw signal payloads the workflow's handlers read
+themselves, so a malformed one is refused in words (`raw`)."""
