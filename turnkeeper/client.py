@@ -362,7 +362,7 @@ async def decide(
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
     """The `state` query. A worker that would answer it with events of a workflow task
-    not started yet refuses it on purpose (turnkeeper/worker/catch_up.py): asked again,
+    it does not hold refuses it on purpose (turnkeeper/worker/catch_up.py): asked again,
     the query is answered from the history as it stands."""
     from temporalio.client import WorkflowQueryFailedError
 

@@ -20,11 +20,20 @@ from datetime import timedelta
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
-from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import (
+    Replayer,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkflowInstance,
+    WorkflowInstanceDetails,
+)
 
 from tests.support import ROOT
-from turnkeeper.worker.catch_up import CATCH_UP_MESSAGE, CatchUpGuard
+from turnkeeper.runner_wrap import WrappedInstance, WrappedRunner
+from turnkeeper.worker.catch_up import CATCH_UP_MESSAGE, LEGACY_QUERY_ID, CatchUpGuard
 
 # Sticky-queue timing (STICKY_S): one xdist process runs this file and test_sdk_update_order.py
 # one test at a time (`--dist loadgroup`).
@@ -220,6 +229,34 @@ async def test_the_runner_refuses_the_catch_up_and_replay_stays_alike(
     history = await handle.fetch_history()
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in [e.event_type for e in history.events]
     await Replayer(workflows=[TimerAndSignal]).replay_workflow(history)
+
+
+class QueryIds(WrappedRunner):
+    """The unsandboxed runner, noting the id of every query it is handed."""
+
+    seen: list[str] = []
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _Noted(self._runner.create_instance(det))
+
+
+class _Noted(WrappedInstance):
+    def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
+        QueryIds.seen.extend(j.query_workflow.query_id for j in act.jobs if j.HasField("query_workflow"))
+        return self._inner.activate(act)
+
+
+async def test_a_query_task_s_query_carries_the_id_the_runner_knows_it_by(client: Client) -> None:
+    """The runner tells a query task's query (not one riding on a workflow task) by this id."""
+    queue = f"sdk-query-order-{uuid.uuid4()}"
+    async with Worker(client, task_queue=queue, workflows=[Sleeper]):
+        handle = await client.start_workflow(Sleeper.run, 60.0, id=queue, task_queue=queue)
+        await _tasks_done(handle, 1)
+    runner = QueryIds(UnsandboxedWorkflowRunner())
+    async with Worker(client, task_queue=queue, workflows=[Sleeper], unsandboxed_workflow_runner=runner):
+        await handle.query("__stack_trace")
+    await handle.terminate()
+    assert QueryIds.seen == [LEGACY_QUERY_ID]
 
 
 async def _worker_a(target: str, queue: str) -> None:

@@ -12,7 +12,15 @@ from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
-from turnkeeper.worker.catch_up import QUERY_CATCH_UP, CatchUpGuard, Lag, Mark, is_catch_up
+from turnkeeper.worker.catch_up import (
+    LEGACY_QUERY_ID,
+    QUERY_CATCH_UP,
+    CatchUpGuard,
+    Lag,
+    Mark,
+    is_catch_up,
+    queries_behind,
+)
 
 # What the guard reads of a run's details: its workflow task timeout.
 DETAILS = SimpleNamespace(info=SimpleNamespace(task_timeout=timedelta(seconds=2)))
@@ -23,6 +31,13 @@ def act(length: int, size: int, time_s: int, *jobs: str, replaying: bool = False
     a.timestamp.FromSeconds(time_s)
     for job in jobs:
         getattr(a.jobs.add(), job).SetInParent()
+    return a
+
+
+def query_task(length: int, size: int, time_s: int) -> WorkflowActivation:
+    """The query of a query task, as the SDK's core hands it over."""
+    a = act(length, size, time_s, "query_workflow", replaying=True)
+    a.jobs[0].query_workflow.query_id = LEGACY_QUERY_ID
     return a
 
 
@@ -101,3 +116,31 @@ def test_the_guard_refuses_a_stale_activation_too() -> None:
     assert instance.activate(act(3, 416, int(now), "initialize_workflow")).HasField("successful")
     assert instance.activate(act(14, 1400, int(now) - 60, "fire_timer")).HasField("failed")
     assert inner.seen == [3]
+
+
+def test_a_query_task_at_the_event_of_the_live_activation_before_it_is_behind_a_catch_up() -> None:
+    # A history that ends at the start of a task another worker holds: its activation
+    # looks like a task's own; only the query task's query right behind it tells.
+    assert queries_behind(122, query_task(122, 5000, 300))
+    assert not queries_behind(122, query_task(125, 5100, 300))  # a task of ours completed first
+    assert not queries_behind(None, query_task(122, 5000, 300))  # the activation before was a replay
+    on_a_task = act(122, 5000, 300, "query_workflow", replaying=True)
+    on_a_task.jobs[0].query_workflow.query_id = "q-1"
+    assert not queries_behind(122, on_a_task)  # a query that rides on a workflow task
+
+
+def test_the_guard_fails_the_query_behind_a_catch_up_and_passes_a_query_after_a_task() -> None:
+    inner = Recorder()
+    instance = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    now = int(time.time())
+    assert instance.activate(act(118, 4000, now - 1, "initialize_workflow", replaying=True)).HasField(
+        "successful"
+    )
+    assert instance.activate(act(122, 5000, now, "resolve_activity")).HasField("successful")
+    refused = instance.activate(query_task(122, 5000, now))
+    assert refused.HasField("failed") and QUERY_CATCH_UP in refused.failed.failure.message
+    # A run of another worker's cache: its task completed, then a query task came.
+    other = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    assert other.activate(act(130, 6000, now, "signal_workflow")).HasField("successful")
+    assert other.activate(query_task(133, 6000, now)).HasField("successful")
+    assert inner.seen == [118, 122, 130, 133]

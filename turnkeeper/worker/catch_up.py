@@ -30,9 +30,14 @@ activities, which turnkeeper never runs).
   smallest lag among its last 64 live activations, so a clock apart from the
   server's is no sign (docs/decisions/0002).
 
-What neither sign sees: a history that ends at the start of a task another
-worker holds at that moment. The catch-up then carries that task's own length,
-size and time, exactly as the task does (decision 0002, "Not closed").
+- **The query right behind it.** A history that ends at the start of a task
+  another worker holds at that moment carries that task's own length, size and
+  time, exactly as the task does; the SDK applies it live and keeps what the
+  run did for a later completion. What follows gives it away: the query of a
+  query task (`legacy_query`) at the very event of the live activation just
+  before it. A task this worker completed would have added events before any
+  query task could read the history, so the run did not run a task of its own
+  there: the query is failed, which drops the run and what it did.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ log = logging.getLogger(__name__)
 
 QUERY_CATCH_UP = "QueryCatchUp"
 CATCH_UP_MESSAGE = (
-    f"{QUERY_CATCH_UP}: a query applied events of a workflow task not started yet; "
+    f"{QUERY_CATCH_UP}: a query applied events of a workflow task this worker does not hold; "
     "this worker drops the run and the task replays it whole. Ask again."
 )
 
@@ -72,6 +77,11 @@ class Mark:
         return cls(act.history_length, act.history_size_bytes, time_ns)
 
 
+# The query id the SDK's core gives the query of a query task (as against one that
+# rides on a workflow task); tests/replay/test_sdk_query_order.py pins it.
+LEGACY_QUERY_ID = "legacy_query"
+
+
 def applies_events(act: WorkflowActivation) -> bool:
     """Jobs from the history (a query or an eviction applies none)."""
     return any(job.WhichOneof("variant") not in ("query_workflow", "remove_from_cache") for job in act.jobs)
@@ -83,6 +93,17 @@ def is_catch_up(previous: Mark | None, act: WorkflowActivation) -> bool:
         return False
     now = Mark.of(act)
     return now.length != previous.length and (now.size, now.time_ns) == (previous.size, previous.time_ns)
+
+
+def live_events(act: WorkflowActivation) -> int | None:
+    """The last event of a live activation that applies events, else None."""
+    return None if act.is_replaying or not applies_events(act) else act.history_length
+
+
+def queries_behind(live_at: int | None, act: WorkflowActivation) -> bool:
+    """A query task's query at the event of the live activation just before it."""
+    legacy = any(job.query_workflow.query_id == LEGACY_QUERY_ID for job in act.jobs)
+    return legacy and live_at is not None and act.history_length == live_at
 
 
 class Lag:
@@ -121,12 +142,15 @@ class _GuardedInstance(WrappedInstance):
         self._lag = lag
         self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
         self._mark: Mark | None = None
+        self._live_at: int | None = None  # the previous activation's, if live
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
         no_task = is_catch_up(self._mark, act)
-        if stale or no_task:
-            why = "no task started" if no_task else "a lost task's start"
+        behind = queries_behind(self._live_at, act)
+        self._live_at = live_events(act)
+        if stale or no_task or behind:
+            why = "no task started" if no_task else "a lost task's start" if stale else "the query behind it"
             log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
             completion = WorkflowActivationCompletion(run_id=act.run_id)
             completion.failed.failure.message = CATCH_UP_MESSAGE
