@@ -139,8 +139,14 @@ def test_the_guard_fails_the_query_behind_a_catch_up_and_passes_a_query_after_a_
     assert instance.activate(act(122, 5000, now, "resolve_activity")).HasField("successful")
     refused = instance.activate(query_task(122, 5000, now))
     assert refused.HasField("failed") and QUERY_CATCH_UP in refused.failed.failure.message
-    # A run of another worker's cache: its task completed, then a query task came.
-    other = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
-    assert other.activate(act(130, 6000, now, "signal_workflow")).HasField("successful")
-    assert other.activate(query_task(133, 6000, now)).HasField("successful")
-    assert inner.seen == [118, 122, 130, 133]
+    # A run this worker held: a query task to its cache carries no events, so the
+    # query comes at the event of the task just completed.
+    held = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    assert held.activate(act(130, 6000, now, "initialize_workflow")).HasField("successful")
+    assert held.activate(query_task(130, 6000, now)).HasField("failed")  # its first query: one refusal
+    held = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    assert held.activate(act(130, 6000, now, "initialize_workflow")).HasField("successful")
+    assert held.activate(act(136, 6400, now, "signal_workflow")).HasField("successful")
+    assert held.activate(query_task(136, 6400, now)).HasField("successful")
+    assert held.activate(query_task(136, 6400, now)).HasField("successful")
+    assert inner.seen == [118, 122, 130, 130, 136, 136, 136]

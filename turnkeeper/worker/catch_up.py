@@ -30,14 +30,17 @@ activities, which turnkeeper never runs).
   smallest lag among its last 64 live activations, so a clock apart from the
   server's is no sign (docs/decisions/0002).
 
-- **The query right behind it.** A history that ends at the start of a task
-  another worker holds at that moment carries that task's own length, size and
-  time, exactly as the task does; the SDK applies it live and keeps what the
-  run did for a later completion. What follows gives it away: the query of a
-  query task (`legacy_query`) at the very event of the live activation just
-  before it. A task this worker completed would have added events before any
-  query task could read the history, so the run did not run a task of its own
-  there: the query is failed, which drops the run and what it did.
+- **The query right behind a cold load.** A history that ends at the start of
+  a task another worker holds at that moment carries that task's own length,
+  size and time, exactly as the task does; the SDK applies it live and keeps
+  what the run did for a later completion. Only what follows tells: the query
+  of a query task (`legacy_query`) at the very event of the live activation
+  just before it. A run this worker already held shows the same after each
+  task it completes (a query task to a worker's own cache carries no events),
+  so only a run this worker has just built from its history is looked at; its
+  first query is then failed, which drops the run and what it did. A run
+  built for a real task and queried at once pays one refused query and one
+  more replay.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def live_events(act: WorkflowActivation) -> int | None:
 
 
 def queries_behind(live_at: int | None, act: WorkflowActivation) -> bool:
-    """A query task's query at the event of the live activation just before it."""
+    """A query task's query at the event of the cold load's live activation just before it."""
     legacy = any(job.query_workflow.query_id == LEGACY_QUERY_ID for job in act.jobs)
     return legacy and live_at is not None and act.history_length == live_at
 
@@ -142,13 +145,15 @@ class _GuardedInstance(WrappedInstance):
         self._lag = lag
         self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
         self._mark: Mark | None = None
-        self._live_at: int | None = None  # the previous activation's, if live
+        self._loading = True  # built from history, no live activation taken yet
+        self._live_at: int | None = None  # the cold load's live activation, just before
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
         no_task = is_catch_up(self._mark, act)
         behind = queries_behind(self._live_at, act)
-        self._live_at = live_events(act)
+        self._live_at = live_events(act) if self._loading else None
+        self._loading = self._loading and self._live_at is None
         if stale or no_task or behind:
             why = "no task started" if no_task else "a lost task's start" if stale else "the query behind it"
             log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
