@@ -76,6 +76,19 @@ class Inbox:
         self._bytes += size
         return True
 
+    def refusal(self, message: UserMessage, max_bytes: int, max_pending: int) -> str | None:
+        """Why `message` is refused, if it is: too large, or past the bytes the chat may
+        hold unanswered (a client's retry of a message taken already is not)."""
+        size = len(message.text.encode())
+        if size > max_bytes:
+            return f"message is {size} bytes; the limit is {max_bytes}"
+        if self.seen(message.message_id) or self._bytes + wire_size(message) <= max_pending:
+            return None
+        return (
+            f"the chat already holds {self._bytes} bytes of messages not yet answered and this one "
+            f"would pass the limit of {max_pending}; send it again once the turn has answered"
+        )
+
     def seen(self, message_id: str) -> bool:
         return message_id in self._seen
 

@@ -17,25 +17,9 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
     from turnkeeper import recovery
-    from turnkeeper.inbox import wire_size
-    from turnkeeper.models import (
-        DecisionRecord,
-        NewEvent,
-        Reason,
-        RecoveryAction,
-        StopRequest,
-        TurnStatus,
-        UserMessage,
-    )
-    from turnkeeper.payloads.raw import (
-        Undecodable,
-        decode_payload,
-        first_error,
-        message_id_of,
-    )
+    from turnkeeper.models import DecisionRecord, NewEvent, Reason, TurnStatus
+    from turnkeeper.payloads.raw import Malformed, read_decision, read_message
     from turnkeeper.recovery import Effect, Input
     from turnkeeper.subagents import SUBAGENT_SENDER
 
@@ -81,37 +65,17 @@ TurnInput = Message | Decision | News | Done
 
 def take_message(turn: Turn, payload: RawValue | None) -> None:
     try:
-        raw = decode_payload(payload)
-    except Undecodable as err:
-        refuse_message(turn, None, f"malformed user_message payload: {err}")
+        message = read_message(payload)
+    except Malformed as err:
+        refuse_message(turn, err.message_id, f"malformed user_message payload: {err}")
         return
-    try:
-        message = UserMessage.model_validate(raw)
-    except ValidationError as err:
-        # The id, when readable, so a client following its own message sees the refusal.
-        refuse_message(turn, message_id_of(raw), f"malformed user_message payload: {first_error(err)}")
-        return
-    size = len(message.text.encode())
     limit = turn.settings.max_message_bytes if turn.settings_known else MESSAGE_BYTES_CEILING
-    if size > limit:
-        refuse_message(turn, message.message_id, f"message is {size} bytes; the limit is {limit}")
+    why = turn.inbox.refusal(message, limit, turn.settings.max_pending_bytes)
+    if why is not None:
+        refuse_message(turn, message.message_id, why)
         return
-    if turn.inbox.seen(message.message_id):
-        return  # the client's retry: one message
-    pending, bound = turn.inbox.pending_bytes(), turn.settings.max_pending_bytes
-    if pending + wire_size(message) > bound:
-        refuse_message(
-            turn,
-            message.message_id,
-            (
-                f"the chat already holds {pending} bytes of messages not yet answered and this one would "
-                f"pass the limit of {bound}; send it again once the turn has answered"
-            ),
-        )
-        return
-    turn.inbox.offer(message)
-    if message.sender == SUBAGENT_SENDER:
-        return  # a background subagent's answer waits for the next turn: it decides no gate
+    if not turn.inbox.offer(message) or message.sender == SUBAGENT_SENDER:
+        return  # the client's retry is one message; a background subagent's answer decides no gate
     if recovery.decide(recovery.shown(turn.state).status, Input.USER_MESSAGE).effect == Effect.SUPERSEDE:
         # Newer input beats the recovery, unless it is a late retry of a message the
         # chat already holds: the store tells (the check's end is an input too).
@@ -126,33 +90,13 @@ def refuse_message(turn: Turn, message_id: str | None, why: str) -> None:
 
 
 def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
-    request_id: str | None = None
-    recovery_id: str | None = None
-    try:
-        raw = decode_payload(payload)
-        candidate = raw.get("request_id") if isinstance(raw, dict) else None
-        if isinstance(candidate, str) and 0 < len(candidate) <= 200:
-            request_id = candidate  # a malformed decision is answered too
-        if action == "stop":
-            request_id = StopRequest.model_validate(raw if isinstance(raw, dict) else {}).request_id
-        else:
-            parsed = RecoveryAction.model_validate(raw)
-            request_id, recovery_id = parsed.request_id, parsed.recovery_id
-    except (Undecodable, ValidationError):
-        if action != "stop":  # Stop needs no argument: whatever it carries works
-            _refuse(
-                turn,
-                action,
-                recovery_id,
-                request_id,
-                f'malformed {action} payload; expected {{"recovery_id": "..."}}',
-            )
-            return
-    why = judge(turn, action, recovery_id)
+    request_id, recovery_id, well_formed = read_decision(action, payload)
+    malformed = f'malformed {action} payload; expected {{"recovery_id": "..."}}'
+    why = judge(turn, action, recovery_id) if well_formed else malformed
     if why is not None:
         _refuse(turn, action, recovery_id, request_id, why)
-        return
-    _record(turn, request_id, action, None)
+    else:
+        _record(turn, request_id, action, None)
 
 
 def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:

@@ -316,13 +316,9 @@ class Turn:
                 return
             self.held = [c for c in outcome.tool_calls if c.name in self.settings.confirm_tools]
             free = [c for c in outcome.tool_calls if c not in self.held]
-            lost = await self._tool_step(free) if free else None
-            if lost == ENDED:
-                await self._end()
+            if free and not await self._tools(free):
                 return
             step += 1
-            if isinstance(lost, Reason) and await self._gate(lost) != CONTINUE:
-                return
             if self.held and not await self._approval():
                 return
             # A newer message under its retry check is no follow-up yet: the check decides.
@@ -575,7 +571,11 @@ class Turn:
         if await self._gate(Reason.APPROVAL_REQUIRED) != CONTINUE:
             return False
         calls, self.held, self.state.approvals = self.held, [], []
-        lost = await self._tool_step(calls, approved=True)
+        return await self._tools(calls, approved=True)
+
+    async def _tools(self, calls: list[ToolCall], approved: bool = False) -> bool:
+        """The tool step, then a gate if a call was lost. True when the turn goes on."""
+        lost = await self._tool_step(calls, approved)
         if lost == ENDED:
             await self._end()
             return False

@@ -131,7 +131,6 @@ def test_there_are_workflow_modules_to_check() -> None:
         "input_queue.py",
         "inputs.py",
         "steps.py",
-        "payloads.py",
         "reconcile.py",
     }
     assert {p.name for p in IMPORTED_MODULES} >= {
@@ -143,6 +142,7 @@ def test_there_are_workflow_modules_to_check() -> None:
         "reconcile_io.py",
         "recovery.py",
         "inbox.py",
+        "raw.py",
     }
 
 
