@@ -129,24 +129,31 @@ def test_a_query_task_at_the_event_of_the_live_activation_before_it_is_behind_a_
     assert not queries_behind(122, on_a_task)  # a query that rides on a workflow task
 
 
-def test_the_guard_fails_the_query_behind_a_catch_up_and_passes_a_query_after_a_task() -> None:
+def test_the_guard_fails_the_query_behind_a_rebuilt_run_s_first_live_activation_only() -> None:
     inner = Recorder()
-    instance = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    guard = CatchUpGuard(inner)
     now = int(time.time())
-    assert instance.activate(act(118, 4000, now - 1, "initialize_workflow", replaying=True)).HasField(
+    rebuilt = guard.create_instance(DETAILS)  # type: ignore[arg-type]
+    assert rebuilt.activate(act(118, 4000, now - 1, "initialize_workflow", replaying=True)).HasField(
         "successful"
     )
-    assert instance.activate(act(122, 5000, now, "resolve_activity")).HasField("successful")
-    refused = instance.activate(query_task(122, 5000, now))
+    assert rebuilt.activate(act(122, 5000, now, "resolve_activity")).HasField("successful")
+    refused = rebuilt.activate(query_task(122, 5000, now))
     assert refused.HasField("failed") and QUERY_CATCH_UP in refused.failed.failure.message
-    # A run this worker held: a query task to its cache carries no events, so the
-    # query comes at the event of the task just completed.
-    held = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
-    assert held.activate(act(130, 6000, now, "initialize_workflow")).HasField("successful")
-    assert held.activate(query_task(130, 6000, now)).HasField("failed")  # its first query: one refusal
-    held = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
-    assert held.activate(act(130, 6000, now, "initialize_workflow")).HasField("successful")
-    assert held.activate(act(136, 6400, now, "signal_workflow")).HasField("successful")
-    assert held.activate(query_task(136, 6400, now)).HasField("successful")
-    assert held.activate(query_task(136, 6400, now)).HasField("successful")
-    assert inner.seen == [118, 122, 130, 130, 136, 136, 136]
+    # Asked again: the query rebuilds the run (a replay only); its tasks are looked at no more.
+    again = guard.create_instance(DETAILS)  # type: ignore[arg-type]
+    assert again.activate(act(124, 5000, now, "initialize_workflow", replaying=True)).HasField("successful")
+    assert again.activate(query_task(124, 5000, now)).HasField("successful")
+    assert again.activate(act(130, 6000, now, "signal_workflow")).HasField("successful")
+    assert again.activate(query_task(130, 6000, now)).HasField("successful")
+    # A new run: its first task, then a query task to this worker's cache (no events).
+    new = guard.create_instance(DETAILS)  # type: ignore[arg-type]
+    assert new.activate(act(3, 400, now, "initialize_workflow")).HasField("successful")
+    assert new.activate(query_task(3, 400, now)).HasField("successful")
+    # Rebuilt for a task, then more tasks: only the first live activation is looked at.
+    held = guard.create_instance(DETAILS)  # type: ignore[arg-type]
+    assert held.activate(act(40, 2000, now, "initialize_workflow", replaying=True)).HasField("successful")
+    assert held.activate(act(44, 2100, now, "signal_workflow")).HasField("successful")
+    assert held.activate(act(48, 2200, now, "signal_workflow")).HasField("successful")
+    assert held.activate(query_task(48, 2200, now)).HasField("successful")
+    assert inner.seen == [118, 122, 124, 124, 130, 130, 3, 3, 40, 44, 48, 48]

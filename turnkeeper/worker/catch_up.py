@@ -35,12 +35,13 @@ activities, which turnkeeper never runs).
   size and time, exactly as the task does; the SDK applies it live and keeps
   what the run did for a later completion. Only what follows tells: the query
   of a query task (`legacy_query`) at the very event of the live activation
-  just before it. A run this worker already held shows the same after each
-  task it completes (a query task to a worker's own cache carries no events),
-  so only a run this worker has just built from its history is looked at; its
-  first query is then failed, which drops the run and what it did. A run
-  built for a real task and queried at once pays one refused query and one
-  more replay.
+  just before it. A run this worker holds shows the same after every task it
+  completes (a query task to a worker's own cache carries no events), and so
+  does a new run after its first task; so only a run this worker has just
+  rebuilt from its history is looked at, and only at its first live
+  activation. A run rebuilt for a real task and queried at once pays one
+  refused query and one more replay; the query asked again rebuilds it and it
+  stays cached.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def live_events(act: WorkflowActivation) -> int | None:
 
 
 def queries_behind(live_at: int | None, act: WorkflowActivation) -> bool:
-    """A query task's query at the event of the cold load's live activation just before it."""
+    """A query task's query at the event of the live activation just before it."""
     legacy = any(job.query_workflow.query_id == LEGACY_QUERY_ID for job in act.jobs)
     return legacy and live_at is not None and act.history_length == live_at
 
@@ -145,15 +146,18 @@ class _GuardedInstance(WrappedInstance):
         self._lag = lag
         self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
         self._mark: Mark | None = None
-        self._loading = True  # built from history, no live activation taken yet
-        self._live_at: int | None = None  # the cold load's live activation, just before
+        self._rebuilt: bool | None = None  # rebuilt from history, and no live activation or query yet
+        self._live_at: int | None = None  # the rebuilt run's first live activation, just before
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
         no_task = is_catch_up(self._mark, act)
         behind = queries_behind(self._live_at, act)
-        self._live_at = live_events(act) if self._loading else None
-        self._loading = self._loading and self._live_at is None
+        if self._rebuilt is None:
+            self._rebuilt = act.is_replaying  # a new run's first activation is live
+        self._live_at = live_events(act) if self._rebuilt else None
+        if self._live_at is not None or not applies_events(act):
+            self._rebuilt = False
         if stale or no_task or behind:
             why = "no task started" if no_task else "a lost task's start" if stale else "the query behind it"
             log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
