@@ -231,6 +231,48 @@ async def test_the_runner_refuses_the_catch_up_and_replay_stays_alike(
     await Replayer(workflows=[TimerAndSignal]).replay_workflow(history)
 
 
+@workflow.defn(sandboxed=False)
+class Notes:
+    """Keeps every signal it is sent; never ends by itself."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.signal
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    @workflow.query
+    def noted(self) -> list[str]:
+        return self.notes
+
+
+async def test_a_run_rebuilt_for_a_task_and_queried_at_once_is_refused_once(client: Client) -> None:
+    """What the runner's third sign costs a run it mistakes for a catch-up: the first query
+    of a run rebuilt for a real task fails once; asked again it is answered, and the run,
+    rebuilt by that query, stays cached. A new run's first query is answered."""
+    queue = f"sdk-query-order-{uuid.uuid4()}"
+    guarded = {"unsandboxed_workflow_runner": CatchUpGuard(UnsandboxedWorkflowRunner())}
+    async with Worker(client, task_queue=queue, workflows=[Notes], **guarded):
+        handle = await client.start_workflow(Notes.run, id=queue, task_queue=queue)
+        await _tasks_done(handle, 1)
+        assert await handle.query(Notes.noted) == []  # a new run
+    async with Worker(client, task_queue=queue, workflows=[Notes], **guarded):
+        await handle.signal(Notes.note, "a")
+        await _tasks_done(handle, 2)
+        with pytest.raises(WorkflowQueryFailedError, match=CATCH_UP_MESSAGE):
+            await handle.query(Notes.noted)
+        assert await handle.query(Notes.noted) == ["a"]
+        await handle.signal(Notes.note, "b")
+        await _tasks_done(handle, 3)
+        assert await handle.query(Notes.noted) == ["a", "b"]
+    await handle.terminate()
+
+
 class QueryIds(WrappedRunner):
     """The unsandboxed runner, noting the id of every query it is handed."""
 

@@ -26,17 +26,21 @@ from turnkeeper.worker.catch_up import (
 DETAILS = SimpleNamespace(info=SimpleNamespace(task_timeout=timedelta(seconds=2)))
 
 
-def act(length: int, size: int, time_s: int, *jobs: str, replaying: bool = False) -> WorkflowActivation:
-    a = WorkflowActivation(run_id="r", history_length=length, history_size_bytes=size, is_replaying=replaying)
+def act(
+    length: int, size: int, time_s: int, *jobs: str, replaying: bool = False, run_id: str = "r"
+) -> WorkflowActivation:
+    a = WorkflowActivation(
+        run_id=run_id, history_length=length, history_size_bytes=size, is_replaying=replaying
+    )
     a.timestamp.FromSeconds(time_s)
     for job in jobs:
         getattr(a.jobs.add(), job).SetInParent()
     return a
 
 
-def query_task(length: int, size: int, time_s: int) -> WorkflowActivation:
+def query_task(length: int, size: int, time_s: int, run_id: str = "r") -> WorkflowActivation:
     """The query of a query task, as the SDK's core hands it over."""
-    a = act(length, size, time_s, "query_workflow", replaying=True)
+    a = act(length, size, time_s, "query_workflow", replaying=True, run_id=run_id)
     a.jobs[0].query_workflow.query_id = LEGACY_QUERY_ID
     return a
 
@@ -157,3 +161,28 @@ def test_the_guard_fails_the_query_behind_a_rebuilt_run_s_first_live_activation_
     assert held.activate(act(48, 2200, now, "signal_workflow")).HasField("successful")
     assert held.activate(query_task(48, 2200, now)).HasField("successful")
     assert inner.seen == [118, 122, 124, 124, 130, 130, 3, 3, 40, 44, 48, 48]
+
+
+def test_a_run_is_refused_behind_a_rebuild_once_on_a_worker() -> None:
+    # The query asked again can wait at the server behind the run's next task, rebuilt
+    # once more: that rebuild's query is answered.
+    guard, now = CatchUpGuard(Recorder()), int(time.time())
+
+    def rebuilt_then_queried(run_id: str) -> WorkflowActivationCompletion:
+        instance = guard.create_instance(DETAILS)  # type: ignore[arg-type]
+        instance.activate(act(118, 4000, now - 1, "initialize_workflow", replaying=True, run_id=run_id))
+        instance.activate(act(122, 5000, now, "resolve_activity", run_id=run_id))
+        return instance.activate(query_task(122, 5000, now, run_id=run_id))
+
+    assert rebuilt_then_queried("r1").HasField("failed")
+    assert rebuilt_then_queried("r1").HasField("successful")
+    assert rebuilt_then_queried("r2").HasField("failed")
+
+
+def test_the_query_after_a_refused_catch_up_is_not_refused_twice() -> None:
+    inner = Recorder()
+    instance = CatchUpGuard(inner).create_instance(DETAILS)  # type: ignore[arg-type]
+    assert instance.activate(act(3, 416, 100, "initialize_workflow", replaying=True)).HasField("successful")
+    assert instance.activate(act(7, 416, 100, "fire_timer")).HasField("failed")  # no task started
+    assert instance.activate(query_task(7, 416, 100)).HasField("successful")
+    assert inner.seen == [3, 7]

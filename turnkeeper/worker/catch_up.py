@@ -40,15 +40,16 @@ activities, which turnkeeper never runs).
   does a new run after its first task; so only a run this worker has just
   rebuilt from its history is looked at, and only at its first live
   activation. A run rebuilt for a real task and queried at once pays one
-  refused query and one more replay; the query asked again rebuilds it and it
-  stays cached.
+  refused query and one more replay, once on this worker (`Once`): the query
+  asked again may wait at the server behind the run's next task, whose
+  rebuild would look the same.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -65,6 +66,10 @@ CATCH_UP_MESSAGE = (
     f"{QUERY_CATCH_UP}: a query applied events of a workflow task this worker does not hold; "
     "this worker drops the run and the task replays it whole. Ask again."
 )
+
+
+# Which sign refused an activation, as the worker's log line says.
+NO_TASK, LOST_TASK, QUERY_BEHIND = "no task started", "a lost task's start", "the query behind it"
 
 
 @dataclass(frozen=True)
@@ -129,21 +134,45 @@ class Lag:
         return lag - min(self._lags) > task_timeout.total_seconds() * 1e9
 
 
+class Once:
+    """The runs whose query this worker refused behind a rebuild: a run is refused so at most
+    once, or a query asked again, held back by the server until the next task of the run
+    (rebuilt once more) is done, would be refused again and again. The latest `KEEP`."""
+
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, None] = OrderedDict()
+
+    def first(self, run_id: str) -> bool:
+        if run_id in self._runs:
+            return False
+        self._runs[run_id] = None
+        if len(self._runs) > self.KEEP:
+            self._runs.popitem(last=False)
+        return True
+
+
 class CatchUpGuard(WrappedRunner):
     """`runner`, with every run's catch-up activations failed unseen."""
 
     def __init__(self, runner: WorkflowRunner) -> None:
         super().__init__(runner)
         self._lag = Lag()
+        self._behind = Once()
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _GuardedInstance(self._runner.create_instance(det), self._lag, det.info.task_timeout)
+        inner = self._runner.create_instance(det)
+        return _GuardedInstance(inner, self._lag, self._behind, det.info.task_timeout)
 
 
 class _GuardedInstance(WrappedInstance):
-    def __init__(self, inner: WorkflowInstance, lag: Lag, task_timeout: timedelta | None) -> None:
+    def __init__(
+        self, inner: WorkflowInstance, lag: Lag, behind: Once, task_timeout: timedelta | None
+    ) -> None:
         super().__init__(inner)
         self._lag = lag
+        self._behind = behind
         self._task_timeout = task_timeout or timedelta(seconds=10)  # the server's default
         self._mark: Mark | None = None
         self._rebuilt: bool | None = None  # rebuilt from history, and no live activation or query yet
@@ -152,19 +181,20 @@ class _GuardedInstance(WrappedInstance):
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         stale = self._lag.is_stale(act, self._task_timeout, time.time_ns())
         no_task = is_catch_up(self._mark, act)
-        behind = queries_behind(self._live_at, act)
+        behind = queries_behind(self._live_at, act) and self._behind.first(act.run_id)
+        if stale or no_task or behind:
+            why = NO_TASK if no_task else LOST_TASK if stale else QUERY_BEHIND
+            log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
+            completion = WorkflowActivationCompletion(run_id=act.run_id)
+            completion.failed.failure.message = CATCH_UP_MESSAGE
+            completion.failed.failure.application_failure_info.type = QUERY_CATCH_UP
+            self._live_at, self._rebuilt = None, False  # the run is dropped
+            return completion
         if self._rebuilt is None:
             self._rebuilt = act.is_replaying  # a new run's first activation is live
         self._live_at = live_events(act) if self._rebuilt else None
         if self._live_at is not None or not applies_events(act):
             self._rebuilt = False
-        if stale or no_task or behind:
-            why = "no task started" if no_task else "a lost task's start" if stale else "the query behind it"
-            log.warning("%s run %s at event %d (%s)", QUERY_CATCH_UP, act.run_id, act.history_length, why)
-            completion = WorkflowActivationCompletion(run_id=act.run_id)
-            completion.failed.failure.message = CATCH_UP_MESSAGE
-            completion.failed.failure.application_failure_info.type = QUERY_CATCH_UP
-            return completion
         if applies_events(act):
             self._mark = Mark.of(act)
         return self._inner.activate(act)
