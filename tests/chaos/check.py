@@ -37,13 +37,15 @@ from turnkeeper.subagents import (
     sub_chat_id,
     task_message_id,
 )
-from turnkeeper.worker.catch_up import QUERY_CATCH_UP
+from turnkeeper.worker.catch_up import LOST_TASK, NO_TASK, QUERY_BEHIND, QUERY_CATCH_UP
 
 if TYPE_CHECKING:
     from tests.chaos.harness import Chaos
 
 LOG_BUG_PATTERNS = re.compile(r"nondetermin|Failed activation|Failed handling activation", re.IGNORECASE)
 CATCH_UP_LINE = f"{QUERY_CATCH_UP} run "  # the worker's own line for each refused catch-up
+CATCH_UP = re.compile(re.escape(CATCH_UP_LINE) + r"(\S+) at event (\d+) \((.+)\)")
+SIGNS = {NO_TASK: "no_task_started", LOST_TASK: "lost_task_start", QUERY_BEHIND: "query_behind"}
 
 
 ABNORMAL_RUN = (
@@ -204,6 +206,19 @@ def ended_by_reconciler(histories: list[WorkflowHistory]) -> dict[str, str]:
 # A sub-turn that ended so has a final answer (activities/subagent_activities.py's ANSWERED).
 ANSWERED = {("completed", None), ("recovered", "continued"), ("recovered", "answer_restored")}
 REPORT_ID_PREFIX = "subagent:"
+
+
+def behind_what(hist: WorkflowHistory | None, event_id: int, pid: int | None) -> str:
+    """What the event a "query behind" refusal stood at was: the start of the refusing
+    worker's own task (no catch-up: the sign's price), of another worker's task (the
+    catch-up the sign is for), or an event of a task no worker had started."""
+    if hist is None or not 0 < event_id <= len(hist.events):
+        return "query_behind_at_unknown"
+    ev = hist.events[event_id - 1]
+    if ev.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+        return "query_behind_at_events_no_task_started"
+    owner = ev.workflow_task_started_event_attributes.identity.partition("@")[0]
+    return "query_behind_at_own_task" if owner == str(pid) else "query_behind_at_another_workers_task"
 
 
 def answered(status: str, reason: str | None) -> bool:
@@ -1292,12 +1307,19 @@ class Checker:
     # -- 4. non-determinism -----------------------------------------------------------------------------
     async def _nondeterminism(self, histories: list[WorkflowHistory]) -> None:
         h, report = self.h, self.report
+        pool = getattr(h, "pool", None)  # the workers the run started, each with its log
+        pids = {w.log.name: w.pid for w in pool.lives} if pool else {}
+        runs = {x.run_id: x for x in histories}
         for log in sorted((h.work / "logs").glob("worker-*.log")):
             lines = log.read_text(errors="replace").splitlines()
             for n, line in enumerate(lines, 1):
                 if CATCH_UP_LINE in line:
                     # Refused on purpose: a query's catch-up, the run dropped (turnkeeper/worker/catch_up.py).
                     self.det["query_catch_ups_evicted"] += 1
+                    if m := CATCH_UP.search(line):
+                        self.det[f"catch_ups_{SIGNS.get(m[3], 'other')}"] += 1
+                        if m[3] == QUERY_BEHIND:
+                            self.det[behind_what(runs.get(m[1]), int(m[2]), pids.get(log.name))] += 1
                     continue
                 if LOG_BUG_PATTERNS.search(line):
                     self.fail("worker_log_lines", f"{log.name}:{n}: {line.strip()[:400]}")
