@@ -150,15 +150,18 @@ def refusal(state: TurnState, action: Action, recovery_id: str | None) -> str | 
     return outcome.refusal
 
 
-def shown(state: TurnState) -> TurnState:
+def shown(state: TurnState, recovery_id: str | None = None) -> TurnState:
     """The turn as its user sees and decides it: a turn waiting for a subagent
     that is at a gate of its own shows that gate (`subagent_waiting`, the
-    subagent's recovery id). Its own status is unchanged underneath."""
+    subagent's recovery id). Its own status is unchanged underneath. Several
+    waiting subagents' gates are shown one at a time, and each is this turn's:
+    with `recovery_id`, the one it names, if one does."""
     if state.status not in (_RUNNING, _RESUMING):
         return state
-    waiting = next((v for v in state.subagents if v.mode == "wait" and v.status == _AWAITING), None)
-    if waiting is None:
+    gates = [v for v in state.subagents if v.mode == "wait" and v.status == _AWAITING]
+    if not gates:
         return state
+    waiting = next((v for v in gates if recovery_id is not None and v.recovery_id == recovery_id), gates[0])
     why = waiting.reason.value if waiting.reason else "waiting"
     return state.model_copy(
         update={

@@ -108,7 +108,7 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
             return recovery.NOT_RUNNING
         turn.end_by_user(Reason.STOPPED)
         return None
-    shown = recovery.shown(state)  # a waiting subagent's gate is decided here too
+    shown = recovery.shown(state, recovery_id)  # a waiting subagent's gate is decided here too
     why = recovery.refusal(shown, action, recovery_id)
     if why is not None:
         return why

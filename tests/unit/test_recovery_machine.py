@@ -303,6 +303,10 @@ class Chat(RuleBasedStateMachine):
             assert (shown.status, shown.reason) == (TurnStatus.AWAITING_USER, Reason.SUBAGENT_WAITING)
             assert shown.recovery_id == waiting[0].recovery_id  # the first to ask, first
             assert recovery.refusal(shown, "dismiss", shown.recovery_id) is None
+            for child in waiting:  # each is the turn's gate, named though not shown
+                named = recovery.shown(self.state, child.recovery_id)
+                assert named.recovery_id == child.recovery_id
+                assert recovery.refusal(named, "dismiss", child.recovery_id) is None
         else:
             assert shown == self.state
         if self.state.status not in OPEN_STATUSES:

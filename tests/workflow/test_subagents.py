@@ -201,3 +201,31 @@ async def test_a_gate_two_levels_down_climbs_to_the_chat_and_is_decided_there(st
     events = await stack.event_types(chat)
     assert events.index("recovery_state") < events.index("turn_end")
     assert events.count("recovery_state") == 2  # the gate shown, then gone
+
+
+async def test_a_dismiss_naming_a_waiting_subagents_gate_not_shown_is_taken(stack: Stack) -> None:
+    """A turn waiting for two subagents at gates shows one at a time. A Dismiss naming
+    the other (sent by a chat that saw it shown a moment before) ends the turn and both
+    subagents, as one naming the shown gate does, instead of being refused as stale
+    and leaving both waiting."""
+    ledger = _tools(stack)
+    await stack.start_worker()
+    chat = stack.chat("two-deep")
+    both = " | ".join(
+        "call guarded_write " + json.dumps({"path": f"{name}.txt", "content": name}) for name in "ab"
+    )
+    await stack.send(chat, f"delegate: delegate each: {both}")
+    top = await stack.wait_state(chat, lambda s: bool(s.subagents), timeout=60)
+    middle = await stack.wait_state(
+        top.subagents[0].chat_id,
+        lambda s: len(s.subagents) == 2 and all(g.status == TurnStatus.AWAITING_USER for g in s.subagents),
+        timeout=60,
+    )
+    hidden = next(g for g in middle.subagents if g.recovery_id != middle.recovery_id)
+    await stack.decide(middle.chat_id, "dismiss", hidden.recovery_id)
+    for below in middle.subagents:
+        ended = await stack.wait_state(below.chat_id, lambda s: s.status == TurnStatus.RECOVERED)
+        assert ended.reason == Reason.DISMISSED
+    done = await stack.wait_turn_done(chat, 1, timeout=60)
+    assert done.status == TurnStatus.COMPLETED
+    assert _starts(ledger) == []  # dismissed: neither write ran
