@@ -13,10 +13,10 @@ fails with `QueryCatchUp` in its message, the SDK drops the run from the cache,
 and the task, when it starts, is taken whole from the history. Clients ask once
 more (turnkeeper.client: `query_state`, `decide`).
 
-Two signs are read from the activation itself, which the SDK's core fills from
-the history: `history_length` is the last event applied; `history_size_bytes`
-and `timestamp` come only from a workflow task's start (and from local
-activities, which turnkeeper never runs).
+Three signs are read from the activations, which the SDK's core fills from the
+history: `history_length` is the last event applied; `history_size_bytes` and
+`timestamp` come only from a workflow task's start (and from local activities,
+which turnkeeper never runs).
 
 - **No task started.** New events, while size and time stay where the run's
   previous activation left them: only a query's catch-up applies events
@@ -29,8 +29,7 @@ activities, which turnkeeper never runs).
   refused by the server anyway. Age is read on this worker's clock, less the
   smallest lag among its last 64 live activations, so a clock apart from the
   server's is no sign (docs/decisions/0002).
-
-- **The query right behind a cold load.** A history that ends at the start of
+- **The query behind a rebuild.** A history that ends at the start of
   a task another worker holds at that moment carries that task's own length,
   size and time, exactly as the task does; the SDK applies it live and keeps
   what the run did for a later completion. Only what follows tells: the query
