@@ -10,8 +10,9 @@ so are asyncio and uuid, which the commands read over HTTP never need.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from turnkeeper.chat_ids import check_chat_id
 from turnkeeper.config import Settings
@@ -276,6 +277,41 @@ DECISION_WAIT_S = 10.0
 # replay slower than that); a query refused at once (a catch-up) is asked again at once.
 QUERY_ATTEMPT_S = 5.0
 QUERY_TIMEOUTS_AS_IS = 3
+# Meanwhile, while no answer came, the query is sent once more this often (the ones
+# sent before still count; the first answer wins): one that went down with a killed
+# worker's task is not waited out, and a slow one is not cut short.
+QUERY_AGAIN_S = 1.5
+QUERIES_AT_ONCE = 4
+
+T = TypeVar("T")
+
+
+async def first_answer(
+    ask: Callable[[], Awaitable[T]],
+    every_s: float = QUERY_AGAIN_S,
+    at_most: int = QUERIES_AT_ONCE,
+    until: float | None = None,
+) -> T:
+    """`ask()`'s first answer. While none has come and none has failed, it is asked
+    again every `every_s`, at most `at_most` at once and not past `until` (monotonic);
+    once every one asked has failed, the last error."""
+    import asyncio
+    import time
+
+    asked: set[asyncio.Future[T]] = {asyncio.ensure_future(ask())}
+    try:
+        while True:
+            done, asked = await asyncio.wait(asked, timeout=every_s, return_when=asyncio.FIRST_COMPLETED)
+            for answer in done:
+                if answer.exception() is None:
+                    return answer.result()
+            if not asked:
+                raise next(iter(done)).exception()  # type: ignore[misc]
+            if not done and len(asked) < at_most and (until is None or time.monotonic() < until):
+                asked.add(asyncio.ensure_future(ask()))
+    finally:
+        for answer in asked:
+            answer.cancel()
 
 
 class QueryAttempts:
@@ -333,12 +369,15 @@ async def decide(
     deadline = time.monotonic() + timeout
     # Polled by hand: a query has no RetryPolicy (that retries activities and workflows).
     pause, attempts = 0.01, QueryAttempts()
-    while True:
+
+    def ask() -> Awaitable[TurnState]:
         left = max(deadline - time.monotonic(), 0.5)
+        rpc_timeout = timedelta(seconds=min(left, attempts.seconds))
+        return handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)
+
+    while True:
         try:
-            state = await handle.query(
-                "state", result_type=TurnState, rpc_timeout=timedelta(seconds=min(left, attempts.seconds))
-            )
+            state = await first_answer(ask, until=deadline)
         except (RPCError, WorkflowQueryFailedError) as err:
             attempts.failed(
                 timed_out=isinstance(err, RPCError) and err.status == RPCStatusCode.DEADLINE_EXCEEDED
