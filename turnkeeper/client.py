@@ -400,17 +400,26 @@ async def decide(
 
 
 async def query_state(client: Client, chat_id: str, rpc_timeout: timedelta | None = None) -> TurnState:
-    """The `state` query. A worker that would answer it with events of a workflow task
+    """The `state` query, within `rpc_timeout` in all, asked again while no answer has
+    come (`first_answer`). A worker that would answer it with events of a workflow task
     it does not hold refuses it on purpose (turnkeeper/worker/catch_up.py): asked again,
     the query is answered from the history as it stands."""
+    import time
+
     from temporalio.client import WorkflowQueryFailedError
 
     from turnkeeper.models import TurnState
 
     handle = client.get_workflow_handle(workflow_id(chat_id))
+    until = None if rpc_timeout is None else time.monotonic() + rpc_timeout.total_seconds()
+
+    def ask() -> Awaitable[TurnState]:
+        left = None if until is None else timedelta(seconds=max(until - time.monotonic(), 0.1))
+        return handle.query("state", result_type=TurnState, rpc_timeout=left)
+
     for attempt in range(3):
         try:
-            return await handle.query("state", result_type=TurnState, rpc_timeout=rpc_timeout)
+            return await first_answer(ask, until=until)
         except WorkflowQueryFailedError as err:
             if "QueryCatchUp" not in err.message or attempt == 2:
                 raise
