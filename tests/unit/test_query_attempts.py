@@ -1,4 +1,4 @@
-"""turnkeeper/client.py: what needs no server (the rest is tested against one in tests/workflow)."""
+"""turnkeeper/query_attempts.py: how long a query attempt may take, and asking again while no answer has come."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from turnkeeper.client import QUERY_ATTEMPT_S, QUERY_TIMEOUTS_AS_IS, QueryAttempts, first_answer
+from turnkeeper.query_attempts import QUERY_ATTEMPT_S, QUERY_TIMEOUTS_AS_IS, QueryAttempts, first_answer
 
 
 def test_a_lost_query_is_asked_again_after_the_same_short_wait() -> None:
