@@ -161,6 +161,12 @@ def unserved_s(at_s: float, took_s: float, gaps: list[tuple[float, float]]) -> f
     return total
 
 
+def task_worker_pid(ev: Any) -> int | None:
+    """The pid of the worker that started a workflow task (its identity is `<pid>@<host>`)."""
+    pid = ev.workflow_task_started_event_attributes.identity.partition("@")[0]
+    return int(pid) if pid.isdigit() else None
+
+
 def held_by_killed_workers(
     histories: list[WorkflowHistory], killed_pids: set[int]
 ) -> dict[str, list[tuple[float, float]]]:
@@ -178,8 +184,7 @@ def held_by_killed_workers(
             if et == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
                 scheduled, started = at, None
             elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-                pid = ev.workflow_task_started_event_attributes.identity.partition("@")[0]
-                started = (at, int(pid) if pid.isdigit() else None)
+                started = (at, task_worker_pid(ev))
             elif et == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
                 if started is not None and started[1] in killed_pids:
                     spans[chat_id].append((started[0], at))
@@ -217,8 +222,8 @@ def behind_what(hist: WorkflowHistory | None, event_id: int, pid: int | None) ->
     ev = hist.events[event_id - 1]
     if ev.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
         return "query_behind_at_events_no_task_started"
-    owner = ev.workflow_task_started_event_attributes.identity.partition("@")[0]
-    return "query_behind_at_own_task" if owner == str(pid) else "query_behind_at_another_workers_task"
+    own = pid is not None and task_worker_pid(ev) == pid
+    return "query_behind_at_own_task" if own else "query_behind_at_another_workers_task"
 
 
 def answered(status: str, reason: str | None) -> bool:
