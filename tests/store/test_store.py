@@ -262,6 +262,17 @@ async def test_an_sqlite_store_made_without_the_open_turns_index_gains_it(tmp_pa
         await store.close()
 
 
+async def test_sqlite_stores_opening_one_new_file_at_once_all_open(tmp_path: Path) -> None:
+    """A worker and the page started together both create the file and switch it to WAL."""
+    for round_ in range(40):
+        stores = [SQLiteStore(tmp_path / str(round_) / "sessions.db") for _ in range(3)]
+        try:
+            await asyncio.gather(*(store.open() for store in stores))
+        finally:
+            for store in stores:
+                await store.close()
+
+
 async def test_a_version_1_store_is_migrated_and_keeps_its_rows(backend: Backend) -> None:
     """Version 2 added the drafts table, `summaries` and the `messages_chat_row` index:
     a store made at version 1 gains them when a newer worker opens it, and keeps what

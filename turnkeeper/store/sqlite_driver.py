@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
@@ -77,12 +78,27 @@ def connect(path: Path, create: bool) -> sqlite3.Connection:
     try:
         # busy_timeout first: switching to WAL needs a lock another process may hold.
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        switch_to_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
     except sqlite3.Error as exc:
         conn.close()
         raise open_failure(path, exc) from exc
     return conn
+
+
+def switch_to_wal(conn: sqlite3.Connection) -> None:
+    """Two processes opening a new file at once (a worker and the page) both switch
+    it to WAL; SQLite answers the loser "locked" at once, without its busy handler,
+    so the lock is waited for here, within BUSY_TIMEOUT_S like any other."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.01)
 
 
 def loop_connection(path: Path) -> sqlite3.Connection | None:
