@@ -40,10 +40,10 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from bench._common import dev_server, progress, run_and_exit
 from turnkeeper import client as tk
+from turnkeeper import long_history
 from turnkeeper.config import Settings
 from turnkeeper.models import TURN_TASK_TIMEOUT, TurnState, TurnStatus
 from turnkeeper.worker.main import run_worker
-from turnkeeper.workflows import turn_loop
 from turnkeeper.workflows.chat_turn import ChatTurn
 
 
@@ -98,9 +98,9 @@ async def record(tmp: Path, steps: int, signals: int) -> dict[str, WorkflowHisto
         workers = [asyncio.create_task(run_worker(s, client=client, stop=stop)) for s in (stepping, failing)]
         await asyncio.sleep(0.5)
         out: dict[str, WorkflowHistory] = {}
-        shipped = turn_loop.RUN_HISTORY_EVENTS
+        shipped = long_history.RUN_HISTORY_EVENTS
         try:
-            turn_loop.RUN_HISTORY_EVENTS = 10**9  # one run, as before the bound
+            long_history.RUN_HISTORY_EVENTS = 10**9  # one run, as before the bound
             progress(f"steps: one turn of {steps} tool steps")
             await (await tk.send_message(client, stepping, "steps", tk.new_message("go", stepping))).result()
             out["steps"] = max(await _histories(client, "steps"), key=lambda h: len(h.events))
@@ -118,12 +118,12 @@ async def record(tmp: Path, steps: int, signals: int) -> dict[str, WorkflowHisto
             await asyncio.sleep(2)  # every signal taken by a workflow task
             out["signals"] = max(await _histories(client, "signals"), key=lambda h: len(h.events))
 
-            turn_loop.RUN_HISTORY_EVENTS = shipped
+            long_history.RUN_HISTORY_EVENTS = shipped
             progress(f"bound: the same {steps}-step turn at the shipped bound ({shipped} events)")
             await (await tk.send_message(client, stepping, "bound", tk.new_message("go", stepping))).result()
             out["bound"] = max(await _histories(client, "bound"), key=lambda h: len(h.events))
         finally:
-            turn_loop.RUN_HISTORY_EVENTS = shipped
+            long_history.RUN_HISTORY_EVENTS = shipped
             stop.set()
             await asyncio.gather(*workers)
     return out
@@ -140,20 +140,20 @@ async def main(steps: int, signals: int, repeat: int) -> None:
     )
     print(
         f"cold replay, median of {repeat} (Replayer, no sandbox); task timeout "
-        f"{TURN_TASK_TIMEOUT.total_seconds():g} s, bound {turn_loop.RUN_HISTORY_EVENTS} events"
+        f"{TURN_TASK_TIMEOUT.total_seconds():g} s, bound {long_history.RUN_HISTORY_EVENTS} events"
     )
     print(f"{'history':<10} {'events':>7} {'ms':>8} {'ms/event':>9}")
-    shipped = turn_loop.RUN_HISTORY_EVENTS
+    shipped = long_history.RUN_HISTORY_EVENTS
     for name, history in histories.items():
         # Replayed with the bound it was recorded with, or the replay would hand on.
-        turn_loop.RUN_HISTORY_EVENTS = shipped if name == "bound" else 10**9
+        long_history.RUN_HISTORY_EVENTS = shipped if name == "bound" else 10**9
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
             result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
             times.append(time.perf_counter() - start)
             assert result.replay_failure is None, (name, result.replay_failure)
-        turn_loop.RUN_HISTORY_EVENTS = shipped
+        long_history.RUN_HISTORY_EVENTS = shipped
         ms = statistics.median(times) * 1000
         print(f"{name:<10} {len(history.events):>7} {ms:>8.0f} {ms / len(history.events):>9.3f}")
 

@@ -50,6 +50,15 @@ UNAPPROVED_TOOL_TEXT = (
     "Error: the tool did not run: it waited for the user's approval and the turn ended first."
 )
 
+
+def closing_text(reason: Reason, denied: bool) -> str:
+    """The closing row of a turn its user ended: Stop, Dismiss (Deny at an approval
+    gate, `denied`) or a newer message."""
+    if reason == Reason.DISMISSED:
+        return DENIED_TURN_TEXT if denied else DISMISSED_TEXT
+    return SUPERSEDED_TEXT if reason == Reason.SUPERSEDED else STOPPED_TEXT
+
+
 # --- search attributes, statuses and reasons (contract), a turn's task timeout ---
 # In turnkeeper.statuses, re-exported above: plain Python, so the CLI's short
 # commands use them without loading pydantic.

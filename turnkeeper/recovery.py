@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from turnkeeper.models import OPEN_STATUSES, Reason, TurnState, TurnStatus
+from turnkeeper.models import (
+    OPEN_STATUSES,
+    ApprovalRequest,
+    Reason,
+    ToolCall,
+    ToolCallStatus,
+    ToolCallView,
+    TurnState,
+    TurnStatus,
+)
 
 Action = Literal["continue", "dismiss"]
 
@@ -249,3 +258,44 @@ def ending_of(effect: Effect) -> Reason | None:
         Effect.DENY: Reason.DISMISSED,
         Effect.STOP: Reason.STOPPED,
     }.get(effect)
+
+
+# -- the turn's tool calls as `state` shows them -------------------------------------
+
+
+def show_running(state: TurnState, calls: list[ToolCall]) -> list[ToolCallView]:
+    """The views of a tool step's calls, each running; an approved call keeps the
+    view it showed as pending."""
+    shown = {v.id: v for v in state.tool_calls}
+    views = [
+        shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING) for c in calls
+    ]
+    state.tool_calls.extend(v for v in views if v.id not in shown)
+    return views
+
+
+def ask_approval(state: TurnState, held: list[ToolCall]) -> None:
+    """The held calls show as pending, each with the approval it waits for."""
+    known = {v.id for v in state.tool_calls}
+    pending = [
+        ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING) for c in held if c.id not in known
+    ]
+    state.tool_calls.extend(pending)
+    state.approvals = [
+        ApprovalRequest(
+            id=c.id,
+            name=c.name,
+            arguments=c.arguments,
+            idempotency_key=f"{state.chat_id}/{state.turn}/{c.id}",
+        )
+        for c in held
+    ]
+
+
+def refuse_held(state: TurnState, held: list[ToolCall]) -> None:
+    """The turn ended with calls still waiting for approval: they never ran."""
+    ids = {c.id for c in held}
+    for view in state.tool_calls:
+        if view.id in ids:
+            view.status = ToolCallStatus.ERROR
+    state.approvals = []

@@ -17,8 +17,6 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -84,26 +82,6 @@ def store_write(
         retry_policy=PATIENT_RETRY if patient else STORE_RETRY,
         summary=summary or activity.split(".")[-1],
     )
-
-
-def cause(err: BaseException) -> BaseException | None:
-    return err.cause if isinstance(err, ActivityError) else err
-
-
-def error_type(err: BaseException) -> str | None:
-    c = cause(err)
-    return c.type if isinstance(c, ApplicationError) else None
-
-
-def failure_text(err: BaseException) -> str | None:
-    c = cause(err)
-    return c.message if isinstance(c, ApplicationError) else None
-
-
-def never_started(err: BaseException) -> bool:
-    """No worker took the step within the resume window: it did not run."""
-    c = cause(err)
-    return isinstance(c, TemporalTimeoutError) and c.type == TimeoutType.SCHEDULE_TO_START
 
 
 def tool_summary(call: ToolCall) -> str:

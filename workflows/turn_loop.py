@@ -29,13 +29,12 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io, recovery
+    from turnkeeper import activity_io, long_history, recovery, step_errors
     from turnkeeper import models as rows
     from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.models import (
         OPEN_STATUSES,
         TURN_TASK_TIMEOUT,
-        ApprovalRequest,
         CarryOn,
         ChatTurnInput,
         ModelReply,
@@ -74,11 +73,6 @@ IDLE_TIMEOUT = timedelta(minutes=10)
 MAX_SHUTDOWN_RESCHEDULES = 5
 STORE_WAIT_FIRST_S = 1.0
 STORE_WAIT_MAX_S = 30.0
-# A worker without the run cached replays its history within TURN_TASK_TIMEOUT:
-# about 0.45 s for this many events on an idle 2-core machine (bench/cold_replay.py).
-RUN_HISTORY_EVENTS = 1_000
-# The latest tool calls a handed-on turn keeps showing in `state` (the store keeps all).
-CARRIED_TOOL_CALLS = 256
 
 
 class Flow(Enum):
@@ -323,8 +317,7 @@ class Turn:
                 return
             # A newer message under its retry check is no follow-up yet: the check decides.
             await self.until(lambda: not self._checking)
-            if self.ending is not None:
-                await self._end()
+            if await self._ended():
                 return
             self._hand_on_if_long(step)
             self.inbox.in_flight = self.inbox.take()
@@ -367,18 +360,20 @@ class Turn:
             except (ActivityError, asyncio.CancelledError) as err:
                 if self.ending is not None:
                     return ENDED
-                kind = steps.error_type(err)
+                kind = step_errors.error_type(err)
                 if kind == activity_io.WORKER_SHUTDOWN_ERROR:
                     shutdowns += 1
                     if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
                         continue  # nothing happened outside: the next worker takes it
                 elif kind == activity_io.STORE_UNAVAILABLE_ERROR:  # raised before the provider was asked
-                    await self._store_wait(steps.failure_text(err))
+                    await self._store_wait(step_errors.failure_text(err))
                     continue
                 elif kind == activity_io.MODEL_FAILED_ERROR:  # raised after the messages were committed
-                    return Lost(Reason.MODEL_FAILED, committed=True, detail=steps.failure_text(err))
+                    return Lost(Reason.MODEL_FAILED, committed=True, detail=step_errors.failure_text(err))
                 elif kind == activity_io.CHECKPOINT_INVALID_ERROR:
-                    return Lost(Reason.CHECKPOINT_INVALID, can_continue=False, detail=steps.failure_text(err))
+                    return Lost(
+                        Reason.CHECKPOINT_INVALID, can_continue=False, detail=step_errors.failure_text(err)
+                    )
                 return Lost(Reason.RESTART_REQUIRES_CONFIRMATION)
             self._store_answers()
             if result.began is not None:
@@ -431,13 +426,7 @@ class Turn:
         """Run the model's tool calls in parallel: the reason for a gate if one was lost,
         ENDED when the turn's user ended it meanwhile. A call refused for a store
         outage before it acted runs again once the store is back."""
-        shown = {v.id: v for v in self.state.tool_calls}  # approved calls showed as pending
-        views = [
-            shown.get(c.id) or ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.RUNNING)
-            for c in calls
-        ]
-        self.state.tool_calls.extend(v for v in views if v.id not in shown)
-        todo = list(zip(calls, views, strict=False))
+        todo = list(zip(calls, recovery.show_running(self.state, calls), strict=False))
         lost: list[Reason] = []
         self.delegations.begin_step()
         while True:
@@ -477,13 +466,13 @@ class Turn:
         try:
             result = handle.result()
         except (ActivityError, asyncio.CancelledError) as err:
-            refused = steps.error_type(err) == activity_io.STORE_UNAVAILABLE_ERROR
+            refused = step_errors.error_type(err) == activity_io.STORE_UNAVAILABLE_ERROR
             if refused and self.ending is None:
                 view.status = ToolCallStatus.PENDING
                 return AGAIN  # it never acted: its start could not be recorded
             # It may or may not have acted: never run again. A result it recorded stands.
             view.status = ToolCallStatus.INTERRUPTED
-            unstarted = refused or steps.never_started(err)
+            unstarted = refused or step_errors.never_started(err)
             text = rows.UNSTARTED_TOOL_TEXT if unstarted else rows.INTERRUPTED_TOOL_TEXT
             await self._record_tool(call, "interrupted", text)
             return Reason.RESTART_REQUIRES_CONFIRMATION if unstarted else Reason.TOOL_STATE_UNKNOWN
@@ -500,8 +489,7 @@ class Turn:
     # -- gates ------------------------------------------------------------------------------
     async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> Flow:
         """Wait for the user's decision: CONTINUE (resuming) or ENDED."""
-        if self.ending is not None:
-            await self._end()
+        if await self._ended():
             return ENDED
         if not await self._ensure_turn():
             return ENDED
@@ -511,8 +499,7 @@ class Turn:
         opened.detail = detail
         # Persist, then announce: decisions are taken against the gate once it is written.
         written = await self._write_turn(activity_io.UpdateTurnInput.of(opened))
-        if self.ending is not None:
-            await self._end()
+        if await self._ended():
             return ENDED
         if not written.written:
             return await self._store_ended(written)
@@ -531,8 +518,7 @@ class Turn:
             self._hand_on_if_long()
             self.take(await self.inputs.next())
         workflow.set_current_details("")
-        if self.ending is not None:
-            await self._end()
+        if await self._ended():
             return ENDED
         self.delegations.tell_parent()
         written = await self._write_turn(activity_io.UpdateTurnInput.of(self.state))
@@ -555,19 +541,7 @@ class Turn:
 
     async def _approval(self) -> bool:
         """The held calls wait for approval, then run once. True when the turn goes on."""
-        s = self.state
-        known = {v.id for v in s.tool_calls}
-        s.tool_calls.extend(
-            ToolCallView(id=c.id, name=c.name, status=ToolCallStatus.PENDING)
-            for c in self.held
-            if c.id not in known
-        )
-        s.approvals = [
-            ApprovalRequest(
-                id=c.id, name=c.name, arguments=c.arguments, idempotency_key=f"{s.chat_id}/{s.turn}/{c.id}"
-            )
-            for c in self.held
-        ]
+        recovery.ask_approval(self.state, self.held)
         if await self._gate(Reason.APPROVAL_REQUIRED) != CONTINUE:
             return False
         calls, self.held, self.state.approvals = self.held, [], []
@@ -582,6 +556,13 @@ class Turn:
         return not isinstance(lost, Reason) or await self._gate(lost) == CONTINUE
 
     # -- endings --------------------------------------------------------------------------------
+    async def _ended(self) -> bool:
+        """The turn's user ended it: it is closed now."""
+        if self.ending is None:
+            return False
+        await self._end()
+        return True
+
     async def _end(self) -> None:
         """Stop, Dismiss or a newer message ended the turn: keep what is known, add one
         closing row. Dismiss commits the follow-ups pending when it came as user rows;
@@ -598,10 +579,8 @@ class Turn:
         denied = bool(self.held) and reason == Reason.DISMISSED
         if self.held:
             # Held calls never ran: each gets its row (the closing write would call them interrupted).
-            held, self.held, self.state.approvals = self.held, [], []
-            for view in self.state.tool_calls:
-                if view.id in {c.id for c in held}:
-                    view.status = ToolCallStatus.ERROR
+            held, self.held = self.held, []
+            recovery.refuse_held(self.state, held)
             for call in held:
                 await self._record_tool(
                     call, "error", rows.DENIED_TOOL_TEXT if denied else rows.UNAPPROVED_TOOL_TEXT
@@ -613,11 +592,7 @@ class Turn:
         elif self._stopped_by_parent():  # its task is no next turn: the transcript keeps it
             commit = [m for m in self.inbox.waiting if m.message_id == self.delegations.task_id()]
             self.inbox.drop({m.message_id for m in commit})
-        text = {
-            Reason.DISMISSED: rows.DENIED_TURN_TEXT if denied else rows.DISMISSED_TEXT,
-            Reason.SUPERSEDED: rows.SUPERSEDED_TEXT,
-        }.get(reason, rows.STOPPED_TEXT)
-        await self._finish(text, commit)
+        await self._finish(rows.closing_text(reason, denied), commit)
 
     def _stopped_by_parent(self) -> bool:
         """A subagent's run cancelled: its parent's turn ended (Stop, Dismiss, a newer message)."""
@@ -660,9 +635,9 @@ class Turn:
             try:
                 result: R = handle.result()
             except ActivityError as err:
-                if steps.error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
+                if step_errors.error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
                     raise  # the run fails; the reconciler finds its turn
-                await self._store_wait(steps.failure_text(err), cancel_on_end=False)
+                await self._store_wait(step_errors.failure_text(err), cancel_on_end=False)
                 continue
             self._store_answers()
             return result
@@ -704,42 +679,20 @@ class Turn:
             or self.decided
         )
 
-    def _history_long(self) -> bool:
-        info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > RUN_HISTORY_EVENTS
-
     def _hand_on_if_long(self, step: int | None = None) -> None:
         """A long history goes on in a fresh run of the same turn: between steps
         (`step`) as a carried-on turn, at a gate as the same gate."""
-        if not (self._history_long() and self._quiet_now()) or (step is not None and self.held):
+        info = workflow.info()
+        if not long_history.too_long(info.get_current_history_length(), info.is_continue_as_new_suggested()):
             return
-        s, carry_on, gate = self.state, None, None
-        if step is not None:
-            kept: dict[str, Any] = {"pending_followups": [], "approvals": [], "decisions": []}
-            carried = s.model_copy(update={**kept, "tool_calls": s.tool_calls[-CARRIED_TOOL_CALLS:]})
-            carry_on = CarryOn(state=carried, step=step)
-        else:
-            assert s.reason is not None  # a gate always has one
+        if not self._quiet_now() or (step is not None and self.held):
+            return
+        if step is None:
             self.inbox.return_in_flight()
-            gate = RecoveryStart(
-                turn=s.turn,
-                reason=s.reason,
-                can_continue=s.can_continue,
-                recovery_id=s.recovery_id,
-                attempts=s.attempts,
-                detail=s.detail,
-                approvals=list(self.held),
-            )
-        workflow.continue_as_new(
-            ChatTurnInput(
-                chat_id=s.chat_id,
-                pending=self.inbox.waiting,
-                carry_on=carry_on,
-                recovery=gate,
-                parent=self.delegations.link,
-            ),
-            task_timeout=TURN_TASK_TIMEOUT,
+        next_run = long_history.next_run(
+            self.state, self.inbox.waiting, self.delegations.link, step=step, held=self.held
         )
+        workflow.continue_as_new(next_run, task_timeout=TURN_TASK_TIMEOUT)
 
 
 def _show_result(handle: asyncio.Future[Any], view: ToolCallView) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from turnkeeper import recovery
-from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper import models as rows
+from turnkeeper.models import Reason, ToolCall, ToolCallStatus, TurnState, TurnStatus
 
 GATE_ID = "rec-1"
 
@@ -119,3 +120,36 @@ def test_deny_ends_the_turn_dismissed() -> None:
     recovery.end_recovered(state, Reason.DISMISSED)
     assert (state.status, state.reason, state.approvals) == (TurnStatus.RECOVERED, Reason.DISMISSED, [])
     assert recovery.refusal(state, "continue", GATE_ID) == recovery.NOT_WAITING
+
+
+def test_held_calls_show_pending_with_their_approvals_then_run_in_the_same_views() -> None:
+    state = TurnState(chat_id="c", turn=3)
+    held = [ToolCall(id="t1", name="deploy", arguments='{"s": "web"}')]
+    recovery.ask_approval(state, held)
+    assert [(v.id, v.status) for v in state.tool_calls] == [("t1", ToolCallStatus.PENDING)]
+    assert [(a.id, a.idempotency_key) for a in state.approvals] == [("t1", "c/3/t1")]
+    views = recovery.show_running(state, [*held, ToolCall(id="t2", name="read", arguments="{}")])
+    assert views[0] is state.tool_calls[0]  # the approved call keeps its view
+    assert [v.id for v in state.tool_calls] == ["t1", "t2"] and views[1].status == ToolCallStatus.RUNNING
+
+
+def test_held_calls_of_a_turn_ended_otherwise_show_as_errors() -> None:
+    state = TurnState(chat_id="c", turn=1)
+    held = [ToolCall(id="t1", name="deploy", arguments="{}")]
+    recovery.ask_approval(state, held)
+    recovery.refuse_held(state, held)
+    assert [(v.id, v.status) for v in state.tool_calls] == [("t1", ToolCallStatus.ERROR)]
+    assert state.approvals == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "denied", "text"),
+    [
+        (Reason.DISMISSED, False, rows.DISMISSED_TEXT),
+        (Reason.DISMISSED, True, rows.DENIED_TURN_TEXT),
+        (Reason.SUPERSEDED, False, rows.SUPERSEDED_TEXT),
+        (Reason.STOPPED, False, rows.STOPPED_TEXT),
+    ],
+)
+def test_a_turn_its_user_ended_closes_with_the_row_for_how(reason: Reason, denied: bool, text: str) -> None:
+    assert rows.closing_text(reason, denied) == text

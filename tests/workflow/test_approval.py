@@ -225,9 +225,9 @@ async def test_a_waiting_approval_handed_on_keeps_its_calls(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gate whose history grows long goes on in a fresh run: the calls still wait."""
-    from turnkeeper.workflows import turn_loop
+    from turnkeeper import long_history
 
-    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(long_history, "RUN_HISTORY_EVENTS", 60)
     ledger = stack.ws / "ledger.txt"  # where the tool writes it in-process too
     _tools(stack, ledger)
     stack.script([{"tool_calls": [_call("guarded_write", path="h.txt", content="h")]}, {"text": "written"}])

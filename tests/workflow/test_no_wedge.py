@@ -388,9 +388,9 @@ async def test_a_gate_whose_history_grows_long_hands_itself_on(
 ) -> None:
     """Refused signals at a gate add to its history: past the bound the gate goes on
     in a fresh run of the same turn, with the same recovery id and pending messages."""
-    from turnkeeper.workflows import turn_loop
+    from turnkeeper import long_history
 
-    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 60)
+    monkeypatch.setattr(long_history, "RUN_HISTORY_EVENTS", 60)
     with FakeChatServer([{"status": 400, "message": "no"}], responder=_ok) as server:
         _fake_model(stack, server)
         await stack.start_worker(TURNKEEPER_WORKFLOW_SANDBOX="off")  # so the bound above applies
@@ -424,9 +424,9 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
     """Between two steps, a run past the history bound hands the turn on to a fresh
     run (continue-as-new), which takes the next step: every tool runs once, a
     follow-up sent meanwhile lands once, and the turn ends as one turn."""
-    from turnkeeper.workflows import turn_loop
+    from turnkeeper import long_history
 
-    monkeypatch.setattr(turn_loop, "RUN_HISTORY_EVENTS", 25)
+    monkeypatch.setattr(long_history, "RUN_HISTORY_EVENTS", 25)
     ledger = stack.dir / "ledger.txt"
     monkeypatch.setenv("TK_LEDGER", str(ledger))  # the tools run in this process
     stack.env_extra.update(
@@ -472,7 +472,7 @@ async def test_a_running_turn_whose_history_grows_long_hands_itself_on(
 async def test_a_turn_of_many_steps_goes_on_in_fresh_runs_at_the_real_bound(stack: Stack) -> None:
     """At the shipped bound: a turn of 150 steps is taken by at least two runs, none of
     whose histories passes the bound by more than one step, and ends as one turn."""
-    from turnkeeper.workflows.turn_loop import RUN_HISTORY_EVENTS
+    from turnkeeper.long_history import RUN_HISTORY_EVENTS
 
     steps = 150
     stack.script(
