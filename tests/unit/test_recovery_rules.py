@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from turnkeeper import recovery
 from turnkeeper import models as rows
+from turnkeeper import recovery
 from turnkeeper.models import Reason, ToolCall, ToolCallStatus, TurnState, TurnStatus
 
 GATE_ID = "rec-1"
