@@ -22,13 +22,13 @@ RECOVERY_REASON = "RecoveryReason"
 RECONCILE_OUTCOME = "ReconcileOutcome"
 SEARCH_ATTRIBUTE_NAMES = (CHAT_ID, TURN_STATUS, RECOVERY_REASON, RECONCILE_OUTCOME)
 
-# A turn's workflow tasks are short (store calls of a few ms, at most the store's
-# lock wait; the SDK extends a task whose local activities run long): when the
-# worker holding one dies, the next worker takes the turn, with the updates and
-# signals that wait behind it, after this instead of Temporal's default 10 s. A
-# worker without the turn cached replays its whole history within this too, and
-# no run's history grows past what replays in about half a second
-# (workflows/history_bound.py). Every start and continue-as-new of a turn sets it.
+# A turn's workflow tasks are short (the loop's own decisions; every step and
+# store write is an activity): when the worker holding one dies, the next worker
+# takes the turn, with the signals that wait behind it, after this instead of
+# Temporal's default 10 s. A worker without the turn cached replays its whole
+# history within this too, and no run's history grows past what replays in about
+# half a second (turnkeeper/long_history.py). Every start and continue-as-new of
+# a turn sets it.
 TURN_TASK_TIMEOUT = timedelta(seconds=2)
 
 # --- statuses and reasons (contract) -------------------------------------------

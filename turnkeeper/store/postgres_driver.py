@@ -40,7 +40,7 @@ handing it back: then its connection is cut off and it fails as
 StoreUnavailable. The driver can wait without end on a connection the server
 cut off in the middle of a call, and a turn must not sit in `running` behind
 it. Longer than a write's wait for its chat's lock (`LOCK_TIMEOUT_S`), shorter
-than a store local activity's own timeout (30 s), so such a call ends as an
+than a store activity's own timeout (30 s), so such a call ends as an
 outage the turn waits out."""
 
 

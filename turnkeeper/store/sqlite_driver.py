@@ -29,9 +29,8 @@ T = TypeVar("T")
 log = logging.getLogger("turnkeeper.store")
 
 # A write waits this long for another process's lock before it counts as an outage
-# (StoreUnavailable): the turn then waits visibly and tries again. Store calls run
-# as local activities inside a workflow task, and updates and signals wait behind
-# that task: this keeps one call well under the task's timeout (TURN_TASK_TIMEOUT).
+# (StoreUnavailable): the turn then shows `store_unavailable` and tries again,
+# rather than sitting in `running` behind a lock another process holds.
 BUSY_TIMEOUT_S = 1.0
 # After a write timed out on the lock, the writes queued behind it on the store
 # thread fail at once for this long instead of each waiting BUSY_TIMEOUT_S in turn.

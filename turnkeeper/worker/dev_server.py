@@ -62,7 +62,7 @@ TASK_DISPATCH: Mapping[str, object] = {
 # 10,000 in about 3 s, which no retry of the task would ever finish. A message past
 # the cap is refused by the server, so `send` fails visibly and nothing is
 # acknowledged that the turn does not keep. Long runs also hand themselves on
-# between steps and at gates (workflows/history_bound.py).
+# between steps and at gates (turnkeeper/long_history.py).
 SIGNALS_PER_RUN = 1000
 HISTORY_LIMITS: Mapping[str, object] = {"history.maximumSignalsPerExecution": SIGNALS_PER_RUN}
 # The server marks a run whose workflow task failed or timed out this many times in
