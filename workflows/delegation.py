@@ -23,14 +23,11 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io, recovery, subagents
     from turnkeeper.models import (
         TURN_TASK_TIMEOUT,
-        ChatTurnInput,
-        NewEvent,
         SubagentLink,
         SubagentView,
         ToolCall,
         TurnState,
         TurnStatus,
-        UserMessage,
     )
     from turnkeeper.payloads.raw import Undecodable, decode_payload
     from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
@@ -82,23 +79,10 @@ class Delegations:
             why = str(refused)
         if why is not None:
             done: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-            # Recorded by the loop, as a tool result the store could not take at once is.
-            done.set_result(
-                Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
-            )
+            done.set_result(subagents.error_result(call, why))
             return done
-        sub = subagents.sub_chat_id(s.chat_id, s.turn, call.id)
-        link = SubagentLink(
-            parent_chat_id=s.chat_id,
-            parent_workflow_id=workflow.info().workflow_id,
-            parent_turn=s.turn,
-            tool_call_id=call.id,
-            depth=depth,
-            mode=args.mode,
-            profile=args.profile,
-            task=args.task,
-        )
-        view = subagents.view_of(TurnState(chat_id=sub), link, f"chat-{sub}")
+        link = subagents.link_of(s, workflow.info().workflow_id, call.id, depth, args)
+        view = subagents.first_view(link)
         s.subagents.append(view)
         future = asyncio.ensure_future(self._delegate(call, link, view))
         self._views[future] = view
@@ -110,16 +94,15 @@ class Delegations:
         await steps.store_write(
             activity_io.SUBAGENT_START, start, summary="delegate: record start", patient=True
         )
-        task = UserMessage(message_id=subagents.task_message_id(call.id), text=link.task, sender="delegate")
         wait = link.mode == "wait"
         if view.chat_id in self._stopping or (not wait and self._turn.ending is not None):
             view.status = TurnStatus.RECOVERED
             why = "Error: the turn ended before the subagent started; it did not start"
-            return Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
+            return subagents.error_result(call, why)
         try:
             child = await workflow.start_child_workflow(
                 "ChatTurn",
-                ChatTurnInput(chat_id=view.chat_id, pending=[task], parent=link),
+                subagents.child_input(view.chat_id, link),
                 id=view.workflow_id,
                 result_type=TurnState,
                 task_timeout=TURN_TASK_TIMEOUT,
@@ -141,19 +124,10 @@ class Delegations:
         except ChildWorkflowError as err:
             view.status = TurnStatus.FAILED
             why = f"Error: the subagent in chat {view.chat_id} failed: {err.cause or err}"
-            return Result(tool_call_id=call.id, name=call.name, status="error", content=why, recorded=False)
+            return subagents.error_result(call, why)
         if ended is not None:
             view.status, view.reason, view.recovery_id = ended.status, ended.reason, ended.recovery_id
-        record = activity_io.SubagentResultInput(
-            chat_id=s.chat_id,
-            turn=s.turn,
-            call=call,
-            sub_chat_id=view.chat_id,
-            sub_turn=ended.turn if ended else 0,
-            sub_status=ended.status if ended else TurnStatus.RUNNING,
-            sub_reason=ended.reason if ended else None,
-            background=not wait,
-        )
+        record = subagents.result_record(s, call, view.chat_id, ended, background=not wait)
         handle = steps.store_write(
             activity_io.SUBAGENT_RESULT, record, Result, summary="delegate: record answer", patient=True
         )
@@ -168,33 +142,23 @@ class Delegations:
             workflow.logger.warning("chat %s: unreadable subagent news", self._turn.state.chat_id)
             return
         before = recovery.shown(self._turn.state)
-        for view in self._turn.state.subagents:
-            if view.chat_id == news.chat_id and view.status in (TurnStatus.RUNNING, *_GATED):
-                view.status, view.reason = news.status, news.reason
-                view.recovery_id, view.can_continue = news.recovery_id, news.can_continue
+        subagents.take_news(self._turn.state.subagents, news)
         self._shown_since(before)
 
     def forward(self, action: str, recovery_id: str | None) -> None:
         """Continue or Dismiss given here for a subagent's gate: the subagent takes it."""
         before = recovery.shown(self._turn.state)
-        for view in self._turn.state.subagents:
-            if view.mode == "wait" and view.status == _AWAITING and view.recovery_id == recovery_id:
-                view.status = TurnStatus.RESUMING if action == "continue" else TurnStatus.RECOVERED
-                _signal(view.workflow_id, action, {"recovery_id": recovery_id})
+        for view in subagents.decide(self._turn.state.subagents, action, recovery_id):
+            _signal(view.workflow_id, action, {"recovery_id": recovery_id})
         self._shown_since(before)
 
     def _shown_since(self, before: TurnState) -> None:
         """A subagent's gate shown or gone: the search attributes and the chat's event log say so."""
         self._turn.upsert()
-        s = recovery.shown(self._turn.state)
-        if (s.status, s.reason, s.recovery_id) == (before.status, before.reason, before.recovery_id):
-            return
-        shown = {"turn": s.turn, "status": s.status.value, "reason": s.reason.value if s.reason else None}
-        more = {"recovery_id": s.recovery_id, "can_continue": s.can_continue, "attempts": s.attempts}
-        self._turn.announcements.add(
-            NewEvent(type="recovery_state", payload={**shown, **more, "detail": s.detail})
-        )
-        self.tell_parent()
+        event = subagents.gate_event(before, recovery.shown(self._turn.state))
+        if event is not None:
+            self._turn.announcements.add(event)
+            self.tell_parent()
 
     def dismiss_waiting(self) -> None:
         """The delegating turn is dismissed: so are its subagents waiting at a gate."""
@@ -217,16 +181,7 @@ class Delegations:
 
     def report(self) -> activity_io.ReportToParentInput | None:
         """What a background subagent's ended turn sends its parent's chat."""
-        s = self._turn.state
-        if self.link is None or self.link.mode != "background" or not s.turn:
-            return None
-        return activity_io.ReportToParentInput(
-            sub_chat_id=s.chat_id, sub_turn=s.turn, sub_status=s.status, sub_reason=s.reason, parent=self.link
-        )
-
-
-_AWAITING = TurnStatus.AWAITING_USER
-_GATED = (_AWAITING, TurnStatus.RESUMING)
+        return subagents.report(self._turn.state, self.link)
 
 
 def _signal(workflow_id: str, name: str, arg: Any) -> None:
