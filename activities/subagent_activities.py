@@ -6,14 +6,22 @@ writes, a `StoreUnavailable` is raised as it is (its failure's type is
 
 from __future__ import annotations
 
+import asyncio
+import time
+from datetime import timedelta
+from typing import Literal
+
 from temporalio import activity
+from temporalio.client import WorkflowQueryFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from turnkeeper import activity_io
 from turnkeeper import client as tk
 from turnkeeper.activities.store_activities import beating
 from turnkeeper.activities.tools.registry import truncate_output
 from turnkeeper.config import Settings
-from turnkeeper.models import Reason, SubagentLink, TurnStatus, UserMessage
+from turnkeeper.models import Event, Reason, SubagentLink, TurnStatus, UserMessage
 from turnkeeper.store import CorruptRowError, SessionStore
 from turnkeeper.subagents import (
     DELEGATE_TOOL,
@@ -32,6 +40,24 @@ ANSWERED = frozenset(
 )
 ANSWERED_HEAD = "Subagent (chat {chat}, task: {task}) answered:\n"
 UNANSWERED_HEAD = "Subagent (chat {chat}, task: {task}) ended without an answer:\n"
+
+# A report is sent until the parent's chat has taken it: a chat holding nearly its
+# pending bound refuses it (`message_rejected`), and remembers nothing of it.
+PARENT_CHAT_FULL = "ParentChatFull"
+REPORT_NOT_JUDGED = "ReportNotJudged"
+# Of the attempt's start_to_close: the rest is the margin for a slow store read.
+WAIT_SHARE = 2 / 3
+POLL_S = 0.25
+QUERY_EVERY_S = 1.0
+QUERY_S = 5.0
+EVENT_PAGE = 1000
+# The parent frees its pending bytes as a model call that took them ends (its reply
+# row) or its turn does; the report goes again a moment after, once its run has seen it.
+ROOM_EVENTS = frozenset({"assistant_message", "turn_end"})
+ROOM_PAUSE_S = 0.5
+# An attempt that found the chat full has waited for room already: the next one
+# need not back off further.
+NEXT_ATTEMPT = timedelta(seconds=1)
 
 
 def allowed_tools(settings: Settings, subagent: SubagentLink | None) -> tuple[str, ...]:
@@ -132,14 +158,94 @@ class SubagentActivities:
     async def report_to_parent(self, inp: activity_io.ReportToParentInput) -> None:
         """A background subagent's answer becomes a user message in its parent's chat,
         sent with the worker's own client. One message id per sub-turn: a retry is
-        the same message, which the chat takes once."""
+        the same message, which the chat takes once. Returns once the parent's chat
+        holds it (a user row, or pending in its run); while the chat refuses it for
+        being full, it is sent again as the chat frees room, and the attempt fails
+        retryably when its time is up without the chat's word."""
+        limit = activity.info().start_to_close_timeout or timedelta(seconds=30)
+        deadline = time.monotonic() + limit.total_seconds() * WAIT_SHARE
+        parent = inp.parent.parent_chat_id
+        message_id = report_message_id(inp.sub_chat_id, inp.sub_turn)
+        if await self._store.held_message_ids(parent, [message_id]):
+            return  # a retry after the chat committed it
         answered, words = await self._ending(inp.sub_chat_id, inp.sub_turn, inp.sub_status, inp.sub_reason)
         message = UserMessage(
-            message_id=report_message_id(inp.sub_chat_id, inp.sub_turn),
+            message_id=message_id,
             text=self.report_message_text(inp.sub_chat_id, inp.parent.task, answered, words),
             sender=SUBAGENT_SENDER,
         )
-        await tk.send_message(activity.client(), self._settings, inp.parent.parent_chat_id, message)
+        while True:
+            # Only a refusal after this send counts: an earlier attempt's may come late.
+            after = await self._store.follow_from(parent)
+            await tk.send_message(activity.client(), self._settings, parent, message)
+            verdict = await self._verdict(parent, message_id, after, deadline)
+            if verdict is True:
+                return
+            if verdict is None:
+                raise ApplicationError(
+                    f"the parent chat {parent} has neither taken nor refused report {message_id} yet; "
+                    "it is sent again",
+                    type=REPORT_NOT_JUDGED,  # the parent's run or the store is slow: back off
+                )
+            refused_at, why = verdict
+            if not await self._room(parent, refused_at, deadline):
+                raise ApplicationError(
+                    f"the parent chat {parent} is full ({why}); report {message_id} is sent again",
+                    type=PARENT_CHAT_FULL,
+                    next_retry_delay=NEXT_ATTEMPT,
+                )
+
+    async def _verdict(
+        self, parent: str, message_id: str, after: int, deadline: float
+    ) -> Literal[True] | tuple[int, str] | None:
+        """True once the parent's chat holds the message (a user row, or pending in its
+        run: the next run's after a continue-as-new), (seq, reason) of a refusal logged
+        after `after`, None when neither is known by `deadline`."""
+        query_at = time.monotonic()
+        while time.monotonic() < deadline:
+            if await self._store.held_message_ids(parent, [message_id]):
+                return True
+            for event in await self._events_after(parent, after):
+                after = event.seq
+                if event.type == "message_rejected" and event.payload.get("message_id") == message_id:
+                    return event.seq, str(event.payload.get("reason"))
+            if time.monotonic() >= query_at:
+                if await self._pending_in_run(parent, message_id, deadline):
+                    return True
+                query_at = time.monotonic() + QUERY_EVERY_S
+            await asyncio.sleep(POLL_S)
+        return None
+
+    async def _room(self, parent: str, after: int, deadline: float) -> bool:
+        """Whether a model call or the turn of the parent's chat ended after `after`,
+        before `deadline`."""
+        while time.monotonic() < deadline:
+            events = await self._events_after(parent, after)
+            if any(e.type in ROOM_EVENTS for e in events):
+                await asyncio.sleep(ROOM_PAUSE_S)
+                return True
+            after = events[-1].seq if events else after
+            await asyncio.sleep(POLL_S)
+        return False
+
+    async def _events_after(self, chat_id: str, after: int) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            page = await self._store.events(chat_id, after_seq=after, limit=EVENT_PAGE)
+            out.extend(page)
+            if len(page) < EVENT_PAGE:
+                return out
+            after = page[-1].seq
+
+    async def _pending_in_run(self, chat_id: str, message_id: str, deadline: float) -> bool:
+        """Whether the chat's run lists the message among its pending ones; False when
+        its `state` query is not answered in time."""
+        wait = min(QUERY_S, max(deadline - time.monotonic(), 0.1))
+        try:
+            state = await tk.query_state(activity.client(), chat_id, rpc_timeout=timedelta(seconds=wait))
+        except (RPCError, WorkflowQueryFailedError):
+            return False
+        return message_id in state.pending_followups
 
     def report_message_text(self, sub_chat_id: str, task: str, answered: bool, words: str) -> str:
         # Within both limits the parent's run judges a message by (its text, and the

@@ -13,6 +13,7 @@ import pytest
 from tests.support import Stack, until, until_async
 from turnkeeper import client as tk
 from turnkeeper.models import Reason, TurnState, TurnStatus
+from turnkeeper.subagents import SUBAGENT_SENDER, report_message_id
 
 
 def _tools(stack: Stack, **extra: str) -> Path:
@@ -84,6 +85,48 @@ async def test_background_mode_answers_later_as_one_message_in_the_parents_chat(
     ]
     assert len(reports) == 1 and "b.txt" in str(reports[0]["content"])
     assert (stack.ws / "b.txt").read_text() == "bye"
+
+
+async def test_a_report_the_full_parent_chat_refused_arrives_once_the_chat_has_room(stack: Stack) -> None:
+    """The report comes while the parent's chat holds nearly its pending bound: refused,
+    then sent again once the parent's turn has answered, and taken once."""
+    ledger = _tools(stack, TURNKEEPER_MAX_PENDING_BYTES="4096")
+    await stack.start_worker()
+    chat = stack.chat("full")
+    await stack.send(chat, 'delegate in background: call guarded_write {"path": "f.txt", "content": "f"}')
+    (sub,) = (await stack.wait_turn_done(chat, 1)).subagents
+    gate = await stack.wait_state(sub.chat_id, lambda s: s.reason == Reason.APPROVAL_REQUIRED)
+    # The parent's next turn runs a slow tool while a follow-up fills its pending bound.
+    await stack.send(chat, _slow("p.txt", 5))
+    await until(lambda: bool(_starts(ledger)), what="the parent's tool started")
+    await stack.send(chat, "x" * 3900, message_id="big")
+    await stack.wait_state(chat, lambda s: "big" in s.pending_followups)
+    await stack.decide(sub.chat_id, "continue", gate.recovery_id)  # the subagent answers now
+    report = report_message_id(sub.chat_id, 1)
+    store = await stack.store()
+
+    async def refused() -> bool:
+        return any(
+            e.type == "message_rejected" and e.payload.get("message_id") == report
+            for e in await store.events(chat)
+        )
+
+    async def reports() -> list[str]:
+        return [r.message_id or "" for r in await store.transcript_rows(chat) if r.message_id == report]
+
+    async def arrived() -> bool:
+        return bool(await reports())
+
+    await until_async(refused, 15, "the report refused by the full chat")
+    await until_async(arrived, 20, "the report in the parent's chat")
+    await stack.wait_state(chat, lambda s: s.status == TurnStatus.COMPLETED and not s.pending_followups)
+    assert await reports() == [report]
+    taken = [
+        e for e in await store.events(chat) if e.type == "user_message" and e.payload["message_id"] == report
+    ]
+    assert [e.payload["sender"] for e in taken] == [SUBAGENT_SENDER]
+    history = await stack.history(chat)
+    assert f"A subagent reported back (chat {sub.chat_id})" in str(history[-1]["content"])
 
 
 async def test_depth_is_bounded_a_subagent_below_the_limit_cannot_delegate(stack: Stack) -> None:
