@@ -197,32 +197,21 @@ async def send_message(
 
     Raises `turnkeeper.chat_ids.InvalidChatId` for a chat id outside its rule."""
     check_chat_id(chat_id)
-    from temporalio.common import (
-        SearchAttributePair,
-        TypedSearchAttributes,
-        WorkflowIDConflictPolicy,
-        WorkflowIDReusePolicy,
-    )
+    from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+    from turnkeeper import search_attributes
     from turnkeeper.models import (
         TURN_TASK_TIMEOUT,
         ChatTurnInput,
         TurnState,
-        TurnStatus,
     )
-    from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
 
     common: dict[str, Any] = {
         "id": workflow_id(chat_id),
         "task_queue": settings.task_queue,
         "task_timeout": TURN_TASK_TIMEOUT,
         # Set at start so the new run need not upsert them (ignored for a running one).
-        "search_attributes": TypedSearchAttributes(
-            [
-                SearchAttributePair(CHAT_ID_ATTR, chat_id),
-                SearchAttributePair(TURN_STATUS_ATTR, TurnStatus.RUNNING.value),
-            ]
-        ),
+        "search_attributes": search_attributes.at_start(chat_id),
         "id_reuse_policy": WorkflowIDReusePolicy.ALLOW_DUPLICATE,
         "result_type": TurnState,
         "static_summary": run_summary(chat_id),

@@ -13,14 +13,12 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import RawValue
 from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ChildWorkflowCancellationType, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
-
-    from turnkeeper import activity_io, recovery, subagents
+    from turnkeeper import activity_io, recovery, search_attributes, subagents
     from turnkeeper.models import (
         TURN_TASK_TIMEOUT,
         SubagentLink,
@@ -29,8 +27,7 @@ with workflow.unsafe.imports_passed_through():
         TurnState,
         TurnStatus,
     )
-    from turnkeeper.payloads.raw import Undecodable, decode_payload
-    from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
+    from turnkeeper.payloads.raw import Malformed, read_news
     from turnkeeper.workflows import steps
 
 if TYPE_CHECKING:
@@ -109,12 +106,7 @@ class Delegations:
                 # A waiting turn's child ends with it; a background one goes on alone.
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL if wait else ParentClosePolicy.ABANDON,
                 cancellation_type=ChildWorkflowCancellationType.WAIT_CANCELLATION_COMPLETED,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(CHAT_ID_ATTR, view.chat_id),
-                        SearchAttributePair(TURN_STATUS_ATTR, "running"),
-                    ]
-                ),
+                search_attributes=search_attributes.at_start(view.chat_id),
                 static_summary=f"subagent: {subagents.shown_task(link.task)[:100]}",
             )
             self._children[view.chat_id] = child
@@ -137,8 +129,8 @@ class Delegations:
     def news(self, payload: RawValue | None) -> None:
         """A waiting subagent's gate opened or closed: its parent shows it."""
         try:
-            news = SubagentView.model_validate(decode_payload(payload))
-        except (Undecodable, ValidationError):
+            news = read_news(payload)
+        except Malformed:
             workflow.logger.warning("chat %s: unreadable subagent news", self._turn.state.chat_id)
             return
         before = recovery.shown(self._turn.state)

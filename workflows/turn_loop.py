@@ -29,7 +29,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.workflow import ContinueAsNewVersioningBehavior
 
 with workflow.unsafe.imports_passed_through():
-    from turnkeeper import activity_io, long_history, recovery, step_errors
+    from turnkeeper import activity_io, long_history, recovery, search_attributes, step_errors
     from turnkeeper import models as rows
     from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
     from turnkeeper.models import (
@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         TurnStatus,
         UserMessage,
     )
-    from turnkeeper.search_attributes import CHAT_ID_ATTR, RECOVERY_REASON_ATTR, TURN_STATUS_ATTR
+    from turnkeeper.search_attributes import CHAT_ID_ATTR, TURN_STATUS_ATTR
     from turnkeeper.subagents import DELEGATE_TOOL
     from turnkeeper.telemetry import metrics
     from turnkeeper.workflows import steps
@@ -663,10 +663,7 @@ class Turn:
         if self._upserted == (status, reason):
             return
         self._upserted = (status, reason)
-        why = RECOVERY_REASON_ATTR.value_set(reason.value) if reason else RECOVERY_REASON_ATTR.value_unset()
-        workflow.upsert_search_attributes(
-            [CHAT_ID_ATTR.value_set(self.state.chat_id), TURN_STATUS_ATTR.value_set(status.value), why]
-        )
+        workflow.upsert_search_attributes(search_attributes.of_turn(self.state.chat_id, status, reason))
 
     # -- long histories: a fresh run of the same turn -------------------------------------------
     def _quiet_now(self) -> bool:

@@ -12,7 +12,7 @@ from temporalio.common import RawValue
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from turnkeeper.models import RecoveryAction, StopRequest, UserMessage
+    from turnkeeper.models import RecoveryAction, StopRequest, SubagentView, UserMessage
 
 
 class Undecodable(Exception):
@@ -60,6 +60,14 @@ def read_message(payload: RawValue | None) -> UserMessage:
     except ValidationError as err:
         # The id, when readable, so a client following its own message sees the refusal.
         raise Malformed(first_error(err), message_id_of(raw)) from None
+
+
+def read_news(payload: RawValue | None) -> SubagentView:
+    """A waiting subagent's news of its gate (the `subagent` signal)."""
+    try:
+        return SubagentView.model_validate(decode_payload(payload))
+    except (Undecodable, ValidationError) as err:
+        raise Malformed(str(err)) from None
 
 
 def read_decision(action: str, payload: RawValue | None) -> tuple[str | None, str | None, bool]:
