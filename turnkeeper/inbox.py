@@ -8,6 +8,8 @@ one; the reconciler cuts a failed turn's messages into the same chunks.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from turnkeeper.models import UserMessage
 
 # One store write carries at most this much message data (one larger message alone).
@@ -105,6 +107,12 @@ class Inbox:
 
     def drop(self, message_ids: set[str]) -> None:
         self.waiting = [m for m in self._waiting if m.message_id not in message_ids]
+
+    def pull(self, message_ids: Collection[str | None]) -> list[UserMessage]:
+        """The waiting messages among `message_ids`, in order, taken out of the inbox."""
+        pulled = [m for m in self._waiting if m.message_id in message_ids]
+        self.waiting = [m for m in self._waiting if m.message_id not in message_ids]
+        return pulled
 
     def return_in_flight(self) -> None:
         """A call that did not finish: its messages go back, first, in order."""

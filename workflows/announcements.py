@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io
     from turnkeeper.models import NewEvent
     from turnkeeper.workflows import steps
-    from turnkeeper.workflows.input_queue import InputQueue
+    from turnkeeper.workflows.inputs import InputQueue
 
 
 class Announcements:

@@ -1,15 +1,20 @@
-"""What reaches a turn, and how the loop judges each input as it takes it.
+"""What reaches a turn, the queue it waits in, and how the loop judges each input.
 
-Signal handlers only append inputs; an activity or timer that ends appends one
-too. The loop takes them one at a time, in the order the run's history holds
-them, and judges each against the state the inputs before it left: what an input
-does comes from `recovery.decide`, and its answer (accepted, or refused in the
-table's words) is final. The turn then acts on the state it was left in.
+Signal handlers only append inputs; an activity or timer the turn watches appends
+one as it ends. The loop waits in the queue and nowhere else (so that is also where
+a cancelled run's Stop is noticed), takes inputs one at a time, in the order the
+run's history holds them, and judges each against the state the inputs before it
+left: what an input does comes from `recovery.decide`, and its answer (accepted,
+or refused in the table's words) is final. The turn then acts on the state it was
+left in. (A query's catch-up never reaches the run: turnkeeper/worker/catch_up.py
+refuses it.)
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,6 +66,40 @@ class Done:
 
 
 TurnInput = Message | Decision | News | Done
+
+
+class InputQueue:
+    def __init__(self) -> None:
+        self.items: deque[TurnInput] = deque()
+        self.ended: set[asyncio.Future[Any]] = set()  # watched futures whose end was taken
+        self.cancel_requested = False
+        self._then: dict[asyncio.Future[Any], Callable[[asyncio.Future[Any]], None] | None] = {}
+
+    def append(self, inp: TurnInput) -> None:
+        self.items.append(inp)
+
+    async def next(self) -> TurnInput:
+        try:
+            await workflow.wait_condition(lambda: bool(self.items))
+        except asyncio.CancelledError:
+            # Cancelling the run (the UI's "Request Cancellation") is the user's Stop.
+            self.cancel_requested = True
+            return Decision("stop", None)
+        return self.items.popleft()
+
+    def watch(
+        self, future: asyncio.Future[Any], then: Callable[[asyncio.Future[Any]], None] | None = None
+    ) -> None:
+        """`future`'s end becomes an input (and `then` runs as it is taken)."""
+        if future not in self._then:
+            future.add_done_callback(lambda f: self.items.append(Done(f)))
+        self._then[future] = then or self._then.get(future)
+
+    def take_end(self, done: Done) -> None:
+        self.ended.add(done.future)
+        then = self._then.pop(done.future, None)
+        if then is not None:
+            then(done.future)
 
 
 def take_message(turn: Turn, payload: RawValue | None) -> None:

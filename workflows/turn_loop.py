@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from functools import partial
@@ -53,9 +52,9 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows import steps
     from turnkeeper.workflows.announcements import Announcements
     from turnkeeper.workflows.delegation import Delegations
-    from turnkeeper.workflows.input_queue import InputQueue
     from turnkeeper.workflows.inputs import (
         Decision,
+        InputQueue,
         Message,
         News,
         TurnInput,
@@ -85,14 +84,6 @@ class Flow(Enum):
 
 
 CONTINUE, ENDED, NO_TURN, AGAIN = Flow.CONTINUE, Flow.ENDED, Flow.NO_TURN, Flow.AGAIN
-
-
-@dataclass(frozen=True)
-class Lost:
-    reason: Reason
-    committed: bool = False  # the call's messages are in the store for sure
-    can_continue: bool = True
-    detail: str | None = None
 
 
 class Turn:
@@ -289,7 +280,7 @@ class Turn:
                 if outcome == ENDED:
                     await self._end()
                 return
-            if isinstance(outcome, Lost):
+            if isinstance(outcome, step_errors.Lost):
                 if outcome.committed:
                     self.inbox.in_flight = []
                 if await self._gate(outcome.reason, outcome.can_continue, outcome.detail) != CONTINUE:
@@ -322,7 +313,7 @@ class Turn:
             self._hand_on_if_long(step)
             self.inbox.in_flight = self.inbox.take()
 
-    async def _model_step(self, step: int, after_loss: bool) -> ModelReply | Lost | Flow:
+    async def _model_step(self, step: int, after_loss: bool) -> ModelReply | step_errors.Lost | Flow:
         resuming = self.state.status == TurnStatus.RESUMING
         if sum(map(wire_size, self.inbox.in_flight)) > CHUNK_BYTES:
             # Too much for one activity input: committed first, in chunks.
@@ -368,13 +359,7 @@ class Turn:
                 elif kind == activity_io.STORE_UNAVAILABLE_ERROR:  # raised before the provider was asked
                     await self._store_wait(step_errors.failure_text(err))
                     continue
-                elif kind == activity_io.MODEL_FAILED_ERROR:  # raised after the messages were committed
-                    return Lost(Reason.MODEL_FAILED, committed=True, detail=step_errors.failure_text(err))
-                elif kind == activity_io.CHECKPOINT_INVALID_ERROR:
-                    return Lost(
-                        Reason.CHECKPOINT_INVALID, can_continue=False, detail=step_errors.failure_text(err)
-                    )
-                return Lost(Reason.RESTART_REQUIRES_CONFIRMATION)
+                return step_errors.lost_model_call(err)
             self._store_answers()
             if result.began is not None:
                 self._begun(result.began)
@@ -587,11 +572,9 @@ class Turn:
                 )
         commit: list[UserMessage] = []
         if reason == Reason.DISMISSED:
-            commit = [m for m in self.inbox.waiting if m.message_id in self.dismissed]
-            self.inbox.drop(self.dismissed)
+            commit = self.inbox.pull(self.dismissed)
         elif self._stopped_by_parent():  # its task is no next turn: the transcript keeps it
-            commit = [m for m in self.inbox.waiting if m.message_id == self.delegations.task_id()]
-            self.inbox.drop({m.message_id for m in commit})
+            commit = self.inbox.pull({self.delegations.task_id()})
         await self._finish(rows.closing_text(reason, denied), commit)
 
     def _stopped_by_parent(self) -> bool:

@@ -39,3 +39,14 @@ def test_a_message_taken_in_flight_still_counts_until_it_is_committed() -> None:
     assert inbox.refusal(message("m2", "y" * 100), max_bytes=1_000, max_pending=bound) is not None
     inbox.in_flight = []
     assert inbox.refusal(message("m2", "y" * 100), max_bytes=1_000, max_pending=bound) is None
+
+
+def test_pulled_messages_leave_in_order_and_free_their_bytes() -> None:
+    inbox = Inbox()
+    for i in range(3):
+        inbox.offer(UserMessage(message_id=f"m{i}", text="x" * 10))
+    before = inbox.pending_bytes()
+    pulled = inbox.pull({"m2", "m0", None})
+    assert [m.message_id for m in pulled] == ["m0", "m2"]
+    assert [m.message_id for m in inbox.waiting] == ["m1"]
+    assert inbox.pending_bytes() == before - sum(map(wire_size, pulled))

@@ -128,7 +128,6 @@ def test_there_are_workflow_modules_to_check() -> None:
     assert {p.name for p in WORKFLOW_MODULES} >= {
         "chat_turn.py",
         "turn_loop.py",
-        "input_queue.py",
         "inputs.py",
         "steps.py",
         "reconcile.py",
