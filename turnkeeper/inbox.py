@@ -37,6 +37,10 @@ def chunks(messages: list[UserMessage], limit: int = CHUNK_BYTES) -> list[list[U
     return out
 
 
+def too_large(message: UserMessage, max_bytes: int) -> str:
+    return f"message is {len(message.text.encode())} bytes; the limit is {max_bytes}"
+
+
 class Inbox:
     def __init__(self) -> None:
         self._waiting: list[UserMessage] = []
@@ -81,9 +85,8 @@ class Inbox:
     def refusal(self, message: UserMessage, max_bytes: int, max_pending: int) -> str | None:
         """Why `message` is refused, if it is: too large, or past the bytes the chat may
         hold unanswered (a client's retry of a message taken already is not)."""
-        size = len(message.text.encode())
-        if size > max_bytes:
-            return f"message is {size} bytes; the limit is {max_bytes}"
+        if len(message.text.encode()) > max_bytes:
+            return too_large(message, max_bytes)
         if self.seen(message.message_id) or self._bytes + wire_size(message) <= max_pending:
             return None
         return (

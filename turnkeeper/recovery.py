@@ -17,6 +17,7 @@ from typing import Literal
 from turnkeeper.models import (
     OPEN_STATUSES,
     ApprovalRequest,
+    DecisionRecord,
     Reason,
     ToolCall,
     ToolCallStatus,
@@ -26,6 +27,8 @@ from turnkeeper.models import (
 )
 
 Action = Literal["continue", "dismiss"]
+# A client reads the answer to its decision back from `state`: the latest ones are kept.
+DECISIONS_KEPT = 16
 
 NOT_WAITING = "not waiting for confirmation"
 CONTEXT_UNAVAILABLE = "recovery context is unavailable"
@@ -299,3 +302,15 @@ def refuse_held(state: TurnState, held: list[ToolCall]) -> None:
         if view.id in ids:
             view.status = ToolCallStatus.ERROR
     state.approvals = []
+
+
+def record_decision(
+    state: TurnState,
+    request_id: str | None,
+    action: Literal["continue", "dismiss", "stop"],
+    refusal: str | None,
+) -> None:
+    """The answer to a decision that named a request id: accepted (`refusal` None) or refused."""
+    if request_id:
+        kept = state.decisions[-(DECISIONS_KEPT - 1) :]
+        state.decisions = [*kept, DecisionRecord(request_id=request_id, action=action, refusal=refusal)]

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     # Passed through: re-importing pydantic models in every run's sandbox is slow.
     from turnkeeper.models import ChatTurnInput, TurnState
-    from turnkeeper.workflows.inputs import Decision, Message, News
+    from turnkeeper.workflows.inputs import Signal
     from turnkeeper.workflows.turn_loop import Turn
 
 
@@ -35,7 +35,7 @@ class ChatTurn:
         ),
     )
     def user_message(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
-        self._turn.inputs.append(Message(payload))
+        self._turn.inputs.append(Signal("user_message", payload))
 
     @workflow.signal(
         name="continue",
@@ -44,7 +44,7 @@ class ChatTurn:
         ),
     )
     def continue_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
-        self._turn.inputs.append(Decision("continue", payload))
+        self._turn.inputs.append(Signal("continue", payload))
 
     @workflow.signal(
         name="dismiss",
@@ -53,7 +53,7 @@ class ChatTurn:
         ),
     )
     def dismiss_signal(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
-        self._turn.inputs.append(Decision("dismiss", payload))
+        self._turn.inputs.append(Signal("dismiss", payload))
 
     @workflow.signal(
         name="stop",
@@ -62,14 +62,14 @@ class ChatTurn:
         ),
     )
     def stop(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
-        self._turn.inputs.append(Decision("stop", payload))
+        self._turn.inputs.append(Signal("stop", payload))
 
     @workflow.signal(
         name="subagent",
         description="Sent by a subagent's run this turn waits for: its gate opened or closed.",
     )
     def subagent(self, payload: RawValue = None) -> None:  # type: ignore[assignment]
-        self._turn.inputs.append(News(payload))
+        self._turn.inputs.append(Signal("subagent", payload))
 
     @workflow.query(
         name="state",

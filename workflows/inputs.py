@@ -23,7 +23,7 @@ from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import recovery
-    from turnkeeper.models import DecisionRecord, NewEvent, Reason, TurnStatus
+    from turnkeeper.models import NewEvent, Reason, TurnStatus
     from turnkeeper.payloads.raw import Malformed, read_decision, read_message
     from turnkeeper.recovery import Effect, Input
     from turnkeeper.subagents import SUBAGENT_SENDER
@@ -36,25 +36,14 @@ Action = Literal["continue", "dismiss", "stop"]
 # Before the worker's configuration reaches a new run (with its first model call),
 # messages up to this size are taken; the call refuses those over the configured limit.
 MESSAGE_BYTES_CEILING = 1024 * 1024
-# A client reads the answer to its decision back from `state`: the latest ones are kept.
-DECISIONS_KEPT = 16
 
 
 @dataclass(frozen=True)
-class Message:
-    payload: RawValue | None
+class Signal:
+    """A signal as it came: `user_message`, a decision (`continue`, `dismiss`,
+    `stop`), or `subagent` (a subagent this turn waits for: its gate opened or closed)."""
 
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    payload: RawValue | None
-
-
-@dataclass(frozen=True)
-class News:
-    """A subagent this turn waits for says its gate opened or closed."""
-
+    name: str
     payload: RawValue | None
 
 
@@ -65,7 +54,7 @@ class Done:
     future: asyncio.Future[Any]
 
 
-TurnInput = Message | Decision | News | Done
+TurnInput = Signal | Done
 
 
 class InputQueue:
@@ -84,7 +73,7 @@ class InputQueue:
         except asyncio.CancelledError:
             # Cancelling the run (the UI's "Request Cancellation") is the user's Stop.
             self.cancel_requested = True
-            return Decision("stop", None)
+            return Signal("stop", None)
         return self.items.popleft()
 
     def watch(
@@ -133,9 +122,10 @@ def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
     malformed = f'malformed {action} payload; expected {{"recovery_id": "..."}}'
     why = judge(turn, action, recovery_id) if well_formed else malformed
     if why is not None:
-        _refuse(turn, action, recovery_id, request_id, why)
-    else:
-        _record(turn, request_id, action, None)
+        workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
+        refused = {"turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why}
+        turn.announcements.add(NewEvent(type="recovery_action_rejected", payload=refused))
+    recovery.record_decision(turn.state, request_id, action, why)
 
 
 def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
@@ -163,23 +153,6 @@ def judge(turn: Turn, action: Action, recovery_id: str | None) -> str | None:
     else:  # DISMISS, DENY, CANCEL_AND_DISMISS
         turn.end_by_user(Reason.DISMISSED)
     return None
-
-
-def _refuse(turn: Turn, action: Action, recovery_id: str | None, request_id: str | None, why: str) -> None:
-    workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
-    turn.announcements.add(
-        NewEvent(
-            type="recovery_action_rejected",
-            payload={"turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why},
-        )
-    )
-    _record(turn, request_id, action, why)
-
-
-def _record(turn: Turn, request_id: str | None, action: Action, refusal: str | None) -> None:
-    if request_id:
-        kept = turn.state.decisions[-(DECISIONS_KEPT - 1) :]
-        turn.state.decisions = [*kept, DecisionRecord(request_id=request_id, action=action, refusal=refusal)]
 
 
 def supersedes(turn: Turn) -> bool:

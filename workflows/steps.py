@@ -13,7 +13,7 @@ heartbeat too, so one held by a dead worker runs again within seconds.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -22,6 +22,8 @@ from temporalio.workflow import ActivityCancellationType
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io
     from turnkeeper.models import ToolCall
+
+R = TypeVar("R")
 
 NO_RETRY = RetryPolicy(maximum_attempts=1)
 STORE_RETRY = RetryPolicy(
@@ -40,34 +42,27 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 
 
 def model_call(arg: activity_io.ModelCallInput) -> workflow.ActivityHandle[activity_io.ModelCallResult]:
-    return workflow.start_activity(
-        activity_io.MODEL_CALL,
-        arg,
-        result_type=activity_io.ModelCallResult,
-        summary=f"model call {arg.step + 1} of turn {arg.turn or 'new'}",
-        **_step_options(),
-    )
+    summary = f"model call {arg.step + 1} of turn {arg.turn or 'new'}"
+    return _step(activity_io.MODEL_CALL, arg, activity_io.ModelCallResult, summary)
 
 
 def tool_call(arg: activity_io.ToolCallInput) -> workflow.ActivityHandle[activity_io.ToolCallResult]:
+    return _step(activity_io.TOOL_CALL, arg, activity_io.ToolCallResult, tool_summary(arg.call))
+
+
+def _step(activity: str, arg: Any, result_type: type[R], summary: str) -> workflow.ActivityHandle[R]:
     return workflow.start_activity(
-        activity_io.TOOL_CALL,
+        activity,
         arg,
-        result_type=activity_io.ToolCallResult,
-        summary=tool_summary(arg.call),
-        **_step_options(),
-    )
-
-
-def _step_options() -> dict[str, Any]:
-    return {
-        "start_to_close_timeout": STEP_TIMEOUT,
-        "schedule_to_start_timeout": RESUME_WINDOW,
-        "heartbeat_timeout": HEARTBEAT_TIMEOUT,
-        "retry_policy": NO_RETRY,
+        result_type=result_type,
+        summary=summary,
+        start_to_close_timeout=STEP_TIMEOUT,
+        schedule_to_start_timeout=RESUME_WINDOW,
+        heartbeat_timeout=HEARTBEAT_TIMEOUT,
+        retry_policy=NO_RETRY,
         # A cancelled call has stopped before the turn writes its closing row.
-        "cancellation_type": ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-    }
+        cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+    )
 
 
 def store_write(

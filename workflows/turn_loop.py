@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from enum import Enum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -30,7 +30,7 @@ from temporalio.workflow import ContinueAsNewVersioningBehavior
 with workflow.unsafe.imports_passed_through():
     from turnkeeper import activity_io, long_history, recovery, search_attributes, step_errors
     from turnkeeper import models as rows
-    from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, wire_size
+    from turnkeeper.inbox import CHUNK_BYTES, Inbox, chunks, too_large, wire_size
     from turnkeeper.models import (
         OPEN_STATUSES,
         TURN_TASK_TIMEOUT,
@@ -53,10 +53,9 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.workflows.announcements import Announcements
     from turnkeeper.workflows.delegation import Delegations
     from turnkeeper.workflows.inputs import (
-        Decision,
+        Action,
+        Done,
         InputQueue,
-        Message,
-        News,
         TurnInput,
         refuse_message,
         supersedes,
@@ -119,14 +118,14 @@ class Turn:
 
     # -- inputs: taken one at a time, in history order -------------------------------------
     def take(self, inp: TurnInput) -> None:
-        if isinstance(inp, Message):
+        if isinstance(inp, Done):
+            self.inputs.take_end(inp)
+        elif inp.name == "user_message":
             take_message(self, inp.payload)
-        elif isinstance(inp, Decision):
-            take_decision(self, inp.action, inp.payload)
-        elif isinstance(inp, News):
+        elif inp.name == "subagent":
             self.delegations.news(inp.payload)
         else:
-            self.inputs.take_end(inp)
+            take_decision(self, cast(Action, inp.name), inp.payload)
 
     async def until(self, done: Callable[[], bool]) -> None:
         while not done():
@@ -153,8 +152,8 @@ class Turn:
             self.ending = reason
             recovery.end_recovered(self.state, reason)
             if reason == Reason.DISMISSED:
-                newer = set(self._checking) | set(self._superseding)
-                self.dismissed = {i for i in self.inbox.ids() if i not in newer}
+                # Newer messages under their retry check are no follow-ups of this turn.
+                self.dismissed = set(self.inbox.ids()) - set(self._checking) - set(self._superseding)
                 self.delegations.dismiss_waiting()
 
     def check_superseding(self, message_id: str) -> None:
@@ -177,11 +176,10 @@ class Turn:
         asked, self._checking = self._checking, []
         if any(i not in held for i in asked) and supersedes(self):
             self.end_by_user(Reason.SUPERSEDED)
-        if self._superseding:
-            later, self._superseding = self._superseding, []
-            for message_id in later:
-                if supersedes(self):
-                    self.check_superseding(message_id)
+        later, self._superseding = self._superseding, []
+        for message_id in later:
+            if supersedes(self):
+                self.check_superseding(message_id)
 
     # -- the run ----------------------------------------------------------------------------
     async def run(self, input: ChatTurnInput) -> TurnState:
@@ -208,15 +206,14 @@ class Turn:
             await self._write(activity_io.REPORT_TO_PARENT, report, patient=True)  # a background answer
         self.upsert()  # a run that began no turn ends listed as it ended
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
-            reason = self.state.reason.value if self.state.reason else None
-            metrics.turn_ended(workflow.metric_meter(), self.state.status.value, reason)
+            metrics.turn_ended(workflow.metric_meter(), self.state.status, self.state.reason)
         if self.inbox.waiting:
             # What this turn did not take is the next turn, in order; a new turn starts
             # on the current build (a versioned worker pins a run to the one it began on).
+            link = self.delegations.link
+            next_turn = ChatTurnInput(chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=link)
             workflow.continue_as_new(
-                ChatTurnInput(
-                    chat_id=self.state.chat_id, pending=self.inbox.waiting, parent=self.delegations.link
-                ),
+                next_turn,
                 task_timeout=TURN_TASK_TIMEOUT,
                 initial_versioning_behavior=ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
             )
@@ -242,12 +239,10 @@ class Turn:
         # A gate handed on by a long run (continue-as-new) was counted where it opened.
         self._count_gate = workflow.info().continued_run_id is None
         self.state.recovery_id, self.state.attempts = start.recovery_id, start.attempts
-        goes_on = True
-        if not (start.reason == Reason.APPROVAL_REQUIRED and start.approvals):
-            goes_on = (
-                await self._gate(start.reason, can_continue=start.can_continue, detail=start.detail)
-                == CONTINUE
-            )
+        approvals_only = start.reason == Reason.APPROVAL_REQUIRED and bool(start.approvals)
+        goes_on = (
+            approvals_only or await self._gate(start.reason, start.can_continue, start.detail) == CONTINUE
+        )
         if goes_on and start.approvals:
             self.held = list(start.approvals)
             goes_on = await self._approval()
@@ -327,9 +322,8 @@ class Turn:
                 self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
-            await self.until(
-                self.announcements.states_written
-            )  # the log's order: a gate shown or gone, then the answer
+            # The log's order: a subagent's gate shown or gone, then the answer.
+            await self.until(self.announcements.states_written)
             if self.ending is not None:
                 return ENDED
             call = steps.model_call(
@@ -380,8 +374,7 @@ class Turn:
         self.settings, self.settings_known = began.settings, True
         for message in self.inbox.in_flight:
             if message.message_id in began.oversized_ids:
-                size, limit = len(message.text.encode()), began.settings.max_message_bytes
-                refuse_message(self, message.message_id, f"message is {size} bytes; the limit is {limit}")
+                refuse_message(self, message.message_id, too_large(message, began.settings.max_message_bytes))
         left_out = set(began.duplicate_ids) | set(began.oversized_ids)
         self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in left_out]
         if began.turn is None:  # every message was one the chat holds, or refused: no turn
@@ -440,10 +433,10 @@ class Turn:
                 break
             await self._store_wait("a tool could not record its start")
             todo = again
-        for reason in (Reason.TOOL_STATE_UNKNOWN, Reason.RESTART_REQUIRES_CONFIRMATION):
-            if reason in lost:
-                return reason
-        return None
+        # A call that may have acted says more than one that never ran.
+        return next(
+            (r for r in (Reason.TOOL_STATE_UNKNOWN, Reason.RESTART_REQUIRES_CONFIRMATION) if r in lost), None
+        )
 
     async def _tool_outcome(
         self, call: ToolCall, view: ToolCallView, handle: asyncio.Future[activity_io.ToolCallResult]
@@ -478,9 +471,8 @@ class Turn:
             return ENDED
         if not await self._ensure_turn():
             return ENDED
-        new_id = str(workflow.uuid4())
         opened = self.state.model_copy(deep=True)
-        recovery.open_gate(opened, reason, new_id, can_continue)
+        recovery.open_gate(opened, reason, str(workflow.uuid4()), can_continue)
         opened.detail = detail
         # Persist, then announce: decisions are taken against the gate once it is written.
         written = await self._write_turn(activity_io.UpdateTurnInput.of(opened))
@@ -517,10 +509,7 @@ class Turn:
         """The store had ended the turn (a lost call committed its final answer): its
         ending stands. What the lost call held goes to the next turn unless the store has it."""
         self.state.status, self.state.reason, self.state.approvals = written.status, written.reason, []
-        if self.inbox.in_flight:
-            held = await self._stored(self.inbox.in_flight)
-            self.inbox.return_in_flight()
-            self.inbox.drop(held)
+        await self._return_unstored()
         self.upsert()
         return ENDED
 
@@ -556,11 +545,7 @@ class Turn:
         if not await self._ensure_turn(create=self._stopped_by_parent()):
             self.inbox.return_in_flight()  # no call of this run began a turn: nothing to close
             return
-        if self.inbox.in_flight:
-            # A lost call may have committed them: the next turn takes only what the store lacks.
-            stored = await self._stored(self.inbox.in_flight)
-            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in stored]
-        self.inbox.return_in_flight()
+        await self._return_unstored()
         denied = bool(self.held) and reason == Reason.DISMISSED
         if self.held:
             # Held calls never ran: each gets its row (the closing write would call them interrupted).
@@ -601,12 +586,15 @@ class Turn:
         """The chat and turn every step and write names."""
         return {"chat_id": self.state.chat_id, "turn": self.state.turn}
 
-    async def _stored(self, messages: list[UserMessage]) -> set[str]:
-        """Which of `messages` the store holds (a lost call may have committed them)."""
-        ids = [m.message_id for m in messages]
-        arg = activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=ids)
-        held = await self._write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
-        return set(held.held)
+    async def _return_unstored(self) -> None:
+        """Messages a lost call held go back to the inbox, for the next turn, unless
+        the store holds them: the call may have committed them."""
+        if self.inbox.in_flight:
+            ids = [m.message_id for m in self.inbox.in_flight]
+            arg = activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=ids)
+            held = await self._write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
+            self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in held.held]
+        self.inbox.return_in_flight()
 
     async def _write(
         self, activity: str, arg: Any, result_type: type[R] | None = None, patient: bool = False

@@ -229,7 +229,7 @@ class Reconciler:
             ),
         )
         # No run ends this turn: it ends here.
-        metrics.turn_ended(activity.metric_meter(), TurnStatus.RECOVERED.value, verdict.reason.value)
+        metrics.turn_ended(activity.metric_meter(), TurnStatus.RECOVERED, verdict.reason)
 
     async def _bound(self, ref: TurnRef, pending: list[UserMessage]) -> list[UserMessage]:
         """A recovery run's input stays under the chat's pending bound (a run of an
@@ -269,7 +269,7 @@ class Reconciler:
                     attempts=record.attempts if record else 0,
                 ),
             )
-            metrics.turn_ended(activity.metric_meter(), TurnStatus.FAILED.value, Reason.RECOVERY_FAILED.value)
+            metrics.turn_ended(activity.metric_meter(), TurnStatus.FAILED, Reason.RECOVERY_FAILED)
             return True
         except Exception as err:
             log.exception("could not mark chat %s turn %d failed: %s", ref.chat_id, ref.turn, err)

@@ -153,3 +153,12 @@ def test_held_calls_of_a_turn_ended_otherwise_show_as_errors() -> None:
 )
 def test_a_turn_its_user_ended_closes_with_the_row_for_how(reason: Reason, denied: bool, text: str) -> None:
     assert rows.closing_text(reason, denied) == text
+
+
+def test_the_latest_answers_to_decisions_are_kept_and_one_without_a_request_id_is_not() -> None:
+    state = TurnState(chat_id="c", turn=1)
+    for i in range(recovery.DECISIONS_KEPT + 3):
+        recovery.record_decision(state, f"r{i}", "continue", None if i % 2 else "stale")
+    recovery.record_decision(state, None, "stop", recovery.NOT_RUNNING)
+    kept = [(d.request_id, d.refusal) for d in state.decisions]
+    assert len(kept) == recovery.DECISIONS_KEPT and kept[0] == ("r3", None) and kept[-1] == ("r18", "stale")

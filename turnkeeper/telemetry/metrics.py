@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the meter comes from the SDK's runtime; the CLI imports this module too
     from temporalio.common import MetricMeter
 
+    from turnkeeper.statuses import Reason, TurnStatus
+
 # The names Prometheus shows: the exporter adds `_total` to a counter's name and the
 # unit to a histogram's (turnkeeper/telemetry/exporters.py), as Prometheus's conventions ask.
 TURNS = "turnkeeper_turns_total"
@@ -31,9 +33,9 @@ NO_REASON = "none"
 UNKNOWN_TOOL = "(unknown)"
 
 
-def turn_ended(meter: MetricMeter, status: str, reason: str | None) -> None:
+def turn_ended(meter: MetricMeter, status: TurnStatus, reason: Reason | None) -> None:
     meter.create_counter(meter_name(TURNS), "Turns ended, by final status and reason").add(
-        1, {"status": status, "reason": reason or NO_REASON}
+        1, {"status": status.value, "reason": reason.value if reason else NO_REASON}
     )
 
 
