@@ -36,9 +36,18 @@ if TYPE_CHECKING:
 
 async def query_state(client: Any, chat_id: str, timeout: float = 20.0) -> dict[str, Any]:
     """The `state` query as a plain dict, so that fields the harness's copy of the
-    models does not know yet (e.g. `store_unavailable`) are kept."""
+    models does not know yet (e.g. `store_unavailable`) are kept. A refused catch-up
+    is asked again, as docs/contract.md tells clients to (at most three times)."""
+    from temporalio.client import WorkflowQueryFailedError
+
     handle = client.get_workflow_handle(tk.workflow_id(chat_id))
-    return await asyncio.wait_for(handle.query("state", result_type=dict), timeout)
+    for attempt in range(3):
+        try:
+            return await asyncio.wait_for(handle.query("state", result_type=dict), timeout)
+        except WorkflowQueryFailedError as err:
+            if "QueryCatchUp" not in err.message or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def gate_key(chat_id: str, state: dict[str, Any]) -> tuple[str, ...]:
