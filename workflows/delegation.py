@@ -149,7 +149,7 @@ class Delegations:
         self._turn.upsert()
         event = subagents.gate_event(before, recovery.shown(self._turn.state))
         if event is not None:
-            self._turn.announcements.add(event)
+            self._turn.store.announce(event)
             self.tell_parent()
 
     def dismiss_waiting(self) -> None:

@@ -112,9 +112,7 @@ def take_message(turn: Turn, payload: RawValue | None) -> None:
 
 def refuse_message(turn: Turn, message_id: str | None, why: str) -> None:
     workflow.logger.warning("user_message refused for chat %s: %s", turn.state.chat_id, why)
-    turn.announcements.add(
-        NewEvent(type="message_rejected", payload={"message_id": message_id, "reason": why})
-    )
+    turn.store.announce(NewEvent(type="message_rejected", payload={"message_id": message_id, "reason": why}))
 
 
 def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
@@ -124,7 +122,7 @@ def take_decision(turn: Turn, action: Action, payload: RawValue | None) -> None:
     if why is not None:
         workflow.logger.warning("%s refused for chat %s: %s", action, turn.state.chat_id, why)
         refused = {"turn": turn.state.turn, "action": action, "recovery_id": recovery_id, "reason": why}
-        turn.announcements.add(NewEvent(type="recovery_action_rejected", payload=refused))
+        turn.store.announce(NewEvent(type="recovery_action_rejected", payload=refused))
     recovery.record_decision(turn.state, request_id, action, why)
 
 

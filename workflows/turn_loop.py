@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from enum import Enum
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -50,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
     from turnkeeper.subagents import DELEGATE_TOOL
     from turnkeeper.telemetry import metrics
     from turnkeeper.workflows import steps
-    from turnkeeper.workflows.announcements import Announcements
     from turnkeeper.workflows.delegation import Delegations
     from turnkeeper.workflows.inputs import (
         Action,
@@ -62,15 +61,12 @@ with workflow.unsafe.imports_passed_through():
         take_decision,
         take_message,
     )
-
-R = TypeVar("R")
+    from turnkeeper.workflows.store_writes import StoreWrites
 
 # A run started without a message (`temporal workflow start`, say) waits this long.
 IDLE_TIMEOUT = timedelta(minutes=10)
 # A model call cut off by a graceful shutdown goes to the next worker this many times.
 MAX_SHUTDOWN_RESCHEDULES = 5
-STORE_WAIT_FIRST_S = 1.0
-STORE_WAIT_MAX_S = 30.0
 
 
 class Flow(Enum):
@@ -101,14 +97,13 @@ class Turn:
         self.ending: Reason | None = None  # Stop, Dismiss or a newer message ends the turn
         self.dismissed: set[str] = set()  # pending when Dismiss came: committed as user rows
         self.held: list[ToolCall] = []  # calls waiting for the user's approval
-        self.announcements = Announcements(self.inputs, lambda: self.state.chat_id)
+        self.store = StoreWrites(self)
         self._superseding: list[str] = []
         self._checking: list[str] = []
         self._call_running = False
         self._count_gate = True
         self._upserted: tuple[TurnStatus, Reason | None] | None = None
         self._turn_taken = False
-        self._store_wait_s = STORE_WAIT_FIRST_S
 
     # -- what `state` shows ------------------------------------------------------------
     def query(self) -> TurnState:
@@ -203,7 +198,7 @@ class Turn:
             self.state.status = TurnStatus.COMPLETED
         await self._quiet()
         if self._turn_taken and (report := self.delegations.report()) is not None:
-            await self._write(activity_io.REPORT_TO_PARENT, report, patient=True)  # a background answer
+            await self.store.write(activity_io.REPORT_TO_PARENT, report, patient=True)  # a background answer
         self.upsert()  # a run that began no turn ends listed as it ended
         if self._turn_taken and self.state.status not in OPEN_STATUSES:
             metrics.turn_ended(workflow.metric_meter(), self.state.status, self.state.reason)
@@ -230,7 +225,7 @@ class Turn:
 
     async def _quiet(self) -> None:
         """Take what came meanwhile; announce every refusal before the run ends."""
-        while self.inputs.items or self.announcements.pending or self._checking:
+        while self.inputs.items or self.store.announcing or self._checking:
             self.take(await self.inputs.next())
 
     async def _recover(self, start: RecoveryStart) -> None:
@@ -258,7 +253,7 @@ class Turn:
     async def _adopt(self, turn: int) -> activity_io.AdoptTurnResult:
         self.state.turn, self._turn_taken, self.under_way = turn, True, True
         arg = activity_io.AdoptTurnInput(chat_id=self.state.chat_id, turn=turn, run_id=workflow.info().run_id)
-        adopted = await self._write(activity_io.ADOPT_TURN, arg, activity_io.AdoptTurnResult)
+        adopted = await self.store.write(activity_io.ADOPT_TURN, arg, activity_io.AdoptTurnResult)
         self.settings, self.settings_known = adopted.settings, True
         return adopted
 
@@ -318,12 +313,12 @@ class Turn:
                 arg = activity_io.CommitMessagesInput(
                     **self._at(), messages=chunk, answer_lost_calls=after_loss
                 )
-                await self._write(activity_io.COMMIT_MESSAGES, arg, list[str])
+                await self.store.write(activity_io.COMMIT_MESSAGES, arg, list[str])
                 self.inbox.in_flight = self.inbox.in_flight[len(chunk) :]
         shutdowns = 0
         while True:
             # The log's order: a subagent's gate shown or gone, then the answer.
-            await self.until(self.announcements.states_written)
+            await self.until(self.store.states_written)
             if self.ending is not None:
                 return ENDED
             call = steps.model_call(
@@ -351,10 +346,10 @@ class Turn:
                     if shutdowns < MAX_SHUTDOWN_RESCHEDULES:
                         continue  # nothing happened outside: the next worker takes it
                 elif kind == activity_io.STORE_UNAVAILABLE_ERROR:  # raised before the provider was asked
-                    await self._store_wait(step_errors.failure_text(err))
+                    await self.store.wait_out(step_errors.failure_text(err))
                     continue
                 return step_errors.lost_model_call(err)
-            self._store_answers()
+            self.store.answered()
             if result.began is not None:
                 self._begun(result.began)
             if result.reply is None:
@@ -365,7 +360,7 @@ class Turn:
                 record = activity_io.RecordAssistantInput(
                     **self._at(), step=step, reply=result.reply, final=final
                 )
-                await self._write(activity_io.RECORD_ASSISTANT, record)
+                await self.store.write(activity_io.RECORD_ASSISTANT, record)
             # Stop, Dismiss or a newer message judged meanwhile: the reply stands in the
             # store, and the turn ends as its user said.
             return ENDED if self.ending is not None else result.reply
@@ -396,7 +391,7 @@ class Turn:
             message_ids=[m.message_id for m in self.inbox.in_flight],
             message_sizes=[len(m.text.encode()) for m in self.inbox.in_flight],
         )
-        began = await self._write(activity_io.BEGIN_TURN, arg, activity_io.BeginTurnResult)
+        began = await self.store.write(activity_io.BEGIN_TURN, arg, activity_io.BeginTurnResult)
         self._begun(began)
         return began.turn is not None
 
@@ -431,7 +426,7 @@ class Turn:
                 return ENDED
             if not again:
                 break
-            await self._store_wait("a tool could not record its start")
+            await self.store.wait_out("a tool could not record its start")
             todo = again
         # A call that may have acted says more than one that never ran.
         return next(
@@ -462,7 +457,7 @@ class Turn:
         arg = activity_io.RecordToolResultInput(
             **self._at(), tool_call_id=call.id, name=call.name, status=status, content=content
         )
-        await self._write(activity_io.RECORD_TOOL_RESULT, arg)
+        await self.store.write(activity_io.RECORD_TOOL_RESULT, arg)
 
     # -- gates ------------------------------------------------------------------------------
     async def _gate(self, reason: Reason, can_continue: bool = True, detail: str | None = None) -> Flow:
@@ -475,7 +470,7 @@ class Turn:
         recovery.open_gate(opened, reason, str(workflow.uuid4()), can_continue)
         opened.detail = detail
         # Persist, then announce: decisions are taken against the gate once it is written.
-        written = await self._write_turn(activity_io.UpdateTurnInput.of(opened))
+        written = await self.store.write_turn(activity_io.UpdateTurnInput.of(opened))
         if await self._ended():
             return ENDED
         if not written.written:
@@ -498,7 +493,7 @@ class Turn:
         if await self._ended():
             return ENDED
         self.delegations.tell_parent()
-        written = await self._write_turn(activity_io.UpdateTurnInput.of(self.state))
+        written = await self.store.write_turn(activity_io.UpdateTurnInput.of(self.state))
         if not written.written:
             return await self._store_ended(written)
         self.decided = False
@@ -524,8 +519,7 @@ class Turn:
     async def _tools(self, calls: list[ToolCall], approved: bool = False) -> bool:
         """The tool step, then a gate if a call was lost. True when the turn goes on."""
         lost = await self._tool_step(calls, approved)
-        if lost == ENDED:
-            await self._end()
+        if await self._ended():  # the step returns ENDED then
             return False
         return not isinstance(lost, Reason) or await self._gate(lost) == CONTINUE
 
@@ -567,20 +561,13 @@ class Turn:
         return self.delegations.link is not None and self.inputs.cancel_requested
 
     async def _finish(self, closing_text: str | None = None, commit: list[UserMessage] | None = None) -> None:
-        await self.until(self.announcements.states_written)
+        await self.until(self.store.states_written)
         update = activity_io.UpdateTurnInput.of(self.state)
         update.closing_text, update.commit_messages = closing_text, commit or []
-        written = await self._write_turn(update, activity_io.FINISH_TURN)
+        written = await self.store.write_turn(update, activity_io.FINISH_TURN)
         if not written.written:  # a persisted completion wins
             self.state.status, self.state.reason = written.status, written.reason
         self.upsert()
-
-    # -- store writes -----------------------------------------------------------------------------
-    async def _write_turn(
-        self, row: activity_io.UpdateTurnInput, activity: str = activity_io.UPDATE_TURN
-    ) -> activity_io.TurnWriteResult:
-        """The turn's row as `row` has it (UPDATE_TURN), or its closing (FINISH_TURN)."""
-        return await self._write(activity, row, activity_io.TurnWriteResult)
 
     def _at(self) -> dict[str, Any]:
         """The chat and turn every step and write names."""
@@ -592,41 +579,9 @@ class Turn:
         if self.inbox.in_flight:
             ids = [m.message_id for m in self.inbox.in_flight]
             arg = activity_io.HeldMessagesInput(chat_id=self.state.chat_id, message_ids=ids)
-            held = await self._write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
+            held = await self.store.write(activity_io.HELD_MESSAGES, arg, activity_io.HeldMessagesResult)
             self.inbox.in_flight = [m for m in self.inbox.in_flight if m.message_id not in held.held]
         self.inbox.return_in_flight()
-
-    async def _write(
-        self, activity: str, arg: Any, result_type: type[R] | None = None, patient: bool = False
-    ) -> R:
-        """A store write that waits out an outage: `store_unavailable` shows in `state`."""
-        while True:
-            handle = steps.store_write(activity, arg, result_type, patient=patient)
-            await self.wait([handle], cancel_on_end=False)
-            try:
-                result: R = handle.result()
-            except ActivityError as err:
-                if step_errors.error_type(err) != activity_io.STORE_UNAVAILABLE_ERROR:
-                    raise  # the run fails; the reconciler finds its turn
-                await self._store_wait(step_errors.failure_text(err), cancel_on_end=False)
-                continue
-            self._store_answers()
-            return result
-
-    async def _store_wait(self, why: str | None, cancel_on_end: bool = True) -> None:
-        if not self.state.store_unavailable:
-            self.state.store_unavailable = True
-            self._store_wait_s = STORE_WAIT_FIRST_S
-            log = "chat %s: the session store is unavailable, the turn waits: %s"
-            workflow.logger.warning(log, self.state.chat_id, why)
-        pause = asyncio.ensure_future(asyncio.sleep(self._store_wait_s))
-        self._store_wait_s = min(self._store_wait_s * 2, STORE_WAIT_MAX_S)
-        await self.wait([pause], cancel_on_end=cancel_on_end)
-
-    def _store_answers(self) -> None:
-        if self.state.store_unavailable:
-            self.state.store_unavailable = False
-            workflow.logger.info("chat %s: the session store answers again", self.state.chat_id)
 
     def upsert(self) -> None:
         """The search attributes say what `state` shows."""
@@ -638,14 +593,8 @@ class Turn:
 
     # -- long histories: a fresh run of the same turn -------------------------------------------
     def _quiet_now(self) -> bool:
-        return not (
-            self.inputs.items
-            or self.announcements.pending
-            or self._checking
-            or self._superseding
-            or self.ending
-            or self.decided
-        )
+        taking = self.inputs.items or self.store.announcing or self._checking or self._superseding
+        return not (taking or self.ending or self.decided)
 
     def _hand_on_if_long(self, step: int | None = None) -> None:
         """A long history goes on in a fresh run of the same turn: between steps
