@@ -54,9 +54,8 @@ class StoreWrites:
 
     async def write_turn(
         self, row: activity_io.UpdateTurnInput, activity: str = activity_io.UPDATE_TURN
-    ) -> Any:
-        """The turn's row as `row` has it (UPDATE_TURN), or its closing (FINISH_TURN):
-        a `TurnWriteResult`."""
+    ) -> activity_io.TurnWriteResult:
+        """The turn's row as `row` has it (UPDATE_TURN), or its closing (FINISH_TURN)."""
         return await self.write(activity, row, activity_io.TurnWriteResult)
 
     async def wait_out(self, why: str | None, cancel_on_end: bool = True) -> None:
